@@ -1,0 +1,436 @@
+"""The controller side: plan, dispatch, deadlines, replay of merged reports, shutdown.
+
+Runs in the controller (the pytest process the user started). It collects as pytest always does
+and runs ordinary tests itself. For a distributed test it takes over ``pytest_runtest_protocol``:
+it sends the test to the warm pool for its :class:`~pool.PoolKey`, merges the ranks' reports into
+one per phase and replays them through ``pytest_runtest_logreport``, so the terminal, ``-ra`` and
+``--junitxml`` see ordinary reports. Skips and errors that need no ranks (missing backend, too few
+GPUs, a bad marker, a rank fixture in an ordinary test) are raised from a tryfirst
+``pytest_runtest_setup`` before any fixture, and before any process starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import multiprocessing
+import os
+import re
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pytest.reports import TestReport
+from _pytest.runner import CallInfo
+
+from .fixtures import RANK_FIXTURES, misuse_message
+from .markers import DistSpec, MarkerError, min_gpus, spec_of
+from .merge import merge_test, synthesized_failure
+from .pool import Pool, PoolKey, PoolStartError
+from .protocol import RankConfig, RunTest
+from .requirements import gpu_skip_reason, skip_reason
+from .settings import Settings, item_timeout
+
+#: Modules the fork server imports once, so that every rank starts with them in memory.
+PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_distrank.plugin"]
+#: A pool must be ready within this long (or the test's own timeout, if that is longer).
+START_TIMEOUT = 120.0
+#: How long ranks get to tear down and exit at the end of the session.
+STOP_TIMEOUT = 10.0
+STORE_HOST = "127.0.0.1"
+
+
+@dataclasses.dataclass
+class Planned:
+    """What the controller decided about one distributed test before running anything."""
+
+    spec: DistSpec | None
+    key: PoolKey | None = None
+    next_nodeid: str | None = None
+    error: str | None = None
+    skip: str | None = None
+
+
+@dataclasses.dataclass
+class Stats:
+    tests: int = 0
+    pools_started: dict[int, int] = dataclasses.field(default_factory=dict)
+    start_seconds: list[float] = dataclasses.field(default_factory=list)
+    replaced: list[str] = dataclasses.field(default_factory=list)
+    test_seconds: list[float] = dataclasses.field(default_factory=list)
+
+
+def _keyword_safe(name: str) -> str:
+    return re.sub(r"[^\w.-]+", "_", name)[:60]
+
+
+class Controller:
+    """The pytest plugin object of the controller process."""
+
+    def __init__(self, config: pytest.Config, settings: Settings) -> None:
+        self.config = config
+        self.settings = settings
+        self.plan: dict[str, Planned] | None = None
+        self.pool_nodeids: dict[PoolKey, list[str]] = {}
+        self.pool_files: dict[PoolKey, set[str]] = {}
+        self.pools: dict[PoolKey, Pool] = {}
+        self.stopping: list[Pool] = []
+        self.stats = Stats()
+        self.next_pool_id = 0
+        self.next_test_index = 0
+        self.isolated = 0
+        self._store: Any = None
+        self._context: Any = None
+        self._parent_pid = os.getpid()
+        self._workdir: Path | None = None
+        self._old_sigterm: Any = None
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def _spec(self, item: pytest.Item) -> DistSpec | None:
+        return spec_of(item, self.settings.world_size.value, self.settings.backend.value)
+
+    def _get_plan(self, session: pytest.Session) -> dict[str, Planned]:
+        if self.plan is not None:
+            return self.plan
+        plan: dict[str, Planned] = {}
+        last: dict[PoolKey, Planned] = {}
+        for item in session.items:
+            try:
+                spec = self._spec(item)
+            except MarkerError as exc:
+                plan[item.nodeid] = Planned(None, error=f"{item.nodeid}: {exc}")
+                continue
+            if spec is None:
+                continue
+            entry = Planned(spec, skip=skip_reason(spec))
+            plan[item.nodeid] = entry
+            if entry.skip:
+                continue
+            entry.key = PoolKey(spec.world_size, spec.backend, spec.init_process_group)
+            previous = last.get(entry.key)
+            if previous is not None:
+                previous.next_nodeid = item.nodeid
+            last[entry.key] = entry
+            self.pool_nodeids.setdefault(entry.key, []).append(item.nodeid)
+            self.pool_files.setdefault(entry.key, set()).add(str(item.path))
+        self.plan = plan
+        return plan
+
+    # -- controller-side skips and errors ------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        entry = self._get_plan(item.session).get(item.nodeid)
+        if entry is None:
+            used = [name for name in RANK_FIXTURES if name in getattr(item, "fixturenames", ())]
+            if used:
+                pytest.fail(misuse_message(item.nodeid, used), pytrace=False)
+            self._ordinary_requirements(item)
+            return
+        if entry.error:
+            pytest.fail(entry.error, pytrace=False)
+        if entry.skip:
+            raise pytest.skip.Exception(entry.skip, _use_item_location=True)
+
+    def _ordinary_requirements(self, item: pytest.Item) -> None:
+        """``requires_gpus``/``requires_nccl`` on a test that runs in this process."""
+        try:
+            gpus = min_gpus(item)
+        except MarkerError as exc:
+            pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+        reason = gpu_skip_reason(gpus)
+        if item.get_closest_marker("requires_nccl") is not None:
+            reason = skip_reason(DistSpec(1, "nccl", False, True, gpus))
+        if reason:
+            raise pytest.skip.Exception(reason, _use_item_location=True)
+
+    # -- running a distributed test ------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+        entry = self._get_plan(item.session).get(item.nodeid)
+        if entry is None or entry.key is None:
+            return None  # an ordinary test, or one the setup hook above skips or errors
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        started = time.monotonic()
+        reports = self._execute(item, entry)
+        self.stats.tests += 1
+        self.stats.test_seconds.append(time.monotonic() - started)
+        reports = self._teardown_controller_side(item, nextitem, reports)
+        for report in reports:
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def _execute(self, item: pytest.Item, entry: Planned) -> list[TestReport]:
+        assert entry.key is not None and entry.spec is not None
+        key, next_nodeid = entry.key, entry.next_nodeid
+        if self.settings.isolate.value:
+            self.isolated += 1
+            key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
+        try:
+            pool = self._pool_for(key, item)
+        except PoolStartError as exc:
+            return self._error_reports(item, f"{item.nodeid}: could not start its ranks.\n{exc}")
+        missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
+        if missing:
+            return self._error_reports(item, self._missing_message(item, pool, missing))
+        timeout = item_timeout(item, self.settings.timeout)
+        env_store = self._env_store() if not key.init_process_group else None
+        self.next_test_index += 1
+        index = self.next_test_index
+        test = RunTest(
+            index=index,
+            nodeid=item.nodeid,
+            next_nodeid=next_nodeid,
+            shared_dir=str(self.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
+            env_store_port=env_store.port if env_store is not None else None,
+        )
+        try:
+            run = pool.run(
+                test,
+                item.location,
+                str(item.path),
+                self._deserialize,
+                timeout.value,
+                timeout.source,
+                self.settings.failure_grace.value,
+            )
+        except BaseException:
+            self._retire(key, pool, "interrupted", graceful=False)
+            raise
+        if run.broken:
+            self._retire(key, pool, run.broken, graceful=False)
+        elif next_nodeid is None:
+            self._retire(key, pool, None, graceful=True)
+        merged = item.ihook.pytest_distrank_merge_reports(item=item, reports=run.reports)
+        return merged if merged is not None else merge_test(run.reports, key.world_size)
+
+    def _missing_message(self, item: pytest.Item, pool: Pool, missing: list[int]) -> str:
+        errors = sorted({e for r in pool.ready if r.rank in missing for e in r.collect_errors})
+        ranks = ", ".join(str(r) for r in missing)
+        text = (
+            f"{item.nodeid}: rank(s) {ranks} of {pool.key.world_size} did not collect this test, "
+            "so collection differs between the controller and its ranks (a conftest.py or "
+            "collection hook that behaves differently inside ranks, e.g. reading RANK)."
+        )
+        if errors:
+            text += "\nCollection errors in the ranks:\n" + "\n".join(errors)
+        return text
+
+    def _deserialize(self, data: dict[str, Any]) -> TestReport:
+        report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
+        assert isinstance(report, TestReport)
+        return report
+
+    def _error_reports(self, item: pytest.Item, message: str) -> list[TestReport]:
+        first_line = message.splitlines()[0]
+        setup = synthesized_failure(
+            item.nodeid, item.location, "setup", first_line, message, note="error in setup"
+        )
+        teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
+        return [setup, teardown]
+
+    def _teardown_controller_side(
+        self, item: pytest.Item, nextitem: pytest.Item | None, reports: list[TestReport]
+    ) -> list[TestReport]:
+        """Keep the controller's own SetupState in step: tear down what ``nextitem`` won't need.
+
+        Fixtures of ordinary tests live here; a distributed test between two modules must close
+        the first module's, as pytest's own teardown phase would.
+        """
+        call = CallInfo.from_call(
+            lambda: item.session._setupstate.teardown_exact(nextitem), "teardown"
+        )
+        if call.excinfo is None:
+            return reports
+        report = item.ihook.pytest_runtest_makereport(item=item, call=call)
+        if reports and reports[-1].when == "teardown" and reports[-1].passed:
+            return [*reports[:-1], report]
+        return [*reports, report] if not reports or reports[-1].when != "teardown" else reports
+
+    # -- pools ---------------------------------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        if self._workdir is None:
+            factory = getattr(self.config, "_tmp_path_factory", None)
+            if factory is not None:
+                base = factory.getbasetemp()
+                self._workdir = Path(tempfile.mkdtemp(prefix="distrank-", dir=base))
+            else:
+                self._workdir = Path(tempfile.mkdtemp(prefix="distrank-"))
+        return self._workdir
+
+    def _pool_for(self, key: PoolKey, item: pytest.Item) -> Pool:
+        pool = self.pools.get(key)
+        if pool is not None:
+            return pool
+        pool = self._new_pool(key, item)
+        self.pools[key] = pool
+        return pool
+
+    def _new_pool(self, key: PoolKey, item: pytest.Item) -> Pool:
+        self._ensure_store()
+        shared_key = dataclasses.replace(key, isolated=0)
+        nodeids = [item.nodeid] if key.isolated else self.pool_nodeids[shared_key]
+        files = sorted({str(item.path)} if key.isolated else self.pool_files[shared_key])
+        self.next_pool_id += 1
+        pool_id = self.next_pool_id
+        configs = [
+            RankConfig(
+                rank=rank,
+                world_size=key.world_size,
+                local_rank=rank,
+                backend=key.backend,
+                init_process_group=key.init_process_group,
+                pool_id=pool_id,
+                store_host=STORE_HOST,
+                store_port=int(self._store.port),
+                pytest_args=tuple(self._rank_args(files, pool_id, rank)),
+                env=dict(os.environ),
+                log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
+                nodeids=tuple(nodeids),
+            )
+            for rank in range(key.world_size)
+        ]
+        timeout = max(START_TIMEOUT, item_timeout(item, self.settings.timeout).value)
+        with self._capture_suspended():
+            context, parent_pid = self._mp_context()
+            pool = Pool(key, pool_id, context, configs, parent_pid)
+            self.stats.pools_started[key.world_size] = (
+                self.stats.pools_started.get(key.world_size, 0) + 1
+            )
+            pool.start(timeout)
+        self.stats.start_seconds.append(pool.start_seconds)
+        return pool
+
+    def _rank_args(self, files: list[str], pool_id: int, rank: int) -> list[str]:
+        """The rank's own pytest command line (PITFALLS 4)."""
+        config = self.config
+        option = config.option
+        args = [
+            *files,
+            "-p", "distrank",
+            "-p", "no:cacheprovider",
+            f"--rootdir={config.rootpath}",
+            f"--basetemp={self.workdir / f'pool{pool_id}-rank{rank}-tmp'}",
+            f"--capture={getattr(option, 'capture', 'fd')}",
+            f"--import-mode={getattr(option, 'importmode', 'prepend')}",
+            "--continue-on-collection-errors",
+            "-q",
+        ]
+        if config.inipath is not None:
+            args.append(f"-c={config.inipath}")
+        for name in getattr(option, "plugins", None) or []:
+            if name not in ("distrank", "pytest_distrank.plugin"):
+                args += ["-p", name]
+        for spec in getattr(config.known_args_namespace, "pythonwarnings", None) or []:
+            args += ["-W", spec]
+        if getattr(option, "confcutdir", None):
+            args.append(f"--confcutdir={option.confcutdir}")
+        if getattr(option, "noconftest", False):
+            args.append("--noconftest")
+        if getattr(option, "strict_markers", False):
+            args.append("--strict-markers")
+        for override in getattr(option, "override_ini", None) or []:
+            if not override.startswith("addopts"):
+                args += ["-o", override]
+        args += ["-o", "addopts="]
+        return args
+
+    def _mp_context(self) -> tuple[Any, int]:
+        method = self.settings.start_method.value
+        if self._context is None:
+            self._context = multiprocessing.get_context(method)
+            if method == "forkserver":
+                self._context.set_forkserver_preload(PRELOAD)
+        if method == "forkserver":
+            from multiprocessing import forkserver
+
+            forkserver.ensure_running()
+            return self._context, int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+        return self._context, os.getpid()
+
+    def _ensure_store(self) -> None:
+        if self._store is None:
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
+
+    def _env_store(self) -> Any:
+        """A store private to one ``init_process_group=False`` test: its env:// rendezvous."""
+        import torch.distributed as dist
+
+        return dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
+
+    @contextlib.contextmanager
+    def _capture_suspended(self) -> Iterator[None]:
+        """The fork server inherits fds 1 and 2: start it while pytest's capture is off."""
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        if capman is None:
+            yield
+            return
+        with capman.global_and_fixture_disabled():
+            yield
+
+    def _retire(self, key: PoolKey, pool: Pool, reason: str | None, graceful: bool) -> None:
+        if self.pools.get(key) is pool:
+            del self.pools[key]
+        if reason is not None:
+            self.stats.replaced.append(f"{key.describe()}: {reason}")
+        if graceful:
+            pool.request_stop()
+            self.stopping.append(pool)
+        else:
+            pool.kill()
+
+    # -- session end ---------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> list[str]:
+        """Stop every pool: ask all first, then collect them (stopping is not serial)."""
+        pools = list(self.pools.values())
+        self.pools.clear()
+        for pool in pools:
+            pool.request_stop()
+        self.stopping.extend(pools)
+        errors: list[str] = []
+        while self.stopping:
+            errors.extend(self.stopping.pop(0).finish_stop(STOP_TIMEOUT))
+        if errors:
+            reporter = self.config.pluginmanager.getplugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_sep("=", "distrank: errors tearing down fixtures at session end")
+                for error in errors:
+                    reporter.write_line(error)
+        return errors
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        for pool in [*self.pools.values(), *self.stopping]:
+            pool.kill()
+        self.pools.clear()
+        self.stopping.clear()
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+
+    def install_sigterm(self) -> None:
+        """SIGTERM ends the session like Ctrl-C: interrupted summary, every pool stopped."""
+        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.SIG_DFL
+
+            def _on_sigterm(signum: int, frame: object) -> None:
+                raise KeyboardInterrupt(f"pytest-distrank: got {signal.Signals(signum).name}")
+
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+

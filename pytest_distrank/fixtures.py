@@ -1,0 +1,113 @@
+"""The fixtures distributed tests take: rank, world_size, local_rank, backend, pg, device,
+dist_store, shared_tmp_path.
+
+Registered in the controller and in every rank process; their values exist only in ranks. In the
+controller a distributed test never sets them up (it runs in its ranks), and an ordinary test that
+asks for one gets an error naming the test and the marker to add (raised by the controller before
+any fixture runs; the check here is the fallback).
+
+``rank``, ``world_size``, ``local_rank``, ``backend``, ``pg`` and ``device`` are session-scoped:
+a rank process belongs to one pool, so they never change within it, and user fixtures of any scope
+may depend on them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .worker import RANK_CONTEXT, RankContext
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+RANK_FIXTURES = (
+    "rank",
+    "world_size",
+    "local_rank",
+    "backend",
+    "pg",
+    "device",
+    "dist_store",
+    "shared_tmp_path",
+)
+
+
+def misuse_message(nodeid: str, fixtures: list[str]) -> str:
+    names = ", ".join(repr(f) for f in fixtures)
+    plural = "s" if len(fixtures) > 1 else ""
+    return (
+        f"{nodeid} uses the distributed fixture{plural} {names}, which exist only inside rank "
+        "processes, but the test has no world_size marker.\n"
+        "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n ranks."
+    )
+
+
+def _context(request: pytest.FixtureRequest) -> RankContext:
+    ctx = request.config.stash.get(RANK_CONTEXT, None)
+    if ctx is None:
+        item: Any = getattr(request, "_pyfuncitem", request.node)
+        pytest.fail(misuse_message(item.nodeid, [request.fixturename]), pytrace=False)
+    return ctx
+
+
+@pytest.fixture(scope="session")
+def rank(request: pytest.FixtureRequest) -> int:
+    """This process's global rank, ``0 <= rank < world_size``."""
+    return _context(request).rank
+
+
+@pytest.fixture(scope="session")
+def world_size(request: pytest.FixtureRequest) -> int:
+    """Number of ranks running this test (the size from ``@pytest.mark.world_size``)."""
+    return _context(request).world_size
+
+
+@pytest.fixture(scope="session")
+def local_rank(request: pytest.FixtureRequest) -> int:
+    """This process's rank on its machine (equal to ``rank`` on one machine)."""
+    return _context(request).local_rank
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> str:
+    """The process group backend of this test, e.g. ``"gloo"`` or ``"nccl"``."""
+    return _context(request).backend
+
+
+@pytest.fixture(scope="session")
+def pg(request: pytest.FixtureRequest) -> dist.ProcessGroup:
+    """The initialised default (world) process group; created once per pool."""
+    ctx = _context(request)
+    if ctx.pg is None:
+        pytest.fail(
+            "fixture 'pg' does not exist in tests marked "
+            "@pytest.mark.world_size(..., init_process_group=False): those ranks start without "
+            "a default process group. Call torch.distributed.init_process_group() in the test "
+            "(RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set) and use the group it makes.",
+            pytrace=False,
+        )
+    return ctx.pg
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest) -> torch.device:
+    """``cuda:<local_rank>`` (already made current) for nccl, ``cpu`` otherwise."""
+    return _context(request).device()
+
+
+@pytest.fixture
+def dist_store(request: pytest.FixtureRequest) -> dist.Store:
+    """A c10d ``Store`` shared by the ranks of this test, with keys private to the test."""
+    return _context(request).test_store()
+
+
+@pytest.fixture
+def shared_tmp_path(request: pytest.FixtureRequest) -> Path:
+    """An empty folder, the same for every rank of this test (unlike ``tmp_path``)."""
+    path = Path(_context(request).test.shared_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path

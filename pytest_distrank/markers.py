@@ -1,0 +1,141 @@
+"""Marker parsing: ``world_size``, ``requires_nccl``, ``requires_gpus`` -> a frozen spec per item.
+
+Runs in the controller and in every rank (both collect the same tests and must agree on ids).
+Pure logic on pytest's marker objects; no torch. A bad marker never breaks collection: it becomes
+an error of the one test that carries it (see :func:`spec_of`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from .settings import parse_backend
+
+#: Name of the hidden parameter that ``world_size(2, 4)`` parametrizes (ids ``ws2``, ``ws4``).
+WS_PARAM = "_distrank_world_size"
+
+MARKERS = (
+    "world_size(*sizes, backend=None, init_process_group=True): run the test on each of `sizes` "
+    "ranks of a torch.distributed process group, one test per size with ids ws<N> when several "
+    "are given; no size uses --distrank-world-size. `backend` picks the backend (default "
+    "--distrank-backend); init_process_group=False starts the ranks without a default group, "
+    "with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set for env:// initialisation.",
+    "requires_nccl: the test needs NCCL and one GPU per rank (implies backend='nccl'); skipped "
+    "before any rank starts when they are missing.",
+    "requires_gpus(n): skipped unless at least n GPUs are visible.",
+)
+
+
+class MarkerError(Exception):
+    """A marker that cannot be honoured; the message names the marker and the bad value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DistSpec:
+    """What one distributed test asks for."""
+
+    world_size: int
+    backend: str
+    init_process_group: bool
+    needs_nccl: bool
+    min_gpus: int
+
+
+def _format_marker(marker: pytest.Mark) -> str:
+    args = [repr(a) for a in marker.args] + [f"{k}={v!r}" for k, v in marker.kwargs.items()]
+    return f"@pytest.mark.{marker.name}({', '.join(args)})"
+
+
+def _size(value: Any, marker: pytest.Mark) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MarkerError(
+            f"{_format_marker(marker)}: world size {value!r} is not a positive integer; "
+            "write e.g. @pytest.mark.world_size(2) or world_size(2, 4)."
+        )
+    return value
+
+
+def world_sizes(marker: pytest.Mark, default: int) -> tuple[int, ...]:
+    """The sizes a ``world_size`` marker asks for; no argument means the default size."""
+    known = {"backend", "init_process_group"}
+    unknown = sorted(set(marker.kwargs) - known)
+    if unknown:
+        raise MarkerError(
+            f"{_format_marker(marker)}: unknown keyword {unknown[0]!r}; "
+            f"world_size takes sizes and {', '.join(sorted(known))}."
+        )
+    sizes = tuple(_size(a, marker) for a in marker.args) or (default,)
+    if len(set(sizes)) != len(sizes):
+        raise MarkerError(f"{_format_marker(marker)}: world size given twice.")
+    return sizes
+
+
+def _backend(marker: pytest.Mark | None, needs_nccl: bool, default: str) -> str:
+    raw = marker.kwargs.get("backend") if marker is not None else None
+    if raw is None:
+        return "nccl" if needs_nccl else default
+    assert marker is not None
+    if not isinstance(raw, str):
+        raise MarkerError(f"{_format_marker(marker)}: backend must be a string, got {raw!r}.")
+    try:
+        return parse_backend(raw)
+    except ValueError as exc:
+        raise MarkerError(f"{_format_marker(marker)}: unknown backend {raw!r}; {exc}.") from None
+
+
+def min_gpus(item: pytest.Item) -> int:
+    marker = item.get_closest_marker("requires_gpus")
+    if marker is None:
+        return 0
+    value = marker.args[0] if marker.args else marker.kwargs.get("n")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise MarkerError(f"{_format_marker(marker)}: expected a GPU count >= 0, got {value!r}.")
+    return value
+
+
+def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistSpec | None:
+    """The distributed spec of an item, or None for an ordinary test.
+
+    Raises :class:`MarkerError` for a marker that cannot be honoured.
+    """
+    marker = item.get_closest_marker("world_size")
+    if marker is None:
+        return None
+    init_pg = marker.kwargs.get("init_process_group", True)
+    if not isinstance(init_pg, bool):
+        raise MarkerError(
+            f"{_format_marker(marker)}: init_process_group must be True or False, got {init_pg!r}."
+        )
+    sizes = world_sizes(marker, default_size)
+    callspec = getattr(item, "callspec", None)
+    size = callspec.params.get(WS_PARAM, sizes[0]) if callspec is not None else sizes[0]
+    needs_nccl = item.get_closest_marker("requires_nccl") is not None
+    return DistSpec(
+        world_size=size,
+        backend=_backend(marker, needs_nccl, default_backend),
+        init_process_group=init_pg,
+        needs_nccl=needs_nccl,
+        min_gpus=min_gpus(item),
+    )
+
+
+def parametrize_world_sizes(metafunc: pytest.Metafunc, default_size: int) -> None:
+    """``world_size(2, 4)`` -> one test per size, with ids ``ws2`` and ``ws4``.
+
+    A marker that does not parse is left alone here; the test reports it as its own error.
+    """
+    marker = metafunc.definition.get_closest_marker("world_size")
+    if marker is None:
+        return
+    try:
+        sizes = world_sizes(marker, default_size)
+    except MarkerError:
+        return
+    if len(sizes) < 2:
+        return
+    if WS_PARAM not in metafunc.fixturenames:
+        metafunc.fixturenames.append(WS_PARAM)
+    metafunc.parametrize(WS_PARAM, sizes, ids=[f"ws{n}" for n in sizes])

@@ -1,0 +1,283 @@
+"""N per-rank reports -> the reports pytest sees for one distributed test.
+
+Runs in the controller. Pure logic over pytest's report objects; imports no torch.
+
+Policy (outcome precedence over ranks): any rank failed, crashed or hung -> failed; otherwise any
+rank skipped -> skipped (the reason says which ranks); otherwise any rank xfailed -> xfailed;
+otherwise passed (xpassed when the test was expected to fail). The failure report starts with a
+per-rank table naming the root-cause rank (the first to fail) and the collateral ones, then shows
+the root cause's traceback; other failing ranks' tracebacks follow as sections. Captured output of
+every rank becomes a section titled like pytest's own plus the rank, and each such section starts
+with a line naming the rank (junitxml joins section contents without their titles).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from _pytest._code.code import (
+    ExceptionChainRepr,
+    ExceptionRepr,
+    ReprEntryNative,
+    ReprFileLocation,
+    ReprTracebackNative,
+)
+from _pytest.reports import TestReport
+
+WHENS = ("setup", "call", "teardown")
+
+#: Attribute of a synthesized report (crash, kill, timeout) with one line on what happened.
+NOTE_ATTR = "distrank_note"
+#: Attribute marking a synthesized report of a rank killed because another rank failed first.
+COLLATERAL_ATTR = "distrank_collateral"
+
+
+def label(rank: int, world_size: int) -> str:
+    return f"rank {rank}/{world_size}"
+
+
+def synthesized_failure(
+    nodeid: str,
+    location: tuple[str, int | None, str],
+    when: str,
+    message: str,
+    details: str,
+    *,
+    note: str,
+    collateral: bool = False,
+    stop: float = 0.0,
+) -> TestReport:
+    """A failed report for a rank that sent none (it crashed, hung or was killed).
+
+    ``message`` is the one-line crash message; ``details`` the text shown as its traceback
+    (faulthandler output, last lines of the rank's log).
+    """
+    lines = [line + "\n" for line in details.splitlines()] or [message + "\n"]
+    crash = ReprFileLocation(location[0], (location[1] or 0) + 1, message)
+    longrepr = ExceptionChainRepr([(ReprTracebackNative(lines), crash, None)])
+    report = TestReport(
+        nodeid,
+        location,
+        {},
+        "failed",
+        longrepr,
+        when,  # type: ignore[arg-type]
+        start=stop,
+        stop=stop,
+    )
+    setattr(report, NOTE_ATTR, note)
+    setattr(report, COLLATERAL_ATTR, collateral)
+    return report
+
+
+def _short(report: TestReport) -> str:
+    """One line saying why a report is not a pass."""
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple):
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message).splitlines()[0] if crash.message else ""
+    text = str(longrepr or "").strip().splitlines()
+    return text[-1] if text else ""
+
+
+def rank_story(reports: Sequence[TestReport]) -> str:
+    """What one rank did in this test, in a few words, for the per-rank table."""
+    for report in reports:
+        note = getattr(report, NOTE_ATTR, None)
+        if note:
+            return str(note)
+        if report.failed:
+            return f"failed in {report.when}: {_short(report)}"
+        if report.skipped:
+            if hasattr(report, "wasxfail"):
+                return "xfailed"
+            return f"skipped in {report.when}: {_short(report)}"
+    if any(hasattr(r, "wasxfail") for r in reports):
+        return "xpassed"
+    return "passed" if reports else "no report"
+
+
+def _root_cause(failures: Sequence[tuple[int, TestReport]]) -> tuple[int, TestReport]:
+    """The first rank to fail on its own; collateral (killed) ranks only if there is no other."""
+    own = [f for f in failures if not getattr(f[1], COLLATERAL_ATTR, False)]
+    return min(own or failures, key=lambda f: (f[1].stop or 0.0, f[0]))
+
+
+def _relabel_sections(
+    reports: Iterable[tuple[int, TestReport]], world_size: int
+) -> list[tuple[str, str]]:
+    sections = []
+    for rank, report in reports:
+        for title, content in report.sections:
+            tag = label(rank, world_size)
+            sections.append((f"{title} ({tag})", f"[{tag}]\n{content}"))
+    return sections
+
+
+def _base(
+    template: TestReport,
+    phase: Sequence[tuple[int, TestReport]],
+    world_size: int,
+    outcome: str,
+    longrepr: object,
+) -> TestReport:
+    report = TestReport(
+        template.nodeid,
+        template.location,
+        template.keywords,
+        outcome,  # type: ignore[arg-type]
+        longrepr,  # type: ignore[arg-type]
+        template.when,  # type: ignore[arg-type]
+        sections=_relabel_sections(phase, world_size),
+        duration=max(r.duration for _, r in phase),
+        start=min(r.start for _, r in phase),
+        stop=max(r.stop for _, r in phase),
+        user_properties=_user_properties(phase),
+    )
+    wasxfail = getattr(template, "wasxfail", None)
+    if wasxfail is not None:
+        report.wasxfail = wasxfail  # type: ignore[attr-defined]
+    return report
+
+
+def _user_properties(phase: Sequence[tuple[int, TestReport]]) -> list[tuple[str, object]]:
+    seen: list[tuple[str, object]] = []
+    for _, report in phase:
+        for prop in report.user_properties:
+            if prop not in seen:
+                seen.append(prop)
+    return seen
+
+
+def _table(world_size: int, stories: Mapping[int, str], root: int) -> list[str]:
+    failed = sum(1 for s in stories.values() if not s.startswith(("passed", "skipped", "xfail")))
+    lines = [
+        f"distrank: {failed} of {world_size} ranks failed; root cause: "
+        f"{label(root, world_size)}\n"
+    ]
+    width = len(label(world_size - 1, world_size))
+    for rank in range(world_size):
+        story = stories.get(rank, "no report")
+        mark = "  <- root cause" if rank == root else ""
+        lines.append(f"  {label(rank, world_size):<{width}}  {story}{mark}\n")
+    lines.append(f"---------- traceback of {label(root, world_size)} ----------\n")
+    return lines
+
+
+def _failure(
+    phase: Sequence[tuple[int, TestReport]], world_size: int, stories: Mapping[int, str]
+) -> TestReport:
+    failures = [(rank, r) for rank, r in phase if r.failed]
+    root, root_report = _root_cause(failures)
+    table = _table(world_size, stories, root)
+    tag = f"[{label(root, world_size)}] "
+    longrepr: object = root_report.longrepr
+    if isinstance(longrepr, ExceptionRepr):
+        chain = longrepr.chain if isinstance(longrepr, ExceptionChainRepr) else None
+        first_tb = chain[0][0] if chain else longrepr.reprtraceback
+        first_tb.reprentries = [ReprEntryNative(table), *first_tb.reprentries]
+        crash = longrepr.reprcrash
+        if crash is not None and not crash.message.startswith(tag):
+            crash.message = tag + crash.message
+        for rank, report in failures:
+            if rank != root:
+                longrepr.addsection(f"traceback of {label(rank, world_size)}", str(report.longrepr))
+    else:
+        text = "".join(table) + str(longrepr or "")
+        for rank, report in failures:
+            if rank != root:
+                text += f"\n---------- traceback of {label(rank, world_size)} ----------\n"
+                text += str(report.longrepr)
+        longrepr = text
+    return _base(root_report, phase, world_size, "failed", longrepr)
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(str(r) for r in ranks)
+
+
+def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
+    skipped = [(rank, r) for rank, r in phase if r.skipped]
+    template = skipped[0][1]
+    by_reason: dict[str, list[int]] = {}
+    for rank, report in skipped:
+        by_reason.setdefault(_short(report), []).append(rank)
+    if len(skipped) == world_size and len(by_reason) == 1:
+        reason = next(iter(by_reason))
+    else:
+        others = [rank for rank in range(world_size) if rank not in dict(skipped)]
+        parts = [f"ranks {_ranks(rs)}: {why}" for why, rs in by_reason.items()]
+        ran = f" (ranks {_ranks(others)} did not skip)" if others else ""
+        reason = f"skipped on {len(skipped)} of {world_size} ranks{ran}; " + "; ".join(parts)
+    longrepr = template.longrepr
+    if isinstance(longrepr, tuple):
+        longrepr = (longrepr[0], longrepr[1], f"Skipped: {reason}")
+    return _base(template, phase, world_size, "skipped", longrepr)
+
+
+def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
+    xfailed = [(rank, r) for rank, r in phase if r.skipped and hasattr(r, "wasxfail")]
+    rank, template = xfailed[0]
+    report = _base(template, phase, world_size, "skipped", template.longrepr)
+    if len(xfailed) < world_size:
+        reason = getattr(template, "wasxfail", "")
+        report.wasxfail = (  # type: ignore[attr-defined]
+            f"[xfailed on ranks {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
+        )
+    return report
+
+
+def merge_phase(
+    phase: Sequence[tuple[int, TestReport]], world_size: int, stories: Mapping[int, str]
+) -> TestReport:
+    """Merge the reports of one phase (each ``(rank, report)``) into one report."""
+    if any(r.failed for _, r in phase):
+        return _failure(phase, world_size, stories)
+    if any(r.skipped and not hasattr(r, "wasxfail") for _, r in phase):
+        return _skip(phase, world_size)
+    if any(r.skipped for _, r in phase):
+        return _xfail(phase, world_size)
+    template = phase[0][1]
+    xpassed = [(rank, r) for rank, r in phase if hasattr(r, "wasxfail")]
+    if xpassed:
+        template = xpassed[0][1]
+    if len(phase) == 1 or not any(r.sections or r.user_properties for _, r in phase):
+        # The common case: every rank passed and said nothing. No relabelling to do.
+        template.duration = max(r.duration for _, r in phase)
+        template.start = min(r.start for _, r in phase)
+        template.stop = max(r.stop for _, r in phase)
+        template.sections = _relabel_sections(phase, world_size)
+        return template
+    return _base(template, phase, world_size, "passed", None)
+
+
+def merge_test(
+    per_rank: Mapping[int, Sequence[TestReport]], world_size: int
+) -> list[TestReport]:
+    """All phase reports of every rank -> the phase reports pytest sees, counted once.
+
+    A rank whose setup failed or skipped has no call report; when another rank's call failed
+    (typically a peer left waiting in a collective), the failure wins and setup is shown as passed.
+    """
+    stories = {rank: rank_story(reports) for rank, reports in per_rank.items()}
+    by_when: dict[str, list[tuple[int, TestReport]]] = {w: [] for w in WHENS}
+    for rank in sorted(per_rank):
+        for report in per_rank[rank]:
+            by_when[report.when].append((rank, report))
+    setup, call, teardown = by_when["setup"], by_when["call"], by_when["teardown"]
+    out: list[TestReport] = []
+    if setup:
+        setup_failed = any(r.failed for _, r in setup)
+        call_failed = any(r.failed for _, r in call)
+        if not setup_failed and call_failed:
+            ran = [(rank, r) for rank, r in setup if r.passed] or setup[:1]
+            out.append(merge_phase(ran, world_size, stories))
+        else:
+            out.append(merge_phase(setup, world_size, stories))
+        if out[0].passed and call:
+            out.append(merge_phase(call, world_size, stories))
+    if teardown:
+        out.append(merge_phase(teardown, world_size, stories))
+    return out

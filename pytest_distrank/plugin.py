@@ -1,0 +1,83 @@
+"""The pytest11 entry point ``distrank``: options, ini keys, markers, hooks, and the gate that
+decides which side of the plugin this process is.
+
+Runs in the controller and in every rank process (each rank runs its own pytest session with
+``-p distrank``). In a rank, the worker plugin was handed to ``pytest.main`` and this module only
+adds the markers, fixtures and hooks; in the controller it also registers the controller.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from . import __version__, fixtures, hookspecs
+from .markers import MARKERS, parametrize_world_sizes
+from .settings import OPTIONS, Settings
+
+CONTROLLER_NAME = "distrank-controller"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("distrank", "pytest-distrank: multi-rank torch.distributed tests")
+    for option in OPTIONS:
+        help_text = f"{option.help} [env: {option.env}; ini: {option.ini}]"
+        if option.is_flag:
+            group.addoption(
+                option.flag, action="store_true", default=None, dest=option.dest, help=help_text
+            )
+        else:
+            group.addoption(option.flag, default=None, dest=option.dest, help=help_text)
+        parser.addini(option.ini, option.help, default="")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def _in_rank(config: pytest.Config) -> bool:
+    from .worker import WorkerPlugin
+
+    return any(isinstance(p, WorkerPlugin) for p in config.pluginmanager.get_plugins())
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    if not config.pluginmanager.is_registered(fixtures):
+        config.pluginmanager.register(fixtures, "distrank-fixtures")
+    if _in_rank(config):
+        return
+    from .controller import Controller
+
+    controller = Controller(config, Settings.from_config(config))
+    config.pluginmanager.register(controller, CONTROLLER_NAME)
+    controller.install_sigterm()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # The default size only matters for a bare world_size(), which never parametrizes.
+    parametrize_world_sizes(metafunc, default_size=1)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    controller = config.pluginmanager.get_plugin(CONTROLLER_NAME)
+    if controller is None:
+        return None
+    from .terminal import header_line
+
+    return header_line(controller, __version__)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    controller = terminalreporter.config.pluginmanager.get_plugin(CONTROLLER_NAME)
+    if controller is None:
+        return
+    from .terminal import summary_lines
+
+    lines = summary_lines(controller)
+    if lines:
+        terminalreporter.write_sep("-", "distrank")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -1,0 +1,464 @@
+"""One pool of rank processes: start, run a test, detect crashes and hangs, kill, stop.
+
+Runs in the controller (the pytest process). A pool is ``world_size`` rank processes that share one
+process group; it serves one test at a time. Every wait here is bounded and waits on the ranks'
+result pipes AND their process sentinels, so a rank that dies is noticed at once (the loky way).
+
+A pool that saw a crash, a hang, a fatal start-up error or a damaged process group is ``broken``:
+the controller kills it and starts a new one for the next test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import signal
+import time
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+from _pytest.reports import TestReport
+
+from .merge import synthesized_failure
+from .protocol import Fatal, Phase, RankConfig, Ready, Reports, RunTest, Shutdown, Stopped
+from .worker import DUMP_SIGNAL, rank_main
+
+Location = tuple[str, int | None, str]
+Deserialize = Callable[[dict[str, Any]], TestReport]
+
+#: How long the ranks get to write their stacks after the dump signal.
+DUMP_WAIT = 2.0
+#: Lines of a rank's own output shown when it crashed.
+LOG_TAIL_LINES = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class PoolKey:
+    """What makes rank processes incompatible: tests with equal keys share a pool."""
+
+    world_size: int
+    backend: str
+    init_process_group: bool
+    #: Non-zero under --distrank-isolate: a pool of its own for one test.
+    isolated: int = 0
+
+    def describe(self) -> str:
+        init = "" if self.init_process_group else ", init_process_group=False"
+        return f"world_size={self.world_size}, backend={self.backend}{init}"
+
+
+class PoolStartError(Exception):
+    """A pool that could not start; the message names the rank and shows its output."""
+
+
+def signal_name(exitcode: int | None) -> str:
+    """``-11`` -> ``SIGSEGV(-11)``; ``3`` -> ``exit code 3``."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"{signal.Signals(-exitcode).name}({exitcode})"
+        except ValueError:
+            return f"signal {-exitcode}({exitcode})"
+    return f"exit code {exitcode}"
+
+
+_FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def main_thread_frames(dump: str) -> list[tuple[str, int, str]]:
+    """The frames (innermost first) of the rank's main thread in a faulthandler dump."""
+    blocks: list[list[tuple[str, int, str]]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            blocks.append([])
+            continue
+        match = _FRAME.match(line)
+        if match and blocks:
+            blocks[-1].append((match["file"], int(match["line"]), match["func"]))
+    for frames in blocks:
+        if any(func == "rank_main" for _, _, func in frames):
+            return frames
+    return blocks[-1] if blocks else []
+
+
+def where_blocked(dump: str, test_file: str) -> str:
+    """One line: the innermost frame, and the innermost frame in the test's own file."""
+    frames = main_thread_frames(dump)
+    if not frames:
+        return "no stack (the rank did not answer the dump signal)"
+    file, line, func = frames[0]
+    text = f"blocked in {func} at {_short_path(file)}:{line}"
+    own = next(((f, n, fn) for f, n, fn in frames if f == test_file), None)
+    if own is not None and own != frames[0]:
+        text += f", called from {own[2]} at {_short_path(own[0])}:{own[1]}"
+    return text
+
+
+def _short_path(path: str) -> str:
+    marker = "site-packages/"
+    if marker in path:
+        return path.split(marker, 1)[1]
+    with contextlib.suppress(ValueError):
+        return os.path.relpath(path)
+    return path
+
+
+def read_from(path: str, offset: int, limit: int = 256 * 1024) -> str:
+    """What a rank wrote to its log since ``offset`` (the last ``limit`` bytes of it)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclasses.dataclass
+class Rank:
+    rank: int
+    process: Any
+    conn: Connection
+    log_path: str
+    log_offset: int = 0
+    done: bool = False
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+
+@dataclasses.dataclass
+class TestRun:
+    """What one test did on every rank; the input of the merge."""
+
+    reports: dict[int, list[TestReport]]
+    broken: str | None = None
+
+
+class Pool:
+    """``world_size`` rank processes, started together, serving one test at a time."""
+
+    def __init__(
+        self,
+        key: PoolKey,
+        pool_id: int,
+        context: Any,
+        configs: Sequence[RankConfig],
+        parent_pid: int,
+    ) -> None:
+        self.key = key
+        self.id = pool_id
+        self.context = context
+        self.configs = configs
+        self.parent_pid = parent_pid
+        self.phases = context.RawArray("i", key.world_size)
+        self.ranks: list[Rank] = []
+        self.ready: list[Ready] = []
+        self.broken: str | None = None
+        self.tests_run = 0
+        self.started_at = 0.0
+        self.start_seconds = 0.0
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in self.ranks]
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self, timeout: float) -> None:
+        """Start every rank and wait until all are ready; raise :class:`PoolStartError`."""
+        self.started_at = time.monotonic()
+        for cfg in self.configs:
+            parent_conn, child_conn = self.context.Pipe(duplex=True)
+            process = self.context.Process(
+                target=rank_main,
+                args=(cfg, child_conn, self.phases, self.parent_pid),
+                name=f"distrank-pool{self.id}-rank{cfg.rank}",
+            )
+            process.start()
+            child_conn.close()
+            self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path))
+        deadline = self.started_at + timeout if timeout > 0 else None
+        pending = {r.rank: r for r in self.ranks}
+        while pending:
+            ready = self._wait(list(pending.values()), deadline)
+            if not ready:
+                self.broken = "did not start in time"
+                stacks = self.dump_stacks(list(pending.values()))
+                self.kill()
+                lines = [f"  rank {r}: {where_blocked(stacks[r], '')}" for r in sorted(pending)]
+                raise PoolStartError(
+                    f"rank processes of pool {self.key.describe()} did not start within "
+                    f"{timeout:.0f} s:\n" + "\n".join(lines) + "\n\n" + stacks[min(pending)]
+                )
+            for rank, message in ready:
+                if isinstance(message, Ready):
+                    self.ready.append(message)
+                    del pending[rank.rank]
+                    continue
+                self.broken = "start-up failed"
+                self.kill()
+                raise PoolStartError(self._startup_failure(rank, message))
+        self.start_seconds = time.monotonic() - self.started_at
+
+    def _startup_failure(self, rank: Rank, message: object) -> str:
+        head = f"rank {rank.rank}/{self.key.world_size} of pool {self.key.describe()} "
+        if isinstance(message, Fatal):
+            return head + f"failed to start:\n{message.message}"
+        output = tail(read_from(rank.log_path, 0))
+        status = signal_name(rank.process.exitcode)
+        return head + f"died during start-up ({status}). Its last output:\n{output}"
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    def _wait(self, ranks: list[Rank], deadline: float | None) -> list[tuple[Rank, object]]:
+        """Messages from ``ranks`` (or ``None`` for a rank that died), or [] at the deadline."""
+        by_obj: dict[Any, Rank] = {}
+        for r in ranks:
+            by_obj[r.conn] = r
+            by_obj[r.process.sentinel] = r
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        out: list[tuple[Rank, object]] = []
+        for obj in wait(list(by_obj), timeout):
+            rank = by_obj[obj]
+            if any(r is rank for r, _ in out):
+                continue
+            out.extend((rank, m) for m in self._drain(rank))
+        return out
+
+    def _drain(self, rank: Rank) -> list[object]:
+        """Every message the rank has sent; ``None`` last if the rank is gone."""
+        messages: list[object] = []
+        try:
+            while rank.conn.poll():
+                messages.append(rank.conn.recv())
+        except (EOFError, OSError):
+            rank.process.join(5)
+            messages.append(None)
+            return messages
+        if not messages and not rank.process.is_alive():
+            messages.append(None)
+        return messages
+
+    # -- running a test ------------------------------------------------------------------------
+
+    def run(
+        self,
+        test: RunTest,
+        location: Location,
+        test_file: str,
+        deserialize: Deserialize,
+        timeout: float,
+        timeout_source: str,
+        grace: float,
+    ) -> TestRun:
+        """Run one test on every rank; a crash or hang becomes a synthesized failed report."""
+        self.tests_run += 1
+        for r in self.ranks:
+            r.done = False
+            with contextlib.suppress(OSError):
+                r.log_offset = os.stat(r.log_path).st_size
+            r.conn.send(test)
+        started = time.monotonic()
+        deadline = started + timeout if timeout > 0 else None
+        result = TestRun({r.rank: [] for r in self.ranks})
+        failed_at: float | None = None
+        first_failed: int | None = None
+        while True:
+            pending = [r for r in self.ranks if not r.done]
+            if not pending:
+                break
+            until = deadline
+            if failed_at is not None:
+                until = min(until or float("inf"), failed_at + grace)
+            events = self._wait(pending, until)
+            if not events:
+                break
+            for rank, message in events:
+                if isinstance(message, Reports):
+                    new = [deserialize(d) for d in message.reports]
+                    result.reports[rank.rank].extend(new)
+                    if failed_at is None and any(rep.failed for rep in new):
+                        failed_at, first_failed = time.monotonic(), rank.rank
+                    if message.done:
+                        rank.done = True
+                        if not message.pg_healthy and self.broken is None:
+                            self.broken = "the test left the default process group destroyed"
+                    continue
+                if rank.done:
+                    continue
+                rank.done = True
+                result.reports[rank.rank].extend(
+                    self._crash_reports(rank, message, test, location, result)
+                )
+                self.broken = self.broken or f"rank {rank.rank} crashed"
+                if failed_at is None:
+                    failed_at, first_failed = time.monotonic(), rank.rank
+        hung = [r for r in self.ranks if not r.done]
+        if hung:
+            self._hung_reports(
+                hung, test, location, test_file, result, timeout, timeout_source,
+                failed_at, first_failed,
+            )
+        result.broken = self.broken
+        return result
+
+    def _phase_of(self, rank: Rank) -> Phase:
+        try:
+            return Phase(self.phases[rank.rank])
+        except ValueError:
+            return Phase.CALL
+
+    def _fill_passed(
+        self, rank: Rank, when: str, test: RunTest, location: Location, result: TestRun
+    ) -> None:
+        """Passing reports are batched, so a rank that died in call passed setup: say so."""
+        have = {r.when for r in result.reports[rank.rank]}
+        for earlier in ("setup", "call"):
+            if earlier == when:
+                break
+            if earlier not in have:
+                result.reports[rank.rank].append(
+                    TestReport(test.nodeid, location, {}, "passed", None, earlier)  # type: ignore[arg-type]
+                )
+
+    def _crash_reports(
+        self, rank: Rank, message: object, test: RunTest, location: Location, result: TestRun
+    ) -> list[TestReport]:
+        when = self._phase_of(rank).when
+        self._fill_passed(rank, when, test, location, result)
+        ws = self.key.world_size
+        if isinstance(message, Fatal):
+            text = message.message
+            crash = f"rank {rank.rank}/{ws} stopped serving in {when}"
+            note = f"error in {when}: the rank's pytest session failed"
+        else:
+            rank.process.join(5)
+            status = signal_name(rank.process.exitcode)
+            output = tail(read_from(rank.log_path, rank.log_offset))
+            crash = f"rank {rank.rank}/{ws} crashed in {when} with {status}"
+            text = f"{crash}. Its last output (faulthandler traceback, if any):\n{output}"
+            note = f"crashed in {when} with {status}"
+        return [
+            synthesized_failure(
+                test.nodeid, location, when, crash, text, note=note, stop=time.time()
+            )
+        ]
+
+    def _hung_reports(
+        self,
+        hung: list[Rank],
+        test: RunTest,
+        location: Location,
+        test_file: str,
+        result: TestRun,
+        timeout: float,
+        timeout_source: str,
+        failed_at: float | None,
+        first_failed: int | None,
+    ) -> None:
+        stacks = self.dump_stacks(hung)
+        self.kill()
+        now = time.monotonic()
+        ws = self.key.world_size
+        self.broken = self.broken or "ranks hung"
+        for rank in hung:
+            when = self._phase_of(rank).when
+            self._fill_passed(rank, when, test, location, result)
+            where = where_blocked(stacks[rank.rank], test_file)
+            if failed_at is not None:
+                after = now - failed_at
+                note = f"killed {after:.1f} s after rank {first_failed} failed; {where}"
+                crash = f"rank {rank.rank}/{ws} killed in {when}: rank {first_failed} failed first"
+                collateral = True
+            else:
+                note = f"timed out in {when} after {timeout:g} s; {where}"
+                crash = (
+                    f"Timeout: rank {rank.rank}/{ws} still in {when} after {timeout:g} s "
+                    f"(timeout from {timeout_source})"
+                )
+                collateral = False
+            text = f"{crash}; {where}\nStacks of its threads:\n{stacks[rank.rank]}"
+            report = synthesized_failure(
+                test.nodeid, location, when, crash, text, note=note, collateral=collateral,
+                stop=time.time(),
+            )
+            result.reports[rank.rank].append(report)
+
+    # -- stacks, kill, stop --------------------------------------------------------------------
+
+    def dump_stacks(self, ranks: list[Rank]) -> dict[int, str]:
+        """Ask each rank for the stacks of all its threads (faulthandler, works inside C++)."""
+        offsets = {}
+        for r in ranks:
+            try:
+                offsets[r.rank] = os.stat(r.log_path).st_size
+                os.kill(r.pid, DUMP_SIGNAL)
+            except OSError:
+                offsets[r.rank] = -1
+        end = time.monotonic() + DUMP_WAIT
+        sizes: dict[int, int] = {}
+        while time.monotonic() < end:
+            time.sleep(0.05)
+            now = {r.rank: _size(r.log_path) for r in ranks}
+            grew = all(now[k] > offsets[k] for k in now if offsets[k] >= 0)
+            if grew and now == sizes:
+                break
+            sizes = now
+        return {
+            r.rank: read_from(r.log_path, offsets[r.rank]) if offsets[r.rank] >= 0 else ""
+            for r in ranks
+        }
+
+    def kill(self) -> None:
+        """SIGKILL every rank and whatever it started (each rank leads its process group)."""
+        for r in self.ranks:
+            if r.process.exitcode is None:
+                with contextlib.suppress(OSError):
+                    os.killpg(r.pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.kill(r.pid, signal.SIGKILL)
+        for r in self.ranks:
+            r.process.join(5)
+            r.conn.close()
+
+    def request_stop(self) -> None:
+        """Ask every rank to tear down and exit; :meth:`finish_stop` collects them."""
+        for r in self.ranks:
+            with contextlib.suppress(OSError, ValueError):
+                r.conn.send(Shutdown())
+
+    def finish_stop(self, timeout: float) -> list[str]:
+        """Wait for the ranks to stop; return teardown errors; kill what does not stop."""
+        errors: list[str] = []
+        deadline = time.monotonic() + timeout
+        pending = [r for r in self.ranks if r.process.exitcode is None and not r.conn.closed]
+        while pending:
+            events = self._wait(pending, deadline)
+            if not events:
+                break
+            for rank, message in events:
+                if isinstance(message, Stopped):
+                    errors.extend(f"rank {rank.rank}: {e}" for e in message.errors)
+                if isinstance(message, Stopped) or message is None:
+                    pending = [r for r in pending if r is not rank]
+        for r in self.ranks:
+            r.process.join(max(0.0, deadline - time.monotonic()))
+        self.kill()
+        return errors
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1

@@ -1,0 +1,126 @@
+"""Typed messages between the controller and its rank processes.
+
+Imported by both sides: the controller (the pytest process) and every rank process. Standard
+library only: no torch, no pytest, so that a message can be built and read anywhere.
+
+Messages travel over one duplex ``multiprocessing`` connection per rank, which does the framing
+(length-prefixed pickles). Reports inside messages are the plain dicts produced by pytest's own
+``pytest_report_to_serializable`` hook, exactly as pytest-xdist ships them.
+
+Phases a rank announces through the pool's shared phase array (one int per rank), so that the
+controller can say what a rank was doing when it crashed or hung without a message per phase.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+
+class Phase(enum.IntEnum):
+    """What a rank process is doing, as written into the pool's shared phase array."""
+
+    STARTING = 0
+    IDLE = 1
+    SETUP = 2
+    CALL = 3
+    TEARDOWN = 4
+    STOPPING = 5
+
+    @property
+    def when(self) -> str:
+        """The pytest phase name (``setup``/``call``/``teardown``) this phase reports under."""
+        if self is Phase.CALL:
+            return "call"
+        if self is Phase.TEARDOWN:
+            return "teardown"
+        return "setup"
+
+
+@dataclasses.dataclass(frozen=True)
+class RankConfig:
+    """Everything a rank process needs to start; passed as the process target's argument."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    init_process_group: bool
+    pool_id: int
+    store_host: str
+    store_port: int
+    pytest_args: tuple[str, ...]
+    env: dict[str, str]
+    log_path: str
+    nodeids: tuple[str, ...]
+
+
+# controller -> rank
+
+
+@dataclasses.dataclass(frozen=True)
+class RunTest:
+    """Run one test's full protocol (setup, call, teardown)."""
+
+    index: int
+    nodeid: str
+    next_nodeid: str | None
+    shared_dir: str
+    #: For ``world_size(n, init_process_group=False)``: the port of a store private to this test,
+    #: which the rank exports as ``MASTER_PORT`` so that ``init_process_group()`` (env://) works.
+    env_store_port: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Shutdown:
+    """Tear down what is still set up, end the rank's pytest session and exit."""
+
+
+# rank -> controller
+
+
+@dataclasses.dataclass(frozen=True)
+class Ready:
+    """The rank collected its files and (if asked) initialised its process group."""
+
+    rank: int
+    pid: int
+    missing: tuple[str, ...] = ()
+    collect_errors: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Reports:
+    """Serialized phase reports of one test. ``done`` marks the last batch for that test.
+
+    A rank sends a failing report at once (so its peers' grace period can start) and the rest in
+    one batch when the test's protocol ends.
+    """
+
+    rank: int
+    index: int
+    reports: tuple[dict[str, Any], ...]
+    done: bool
+    #: False when the test left the rank's default process group destroyed or replaced.
+    pg_healthy: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Fatal:
+    """The rank cannot serve: its start-up failed or its pytest session ended early."""
+
+    rank: int
+    message: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopped:
+    """The rank tore down its remaining fixtures; ``errors`` holds their teardown failures."""
+
+    rank: int
+    errors: tuple[str, ...] = ()
+
+
+ToRank = RunTest | Shutdown
+FromRank = Ready | Reports | Fatal | Stopped

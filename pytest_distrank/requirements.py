@@ -1,0 +1,97 @@
+"""Capability probes: is a backend built in, how many GPUs are visible -> skip reasons.
+
+Runs in the controller, before any rank process starts. Never initialises CUDA: the GPU count
+comes from ``torch.cuda.device_count()``, which asks NVML first, and a CPU build of torch answers 0
+without touching a driver.
+
+Test seam: ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs are visible, so that
+the decisions below can be tested on machines without GPUs.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from .markers import DistSpec
+
+FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
+
+
+@functools.cache
+def _real_gpu_count() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process may use (respects CUDA_VISIBLE_DEVICES and the test seam)."""
+    fake = os.environ.get(FAKE_GPU_COUNT_ENV)
+    if fake is not None and fake.strip() != "":
+        return int(fake)
+    return _real_gpu_count()
+
+
+@functools.cache
+def backend_available(name: str) -> bool:
+    """Whether this torch build has the named process-group backend."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return False
+    probes = {
+        "gloo": dist.is_gloo_available,
+        "nccl": dist.is_nccl_available,
+        "mpi": dist.is_mpi_available,
+        "ucc": dist.is_ucc_available,
+        "xccl": getattr(dist, "is_xccl_available", lambda: False),
+    }
+    probe = probes.get(name)
+    return bool(probe()) if probe is not None else False
+
+
+def _backends_of(backend: str) -> list[str]:
+    """``"cpu:gloo,cuda:nccl"`` -> ``["gloo", "nccl"]``; ``"gloo"`` -> ``["gloo"]``."""
+    return [part.split(":", 1)[-1] for part in backend.split(",")]
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def skip_reason(spec: DistSpec) -> str | None:
+    """Why this distributed test cannot run on this machine, or None when it can."""
+    backends = _backends_of(spec.backend)
+    if spec.needs_nccl:
+        if not backend_available("nccl"):
+            return (
+                f"requires_nccl: needs NCCL and {spec.world_size} GPUs, but this torch build "
+                f"(torch {_torch_version()}) has no NCCL"
+            )
+        found = visible_gpu_count()
+        if found < spec.world_size:
+            return f"requires_nccl: needs NCCL and {spec.world_size} GPUs, found {found}"
+    for name in backends:
+        if not backend_available(name):
+            return (
+                f"backend {name!r} is not available in this torch build "
+                f"(torch {_torch_version()})"
+            )
+    if "nccl" in backends and not spec.needs_nccl:
+        found = visible_gpu_count()
+        if found < spec.world_size:
+            return f"backend 'nccl' needs {spec.world_size} GPUs (one per rank), found {found}"
+    return gpu_skip_reason(spec.min_gpus)
+
+
+def gpu_skip_reason(min_gpus: int) -> str | None:
+    """The reason a ``requires_gpus(n)`` test is skipped, or None."""
+    if min_gpus <= 0:
+        return None
+    found = visible_gpu_count()
+    if found < min_gpus:
+        return f"requires_gpus({min_gpus}): needs {min_gpus} GPUs, found {found}"
+    return None

@@ -1,0 +1,252 @@
+"""Resolved plugin settings, with where each value came from.
+
+Runs in the controller (the pytest process). Precedence, lowest to highest: built-in default <
+ini file < environment variable < command line < marker. Every option has one help text, shared by
+its command-line flag and its ini key (the pytest-timeout convention), and every validation error
+names the option, the bad value and where it came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+START_METHODS = ("forkserver", "spawn")
+
+
+def parse_positive_int(text: str) -> int:
+    """A world size: a positive integer, spelled in decimal."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected a positive integer") from None
+    if value < 1:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A duration in seconds; ``0`` means no limit."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number of seconds (0 for none)") from None
+    if value < 0 or value != value:
+        raise ValueError("expected a number of seconds >= 0 (0 for none)")
+    return value
+
+
+def parse_backend(text: str) -> str:
+    """A ``torch.distributed`` backend name, or a ``device:backend,...`` mapping."""
+    value = text.strip()
+    parts = [p.split(":", 1)[-1] for p in value.split(",")] if ":" in value else [value]
+    unknown = [p for p in parts if p not in BACKENDS]
+    if unknown or not value:
+        raise ValueError(f"expected one of {', '.join(BACKENDS)}")
+    return value
+
+
+def parse_start_method(text: str) -> str:
+    value = text.strip()
+    if value not in START_METHODS:
+        raise ValueError(f"expected one of {', '.join(START_METHODS)}")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option(Generic[T]):
+    """One setting: its command-line flag, ini key, environment variable and parser."""
+
+    dest: str
+    flag: str
+    env: str
+    default: str
+    help: str
+    parse: Callable[[str], T]
+    is_flag: bool = False
+
+    @property
+    def ini(self) -> str:
+        return self.dest
+
+
+WORLD_SIZE = Option(
+    "distrank_world_size",
+    "--distrank-world-size",
+    "DISTRANK_WORLD_SIZE",
+    "2",
+    "World size of tests marked @pytest.mark.world_size() without a size (default: 2).",
+    parse_positive_int,
+)
+BACKEND = Option(
+    "distrank_backend",
+    "--distrank-backend",
+    "DISTRANK_BACKEND",
+    "gloo",
+    "torch.distributed backend of tests whose marker names none (default: gloo; "
+    "requires_nccl implies nccl).",
+    parse_backend,
+)
+START_METHOD = Option(
+    "distrank_start_method",
+    "--distrank-start-method",
+    "DISTRANK_START_METHOD",
+    "forkserver",
+    "How rank processes start: 'forkserver' (default: forked from a server that has torch "
+    "imported, milliseconds per rank) or 'spawn' (a fresh interpreter per rank).",
+    parse_start_method,
+)
+ISOLATE = Option(
+    "distrank_isolate",
+    "--distrank-isolate",
+    "DISTRANK_ISOLATE",
+    "false",
+    "Run every distributed test in fresh rank processes instead of warm, reused pools.",
+    parse_bool,
+    is_flag=True,
+)
+TIMEOUT = Option(
+    "distrank_timeout",
+    "--distrank-timeout",
+    "DISTRANK_TIMEOUT",
+    "300",
+    "Deadline in seconds for a distributed test's setup, call and teardown on all ranks "
+    "(default: 300; 0 for none). @pytest.mark.timeout(N) and pytest-timeout's --timeout and "
+    "'timeout' ini key are honoured too.",
+    parse_seconds,
+)
+FAILURE_GRACE = Option(
+    "distrank_failure_grace",
+    "--distrank-failure-grace",
+    "DISTRANK_FAILURE_GRACE",
+    "5",
+    "Seconds the other ranks get to finish after one rank failed or crashed, before their "
+    "stacks are dumped and the pool is killed (default: 5).",
+    parse_seconds,
+)
+
+OPTIONS: tuple[Option[Any], ...] = (
+    WORLD_SIZE,
+    BACKEND,
+    START_METHOD,
+    ISOLATE,
+    TIMEOUT,
+    FAILURE_GRACE,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Value(Generic[T]):
+    """A resolved setting and a human description of where it came from."""
+
+    value: T
+    source: str
+
+
+def _ini_source(config: pytest.Config, option: Option[Any], raw: str) -> str:
+    where = f"in {config.inipath.name}" if config.inipath else "from -o"
+    return f"{option.ini} = {raw} ({where})"
+
+
+def resolve(config: pytest.Config, option: Option[T]) -> Value[T]:
+    """Resolve one option: default < ini < environment < command line."""
+    raw: Any = config.getoption(option.dest)
+    if raw is not None and raw is not False:
+        text = "true" if raw is True else str(raw)
+        source = option.flag if raw is True else f"{option.flag}={raw}"
+        return _parse(option, text, f"{source} (command line)")
+    env = os.environ.get(option.env)
+    if env is not None and env != "":
+        return _parse(option, env, f"{option.env}={env} (environment)")
+    ini = config.getini(option.ini)
+    if ini not in ("", None):
+        return _parse(option, str(ini), _ini_source(config, option, str(ini)))
+    return Value(option.parse(option.default), "default")
+
+
+def _parse(option: Option[T], text: str, source: str) -> Value[T]:
+    try:
+        return Value(option.parse(text), source)
+    except ValueError as exc:
+        raise pytest.UsageError(
+            f"pytest-distrank: invalid value {text!r} for {option.flag} "
+            f"(ini: {option.ini}, env: {option.env}), from {source}:\n  {exc}"
+        ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The session-wide settings of the controller."""
+
+    world_size: Value[int]
+    backend: Value[str]
+    start_method: Value[str]
+    isolate: Value[bool]
+    timeout: Value[float]
+    failure_grace: Value[float]
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Settings:
+        return cls(
+            world_size=resolve(config, WORLD_SIZE),
+            backend=resolve(config, BACKEND),
+            start_method=resolve(config, START_METHOD),
+            isolate=resolve(config, ISOLATE),
+            timeout=_resolve_timeout(config),
+            failure_grace=resolve(config, FAILURE_GRACE),
+        )
+
+
+def _resolve_timeout(config: pytest.Config) -> Value[float]:
+    """The session deadline, ours and pytest-timeout's settings interleaved.
+
+    --distrank-timeout > --timeout > DISTRANK_TIMEOUT > PYTEST_TIMEOUT > ini distrank_timeout >
+    ini timeout > 300 s.
+    """
+    has_timeout_plugin = config.pluginmanager.hasplugin("timeout")
+    own_cli = config.getoption(TIMEOUT.dest)
+    if own_cli is not None:
+        return _parse(TIMEOUT, str(own_cli), f"{TIMEOUT.flag}={own_cli} (command line)")
+    if has_timeout_plugin:
+        cli = config.getoption("timeout", None)
+        if cli is not None:
+            return _parse(TIMEOUT, str(cli), f"--timeout={cli} (pytest-timeout, command line)")
+    for env in (TIMEOUT.env, "PYTEST_TIMEOUT" if has_timeout_plugin else ""):
+        raw = os.environ.get(env) if env else None
+        if raw:
+            return _parse(TIMEOUT, raw, f"{env}={raw} (environment)")
+    for ini in (TIMEOUT.ini, "timeout" if has_timeout_plugin else ""):
+        raw = config.getini(ini) if ini else None
+        if raw not in ("", None):
+            where = f"in {config.inipath.name}" if config.inipath else "from -o"
+            return _parse(TIMEOUT, str(raw), f"{ini} = {raw} ({where})")
+    return Value(TIMEOUT.parse(TIMEOUT.default), "default")
+
+
+def item_timeout(item: pytest.Item, session_timeout: Value[float]) -> Value[float]:
+    """The deadline of one distributed test: ``@pytest.mark.timeout(N)`` beats the session's."""
+    marker = item.get_closest_marker("timeout")
+    if marker is not None:
+        raw = marker.kwargs.get("timeout", marker.args[0] if marker.args else None)
+        if raw is not None:
+            try:
+                return Value(parse_seconds(str(raw)), f"@pytest.mark.timeout({raw})")
+            except ValueError as exc:
+                raise ValueError(f"@pytest.mark.timeout({raw!r}): {exc}") from None
+    return session_timeout

@@ -1,0 +1,39 @@
+"""Header and summary lines of the controller's terminal report.
+
+Runs in the controller. Kept apart from the dispatch logic so that what users read is in one place.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .controller import Controller
+
+
+def header_line(controller: Controller, version: str) -> str:
+    s = controller.settings
+    timeout = f"{s.timeout.value:g} s" if s.timeout.value else "none"
+    isolate = ", isolate" if s.isolate.value else ""
+    return (
+        f"distrank: {version}, backend {s.backend.value}, start method {s.start_method.value}, "
+        f"timeout {timeout} ({s.timeout.source}), default world size {s.world_size.value}"
+        f"{isolate}"
+    )
+
+
+def summary_lines(controller: Controller) -> list[str]:
+    stats = controller.stats
+    if not stats.tests:
+        return []
+    sizes = ", ".join(
+        f"{count} at world size {size}" for size, count in sorted(stats.pools_started.items())
+    )
+    lines = [f"{stats.tests} distributed tests; pools started: {sizes or 'none'}"]
+    if stats.start_seconds:
+        lines.append(f"pool start: median {statistics.median(stats.start_seconds):.2f} s")
+    if stats.test_seconds:
+        median_ms = statistics.median(stats.test_seconds) * 1000
+        lines.append(f"per-test wall time in the controller: median {median_ms:.1f} ms")
+    for reason in stats.replaced:
+        lines.append(f"pool replaced: {reason}")
+    return lines

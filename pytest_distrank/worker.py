@@ -1,0 +1,340 @@
+"""The rank side: one rank process of a pool, serving "run this test" from the controller.
+
+Runs in each rank process (started by the fork server, or spawned). Depends on nothing else of
+the plugin except :mod:`protocol`. A rank process:
+
+1. detaches from the fork server (so it dies with the controller, PITFALLS 1), moves into its
+   own process group (Ctrl-C is the controller's to handle), sends its output to a per-rank log;
+2. runs its own pytest session over the files that hold its pool's tests, with arguments the
+   controller built (``-p distrank``, the controller's rootdir, ``-o addopts=`` ...);
+3. after collection, connects to the controller's store once, initialises the process group once,
+   calls ``pytest_distrank_rank_setup`` and says :class:`~protocol.Ready`;
+4. serves :class:`~protocol.RunTest` messages by running the test's real pytest protocol, and
+   sends its phase reports, serialized by pytest's own hooks;
+5. on :class:`~protocol.Shutdown` (or when the controller's end of the pipe closes) tears down what
+   is left and leaves with ``os._exit``: torch's interpreter shutdown costs ~0.5 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .protocol import (
+    Fatal,
+    Phase,
+    RankConfig,
+    Ready,
+    Reports,
+    RunTest,
+    Shutdown,
+    Stopped,
+)
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+#: Signal on which every rank dumps the stacks of all its threads into its log.
+DUMP_SIGNAL = signal.SIGUSR1
+_PR_SET_PDEATHSIG = 1
+STORE_CONNECT_TIMEOUT = timedelta(seconds=120)
+
+
+@dataclasses.dataclass
+class RankContext:
+    """What the fixtures of a rank process read: who this rank is, its store and group."""
+
+    cfg: RankConfig
+    store: Any
+    pg: Any | None
+    test: RunTest = RunTest(-1, "", None, "")
+
+    @property
+    def rank(self) -> int:
+        return self.cfg.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.cfg.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.cfg.local_rank
+
+    @property
+    def backend(self) -> str:
+        return self.cfg.backend
+
+    def device(self) -> torch.device:
+        import torch
+
+        if "nccl" in self.cfg.backend:
+            return torch.device("cuda", self.cfg.local_rank)
+        return torch.device("cpu")
+
+    def test_store(self) -> dist.Store:
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"test{self.test.index}/", self.store)
+
+
+RANK_CONTEXT = pytest.StashKey[RankContext]()
+
+
+def _detach_from_controller_tree(expected_parent: int) -> None:
+    """Die with the controller, and keep Ctrl-C out (PITFALLS 1).
+
+    The fork server hands every child a copy of the write end of its "alive" pipe; while a rank
+    holds it, the fork server never sees the controller die. Close it, and ask the kernel to
+    SIGKILL this rank when its parent (the fork server, or the controller under spawn) dies.
+    """
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != expected_parent:
+        os._exit(1)  # the parent died before prctl took effect
+    # Own process group: the terminal's SIGINT goes to the controller only, and the controller
+    # can kill this rank together with any processes it starts.
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+
+
+def _rank_env(cfg: RankConfig) -> dict[str, str]:
+    env = dict(cfg.env)
+    env.pop("PYTEST_ADDOPTS", None)
+    env.update(
+        RANK=str(cfg.rank),
+        WORLD_SIZE=str(cfg.world_size),
+        LOCAL_RANK=str(cfg.local_rank),
+        LOCAL_WORLD_SIZE=str(cfg.world_size),
+        GROUP_RANK="0",
+        ROLE_RANK=str(cfg.rank),
+        ROLE_WORLD_SIZE=str(cfg.world_size),
+        MASTER_ADDR=cfg.store_host,
+        MASTER_PORT=str(cfg.store_port),
+        # torchrun's convention: the store at MASTER_ADDR:MASTER_PORT is hosted by someone else
+        # (here: the controller), so every rank is a client (PITFALLS 2).
+        TORCHELASTIC_USE_AGENT_STORE="True",
+        TORCHELASTIC_RESTART_COUNT="0",
+        DISTRANK_RANK=str(cfg.rank),
+    )
+    return env
+
+
+def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -> None:
+    """Entry point of a rank process. Never returns: ends with ``os._exit``."""
+    code = 0
+    try:
+        _detach_from_controller_tree(parent_pid)
+        log_fd = os.open(cfg.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.environ.clear()
+        os.environ.update(_rank_env(cfg))
+        plugin = WorkerPlugin(cfg, conn, phases, log_fd)
+        exit_code = pytest.main(list(cfg.pytest_args), plugins=[plugin])
+        if not plugin.served:
+            _send(conn, Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
+            code = 3
+    except BaseException:  # noqa: BLE001 - whatever it is, the controller must hear of it
+        with contextlib.suppress(BaseException):
+            _send(conn, Fatal(cfg.rank, traceback.format_exc()))
+        code = 2
+    finally:
+        with contextlib.suppress(BaseException):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            conn.close()
+        os._exit(code)
+
+
+def _early_exit_message(cfg: RankConfig, exit_code: object) -> str:
+    return (
+        f"the rank's pytest session ended before serving tests (exit code {exit_code}); "
+        "typically a conftest.py or plugin that fails only inside ranks. "
+        f"The rank's output is in {cfg.log_path}."
+    )
+
+
+def _send(conn: Connection, message: object) -> None:
+    conn.send(message)
+
+
+class WorkerPlugin:
+    """The pytest plugin that turns a rank's pytest session into a server of tests."""
+
+    def __init__(self, cfg: RankConfig, conn: Connection, phases: Any, log_fd: int) -> None:
+        self.cfg = cfg
+        self.conn = conn
+        self.phases = phases
+        self.log_fd = log_fd
+        self.served = False
+        self.pending: list[dict[str, Any]] = []
+        self.collect_errors: list[str] = []
+        self.config: pytest.Config | None = None
+        self.ctx: RankContext | None = None
+
+    def _phase(self, phase: Phase) -> None:
+        self.phases[self.cfg.rank] = int(phase)
+
+    @pytest.hookimpl
+    def pytest_configure(self, config: pytest.Config) -> None:
+        self.config = config
+
+    @pytest.hookimpl
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.collect_errors.append(f"{report.nodeid or '<session>'}: {report.longrepr}")
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item) -> bool:
+        """The controller owns every distributed test's deadline; no timer inside ranks."""
+        return True
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool:
+        return True
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self._phase(Phase.SETUP)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        self._phase(Phase.CALL)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self._phase(Phase.TEARDOWN)
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        assert self.config is not None
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        self.pending.append(data)
+        if report.failed:
+            # Send a failure at once: the controller starts the peers' grace period from it.
+            self._flush(done=False)
+
+    def _flush(self, done: bool, pg_healthy: bool = True) -> None:
+        assert self.ctx is not None
+        message = Reports(
+            self.cfg.rank, self.ctx.test.index, tuple(self.pending), done, pg_healthy
+        )
+        self.pending = []
+        try:
+            _send(self.conn, message)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # unpicklable property
+            note = f"rank {self.cfg.rank}: its reports could not be sent: {exc!r}"
+            _send(self.conn, Reports(self.cfg.rank, self.ctx.test.index, (), done, pg_healthy))
+            print(note, file=sys.stderr)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> bool:
+        self.served = True
+        config = session.config
+        faulthandler.enable(file=self.log_fd, all_threads=True)
+        faulthandler.register(DUMP_SIGNAL, file=self.log_fd, all_threads=True, chain=False)
+        items = {item.nodeid: item for item in session.items}
+        missing = tuple(n for n in self.cfg.nodeids if n not in items)
+        self.ctx = _start_rank(self.cfg)
+        config.stash[RANK_CONTEXT] = self.ctx
+        config.hook.pytest_distrank_rank_setup(
+            config=config, rank=self.cfg.rank, world_size=self.cfg.world_size
+        )
+        self._phase(Phase.IDLE)
+        _send(self.conn, Ready(self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors)))
+        while True:
+            try:
+                message = self.conn.recv()
+            except (EOFError, OSError):
+                os._exit(1)  # the controller is gone; nothing to report to
+            if isinstance(message, Shutdown):
+                self._stop(session)
+                return True
+            assert isinstance(message, RunTest)
+            self._run(items, message)
+
+    def _run(self, items: dict[str, pytest.Item], message: RunTest) -> None:
+        assert self.ctx is not None
+        item = items[message.nodeid]
+        nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
+        self.ctx.test = message
+        if message.env_store_port is not None:
+            os.environ["MASTER_PORT"] = str(message.env_store_port)
+        item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        self._phase(Phase.IDLE)
+        self._flush(done=True, pg_healthy=_group_healthy(self.ctx))
+
+    def _stop(self, session: pytest.Session) -> None:
+        self._phase(Phase.STOPPING)
+        errors: list[str] = []
+        try:
+            session._setupstate.teardown_exact(None)
+        except BaseException as exc:  # noqa: BLE001 - reported to the controller
+            errors.append("".join(traceback.format_exception(exc)))
+        _send(self.conn, Stopped(self.cfg.rank, tuple(errors)))
+
+
+def _start_rank(cfg: RankConfig) -> RankContext:
+    """Connect to the controller's store once and initialise the process group once."""
+    import torch.distributed as dist
+
+    client = dist.TCPStore(
+        cfg.store_host, cfg.store_port, is_master=False, timeout=STORE_CONNECT_TIMEOUT
+    )
+    store = dist.PrefixStore(f"pool{cfg.pool_id}/", client)
+    pg = None
+    if cfg.init_process_group:
+        if "nccl" in cfg.backend:
+            import torch
+
+            torch.cuda.set_device(cfg.local_rank)
+        dist.init_process_group(
+            cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size
+        )
+        pg = dist.group.WORLD
+    return RankContext(cfg, store, pg)
+
+
+def _group_healthy(ctx: RankContext) -> bool:
+    """After a test: is the pool's default group still the one it started with?
+
+    Under ``init_process_group=False`` whatever group the test left is destroyed here.
+    """
+    import torch.distributed as dist
+
+    if ctx.pg is None:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        return not dist.is_initialized()
+    return dist.is_initialized() and dist.group.WORLD is ctx.pg
+
+
