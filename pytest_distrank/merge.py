@@ -151,10 +151,14 @@ def _user_properties(phase: Sequence[tuple[int, TestReport]]) -> list[tuple[str,
     return seen
 
 
-def _table(world_size: int, stories: Mapping[int, str], root: int) -> list[str]:
-    failed = sum(1 for s in stories.values() if not s.startswith(("passed", "skipped", "xfail")))
+def _table(
+    world_size: int, stories: Mapping[int, str], root: int, collateral: Sequence[int]
+) -> list[str]:
+    bad = [r for r, s in stories.items() if not s.startswith(("passed", "skipped", "xfail"))]
+    failed = len([r for r in bad if r not in collateral])
+    killed = f", {len(collateral)} killed after it" if collateral else ""
     lines = [
-        f"distrank: {failed} of {world_size} ranks failed; root cause: "
+        f"distrank: {failed} of {world_size} ranks failed{killed}; root cause: "
         f"{label(root, world_size)}\n"
     ]
     width = len(label(world_size - 1, world_size))
@@ -171,7 +175,8 @@ def _failure(
 ) -> TestReport:
     failures = [(rank, r) for rank, r in phase if r.failed]
     root, root_report = _root_cause(failures)
-    table = _table(world_size, stories, root)
+    collateral = [rank for rank, r in failures if getattr(r, COLLATERAL_ATTR, False)]
+    table = _table(world_size, stories, root, collateral)
     tag = f"[{label(root, world_size)}] "
     longrepr: object = root_report.longrepr
     if isinstance(longrepr, ExceptionRepr):
@@ -195,7 +200,9 @@ def _failure(
 
 
 def _ranks(ranks: Sequence[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
+    """``[1]`` -> ``rank 1``; ``[0, 2]`` -> ``ranks 0, 2``."""
+    word = "rank" if len(ranks) == 1 else "ranks"
+    return f"{word} {', '.join(str(r) for r in ranks)}"
 
 
 def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
@@ -207,10 +214,14 @@ def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepor
     if len(skipped) == world_size and len(by_reason) == 1:
         reason = next(iter(by_reason))
     else:
-        others = [rank for rank in range(world_size) if rank not in dict(skipped)]
-        parts = [f"ranks {_ranks(rs)}: {why}" for why, rs in by_reason.items()]
-        ran = f" (ranks {_ranks(others)} did not skip)" if others else ""
-        reason = f"skipped on {len(skipped)} of {world_size} ranks{ran}; " + "; ".join(parts)
+        skipped_ranks = [rank for rank, _ in skipped]
+        others = [rank for rank in range(world_size) if rank not in skipped_ranks]
+        ran = f" ({_ranks(others)} did not)" if others else ""
+        if len(by_reason) == 1:
+            reason = f"skipped on {_ranks(skipped_ranks)} of {world_size}{ran}: {_short(template)}"
+        else:
+            parts = "; ".join(f"{_ranks(rs)}: {why}" for why, rs in by_reason.items())
+            reason = f"skipped on {len(skipped)} of {world_size} ranks{ran}; {parts}"
     longrepr = template.longrepr
     if isinstance(longrepr, tuple):
         longrepr = (longrepr[0], longrepr[1], f"Skipped: {reason}")
@@ -224,7 +235,7 @@ def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepo
     if len(xfailed) < world_size:
         reason = getattr(template, "wasxfail", "")
         report.wasxfail = (  # type: ignore[attr-defined]
-            f"[xfailed on ranks {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
+            f"[xfailed on {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
         )
     return report
 

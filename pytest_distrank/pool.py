@@ -98,6 +98,26 @@ def where_blocked(dump: str, test_file: str) -> str:
     return text
 
 
+def format_stack(dump: str, test_file: str, log_path: str) -> str:
+    """The main thread's frames down to the test function, innermost first (faulthandler style).
+
+    Frames below the test (pytest's and the plugin's own machinery) are left out; the whole dump,
+    every thread included, stays in the rank's log.
+    """
+    frames = main_thread_frames(dump)
+    if not frames:
+        return f"(no stack: the rank did not answer the dump signal; its log: {log_path})"
+    own = [i for i, (f, _, _) in enumerate(frames) if f == test_file]
+    keep = frames[: own[-1] + 1] if own else frames[:15]
+    threads = sum(1 for line in dump.splitlines() if line.startswith(("Thread 0x", "Current")))
+    lines = ["Stack of its main thread (most recent call first):"]
+    lines += [f'  File "{f}", line {n} in {fn}' for f, n, fn in keep]
+    if len(keep) < len(frames) or threads > 1:
+        plural = "s" if threads != 1 else ""
+        lines.append(f"(full dump of {threads} thread{plural} in {log_path})")
+    return "\n".join(lines)
+
+
 def _short_path(path: str) -> str:
     marker = "site-packages/"
     if marker in path:
@@ -387,7 +407,8 @@ class Pool:
                     f"(timeout from {timeout_source})"
                 )
                 collateral = False
-            text = f"{crash}; {where}\nStacks of its threads:\n{stacks[rank.rank]}"
+            stack = format_stack(stacks[rank.rank], test_file, rank.log_path)
+            text = f"{crash}\n{where}\n{stack}"
             report = synthesized_failure(
                 test.nodeid, location, when, crash, text, note=note, collateral=collateral,
                 stop=time.time(),
