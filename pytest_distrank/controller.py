@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import multiprocessing
 import os
 import re
 import signal
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -35,13 +37,13 @@ from .protocol import RankConfig, RunTest
 from .requirements import gpu_skip_reason, skip_reason
 from .settings import Settings, item_timeout
 
-#: Modules the fork server imports once, so that every rank starts with them in memory.
-PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_distrank.plugin"]
+#: Modules the fork server imports once, so that every rank starts with them in memory. The last
+#: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
+PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_distrank.plugin", "pytest_distrank.preload"]
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
-STORE_HOST = "127.0.0.1"
 
 
 @dataclasses.dataclass
@@ -83,7 +85,6 @@ class Controller:
         self.next_pool_id = 0
         self.next_test_index = 0
         self.isolated = 0
-        self._store: Any = None
         self._context: Any = None
         self._parent_pid = os.getpid()
         self._workdir: Path | None = None
@@ -120,6 +121,14 @@ class Controller:
             self.pool_files.setdefault(entry.key, set()).add(str(item.path))
         self.plan = plan
         return plan
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        """Start the fork server now, so that its import of torch overlaps with other work."""
+        if self.settings.start_method.value != "forkserver" or session.config.option.collectonly:
+            return
+        if any(entry.key is not None for entry in self._get_plan(session).values()):
+            with self._capture_suspended():
+                self._mp_context()
 
     # -- controller-side skips and errors ------------------------------------------------------
 
@@ -182,7 +191,6 @@ class Controller:
         if missing:
             return self._error_reports(item, self._missing_message(item, pool, missing))
         timeout = item_timeout(item, self.settings.timeout)
-        env_store = self._env_store() if not key.init_process_group else None
         self.next_test_index += 1
         index = self.next_test_index
         test = RunTest(
@@ -190,7 +198,6 @@ class Controller:
             nodeid=item.nodeid,
             next_nodeid=next_nodeid,
             shared_dir=str(self.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
-            env_store_port=env_store.port if env_store is not None else None,
         )
         try:
             run = pool.run(
@@ -277,7 +284,6 @@ class Controller:
         return pool
 
     def _new_pool(self, key: PoolKey, item: pytest.Item) -> Pool:
-        self._ensure_store()
         shared_key = dataclasses.replace(key, isolated=0)
         nodeids = [item.nodeid] if key.isolated else self.pool_nodeids[shared_key]
         files = sorted({str(item.path)} if key.isolated else self.pool_files[shared_key])
@@ -291,8 +297,7 @@ class Controller:
                 backend=key.backend,
                 init_process_group=key.init_process_group,
                 pool_id=pool_id,
-                store_host=STORE_HOST,
-                store_port=int(self._store.port),
+                store_path=str(self.workdir / f"pool{pool_id}.store"),
                 pytest_args=tuple(self._rank_args(files, pool_id, rank)),
                 env=dict(os.environ),
                 log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
@@ -358,18 +363,6 @@ class Controller:
             return self._context, int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
         return self._context, os.getpid()
 
-    def _ensure_store(self) -> None:
-        if self._store is None:
-            import torch.distributed as dist
-
-            self._store = dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
-
-    def _env_store(self) -> Any:
-        """A store private to one ``init_process_group=False`` test: its env:// rendezvous."""
-        import torch.distributed as dist
-
-        return dist.TCPStore(STORE_HOST, 0, is_master=True, wait_for_workers=False)
-
     @contextlib.contextmanager
     def _capture_suspended(self) -> Iterator[None]:
         """The fork server inherits fds 1 and 2: start it while pytest's capture is off."""
@@ -415,6 +408,7 @@ class Controller:
                     reporter.write_line(error)
         return errors
 
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         for pool in [*self.pools.values(), *self.stopping]:
             pool.kill()
@@ -422,6 +416,10 @@ class Controller:
         self.stopping.clear()
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
+        if "torch" in sys.modules:
+            # The session is over: spare the interpreter's final collection over torch's objects
+            # (~0.5 s, PITFALLS 17).
+            gc.freeze()
 
     def install_sigterm(self) -> None:
         """SIGTERM ends the session like Ctrl-C: interrupted summary, every pool stopped."""

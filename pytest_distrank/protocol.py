@@ -48,8 +48,8 @@ class RankConfig:
     backend: str
     init_process_group: bool
     pool_id: int
-    store_host: str
-    store_port: int
+    #: The pool's rendezvous: a FileStore in the controller's private folder (no port guessing).
+    store_path: str
     pytest_args: tuple[str, ...]
     env: dict[str, str]
     log_path: str
@@ -67,9 +67,6 @@ class RunTest:
     nodeid: str
     next_nodeid: str | None
     shared_dir: str
-    #: For ``world_size(n, init_process_group=False)``: the port of a store private to this test,
-    #: which the rank exports as ``MASTER_PORT`` so that ``init_process_group()`` (env://) works.
-    env_store_port: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

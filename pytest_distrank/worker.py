@@ -50,7 +50,8 @@ if TYPE_CHECKING:
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
-STORE_CONNECT_TIMEOUT = timedelta(seconds=120)
+STORE_TIMEOUT = timedelta(seconds=300)
+MASTER_ADDR = "127.0.0.1"
 
 
 @dataclasses.dataclass
@@ -61,6 +62,8 @@ class RankContext:
     store: Any
     pg: Any | None
     test: RunTest = RunTest(-1, "", None, "")
+    #: On rank 0: the TCPStore server behind MASTER_PORT (kept alive while it is in use).
+    master_server: Any = None
 
     @property
     def rank(self) -> int:
@@ -131,10 +134,10 @@ def _rank_env(cfg: RankConfig) -> dict[str, str]:
         GROUP_RANK="0",
         ROLE_RANK=str(cfg.rank),
         ROLE_WORLD_SIZE=str(cfg.world_size),
-        MASTER_ADDR=cfg.store_host,
-        MASTER_PORT=str(cfg.store_port),
-        # torchrun's convention: the store at MASTER_ADDR:MASTER_PORT is hosted by someone else
-        # (here: the controller), so every rank is a client (PITFALLS 2).
+        MASTER_ADDR=MASTER_ADDR,
+        # MASTER_PORT is set once rank 0 hosts a store (see _master_store). torchrun's convention:
+        # the store at MASTER_ADDR:MASTER_PORT is hosted by someone else (here: a TCPStore that
+        # rank 0 serves beside its test code), so every rank is a client (PITFALLS 2).
         TORCHELASTIC_USE_AGENT_STORE="True",
         TORCHELASTIC_RESTART_COUNT="0",
         DISTRANK_RANK=str(cfg.rank),
@@ -286,8 +289,9 @@ class WorkerPlugin:
         item = items[message.nodeid]
         nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
         self.ctx.test = message
-        if message.env_store_port is not None:
-            os.environ["MASTER_PORT"] = str(message.env_store_port)
+        if not self.cfg.init_process_group:
+            # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
+            _master_store(self.ctx, f"test{message.index}/")
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self._phase(Phase.IDLE)
         self._flush(done=True, pg_healthy=_group_healthy(self.ctx))
@@ -303,14 +307,12 @@ class WorkerPlugin:
 
 
 def _start_rank(cfg: RankConfig) -> RankContext:
-    """Connect to the controller's store once and initialise the process group once."""
+    """Open the pool's store once, initialise the process group once."""
     import torch.distributed as dist
 
-    client = dist.TCPStore(
-        cfg.store_host, cfg.store_port, is_master=False, timeout=STORE_CONNECT_TIMEOUT
-    )
-    store = dist.PrefixStore(f"pool{cfg.pool_id}/", client)
-    pg = None
+    store = dist.FileStore(cfg.store_path, cfg.world_size)
+    ctx = RankContext(cfg, store, None)
+    _master_store(ctx, "pool/")
     if cfg.init_process_group:
         if "nccl" in cfg.backend:
             import torch
@@ -319,8 +321,30 @@ def _start_rank(cfg: RankConfig) -> RankContext:
         dist.init_process_group(
             cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size
         )
-        pg = dist.group.WORLD
-    return RankContext(cfg, store, pg)
+        ctx.pg = dist.group.WORLD
+    return ctx
+
+
+def _master_store(ctx: RankContext, prefix: str) -> None:
+    """Serve a TCPStore on rank 0 (port 0, chosen by the kernel) and export it as MASTER_PORT.
+
+    The port travels to the other ranks through the pool's FileStore, so nobody guesses a free
+    port. Code that reads MASTER_ADDR/MASTER_PORT, and ``init_process_group()`` with env://, find
+    a live store there.
+    """
+    import torch.distributed as dist
+
+    key = f"{prefix}master_port"
+    if ctx.rank == 0:
+        ctx.master_server = None  # drop the previous test's server first
+        ctx.master_server = dist.TCPStore(
+            MASTER_ADDR, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT
+        )
+        port = str(ctx.master_server.port)
+        ctx.store.set(key, port)
+    else:
+        port = ctx.store.get(key).decode()
+    os.environ["MASTER_PORT"] = port
 
 
 def _group_healthy(ctx: RankContext) -> bool:

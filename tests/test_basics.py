@@ -1,0 +1,297 @@
+"""End-to-end: distributed tests that pass, their ids, fixtures and pools."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import RunPytest
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4])
+def test_all_reduce_passes_at_world_size(
+    pytester: pytest.Pytester, run_pytest: RunPytest, size: int
+) -> None:
+    pytester.makepyfile(
+        f"""
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size({size})
+        def test_sum(rank, world_size, pg, device):
+            assert world_size == {size}
+            assert dist.get_rank() == rank and dist.get_world_size() == world_size
+            t = torch.ones(1, device=device) * rank
+            dist.all_reduce(t, group=pg)
+            assert t.item() == sum(range(world_size))
+        """
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_sum PASSED*", "*1 distributed tests*"])
+
+
+def test_ordinary_tests_run_in_the_controller(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import os
+
+        def test_plain():
+            assert "RANK" not in os.environ
+        """
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*distributed tests*")
+
+
+def test_world_size_list_makes_one_test_per_size_with_ids(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2, 3)
+        @pytest.mark.parametrize("x", ["a", "b"])
+        def test_ids(world_size, x):
+            assert world_size in (2, 3)
+        """
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*test_ids[[]ws2-a[]] PASSED*",
+            "*test_ids[[]ws2-b[]] PASSED*",
+            "*test_ids[[]ws3-a[]] PASSED*",
+            "*test_ids[[]ws3-b[]] PASSED*",
+        ]
+    )
+
+
+def test_bare_world_size_uses_the_default_size(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size()
+        def test_default(world_size):
+            assert world_size == 3
+        """
+    )
+    run_pytest("--distrank-world-size=3").assert_outcomes(passed=1)
+
+
+def test_class_methods_and_module_marker(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch.distributed as dist
+
+        pytestmark = pytest.mark.world_size(2)
+
+        class TestGroup:
+            def test_rank(self, rank):
+                assert rank == dist.get_rank()
+
+            def test_size(self, world_size):
+                assert world_size == 2
+        """
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*TestGroup::test_rank PASSED*", "*TestGroup::test_size PASSED*"])
+
+
+def test_init_process_group_false_allows_env_rendezvous(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import os, pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2, init_process_group=False)
+        @pytest.mark.parametrize("round", [1, 2])
+        def test_self_init(rank, round):
+            assert not dist.is_initialized()
+            assert os.environ["RANK"] == str(rank) and os.environ["WORLD_SIZE"] == "2"
+            dist.init_process_group("gloo")
+            t = torch.tensor([rank + round], dtype=torch.float32)
+            dist.all_reduce(t)
+            assert t.item() == 1 + 2 * round
+            # left initialised on purpose: the plugin destroys it after the test
+        """
+    )
+    run_pytest("-v").assert_outcomes(passed=2)
+
+
+def test_module_fixture_is_created_once_per_rank(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        test_mod="""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def resource(rank, tmp_path_factory):
+            with open(RECORD, "a") as f:
+                f.write(f"setup {rank}\\n")
+            yield rank
+            with open(RECORD, "a") as f:
+                f.write(f"teardown {rank}\\n")
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(3))
+        def test_uses(resource, rank, i):
+            assert resource == rank
+
+        @pytest.mark.world_size(3)
+        def test_interleaved(world_size):
+            assert world_size == 3
+
+        @pytest.mark.world_size(2)
+        def test_after(resource, rank):
+            assert resource == rank
+        """.replace("RECORD", repr(str(pytester.path / "record.txt")))
+    )
+    run_pytest().assert_outcomes(passed=5)
+    lines = sorted((pytester.path / "record.txt").read_text().splitlines())
+    assert lines == ["setup 0", "setup 1", "teardown 0", "teardown 1"]
+
+
+PID_TESTS = """
+import os, pytest
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("i", range(4))
+def test_pid(rank, i):
+    with open(RECORD, "a") as f:
+        f.write(f"{rank} {os.getpid()}\\n")
+"""
+
+
+def _pids(pytester: pytest.Pytester) -> list[tuple[str, str]]:
+    return [tuple(line.split()) for line in (pytester.path / "pids.txt").read_text().splitlines()]  # type: ignore[misc]
+
+
+def test_pool_is_reused_across_tests(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(PID_TESTS.replace("RECORD", repr(str(pytester.path / "pids.txt"))))
+    result = run_pytest()
+    result.assert_outcomes(passed=4)
+    pids = _pids(pytester)
+    assert len(pids) == 8
+    assert len({pid for _, pid in pids}) == 2, pids
+    result.stdout.fnmatch_lines(["*pools started: 1 at world size 2*"])
+
+
+def test_isolate_gives_fresh_processes_per_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(PID_TESTS.replace("RECORD", repr(str(pytester.path / "pids.txt"))))
+    result = run_pytest("--distrank-isolate")
+    result.assert_outcomes(passed=4)
+    assert len({pid for _, pid in _pids(pytester)}) == 8
+    result.stdout.fnmatch_lines(["*pools started: 4 at world size 2*"])
+
+
+def test_spawn_start_method(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        def test_sum(rank):
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+        """
+    )
+    result = run_pytest("--distrank-start-method=spawn", "-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["distrank: *start method spawn*"])
+
+
+def test_shared_tmp_path_and_dist_store(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch.distributed as dist
+
+        @pytest.mark.world_size(3)
+        @pytest.mark.parametrize("round", [1, 2])
+        def test_share(rank, world_size, shared_tmp_path, dist_store, tmp_path, round):
+            assert list(shared_tmp_path.iterdir()) == []  # a new folder for every test
+            dist.barrier()
+            (shared_tmp_path / f"{rank}.txt").write_text(str(rank * round))
+            dist_store.set(f"key{rank}", str(rank + 10 * round))
+            dist.barrier()
+            names = sorted(p.name for p in shared_tmp_path.iterdir())
+            assert names == [f"{r}.txt" for r in range(world_size)]
+            assert [int((shared_tmp_path / n).read_text()) for n in names] == [
+                r * round for r in range(world_size)
+            ]
+            got = [int(dist_store.get(f"key{r}")) for r in range(world_size)]
+            assert got == [r + 10 * round for r in range(world_size)]
+            assert tmp_path != shared_tmp_path
+        """
+    )
+    run_pytest("-v").assert_outcomes(passed=2)
+
+
+def test_rank_environment_matches_torchrun(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import os, pytest
+
+        @pytest.mark.world_size(2)
+        def test_env(rank, local_rank, world_size, backend):
+            assert backend == "gloo"
+            assert local_rank == rank
+            assert os.environ["RANK"] == str(rank)
+            assert os.environ["LOCAL_RANK"] == str(local_rank)
+            assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == "2"
+            assert os.environ["MASTER_ADDR"] == "127.0.0.1"
+            assert int(os.environ["MASTER_PORT"]) > 0
+            assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+            assert "PYTEST_ADDOPTS" not in os.environ
+        """
+    )
+    run_pytest().assert_outcomes(passed=1)
+
+
+def test_autoload_disabled_with_explicit_plugin(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_it(rank):
+            assert rank in (0, 1)
+        """
+    )
+    run_pytest("-v").assert_outcomes(passed=1)
+
+
+def test_markers_and_fixtures_are_documented(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    result = run_pytest("--markers")
+    result.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.world_size(*sizes, backend=None, init_process_group=True):*",
+            "@pytest.mark.requires_nccl:*",
+            "@pytest.mark.requires_gpus(n):*",
+        ]
+    )
+    result = run_pytest("--fixtures")
+    for name in ("rank", "world_size", "local_rank", "backend", "pg", "device"):
+        result.stdout.fnmatch_lines([f"{name} [[]session scope[]]*"])
+    result.stdout.fnmatch_lines(["dist_store*", "shared_tmp_path*"])
