@@ -178,24 +178,34 @@ def _failure(
     collateral = [rank for rank, r in failures if getattr(r, COLLATERAL_ATTR, False)]
     table = _table(world_size, stories, root, collateral)
     tag = f"[{label(root, world_size)}] "
-    longrepr: object = root_report.longrepr
-    if isinstance(longrepr, ExceptionRepr):
-        chain = longrepr.chain if isinstance(longrepr, ExceptionChainRepr) else None
-        first_tb = chain[0][0] if chain else longrepr.reprtraceback
-        first_tb.reprentries = [ReprEntryNative(table), *first_tb.reprentries]
-        crash = longrepr.reprcrash
-        if crash is not None and not crash.message.startswith(tag):
-            crash.message = tag + crash.message
-        for rank, report in failures:
-            if rank != root:
-                longrepr.addsection(f"traceback of {label(rank, world_size)}", str(report.longrepr))
-    else:
-        text = "".join(table) + str(longrepr or "")
-        for rank, report in failures:
-            if rank != root:
-                text += f"\n---------- traceback of {label(rank, world_size)} ----------\n"
-                text += str(report.longrepr)
-        longrepr = text
+    longrepr = root_report.longrepr
+    if not isinstance(longrepr, ExceptionRepr):
+        # A plain-text failure (fixture lookup error, strict XPASS): give it a crash line, so
+        # that ``-ra`` and junit's message= name the rank too.
+        text = str(longrepr or "")
+        first = text.strip().splitlines()[0] if text.strip() else "failed"
+        lines = [line + "\n" for line in text.splitlines()]
+        path, lineno = root_report.location[0], (root_report.location[1] or 0) + 1
+        longrepr = ExceptionChainRepr(
+            [(ReprTracebackNative(lines), ReprFileLocation(path, lineno, first), None)]
+        )
+    chain = longrepr.chain if isinstance(longrepr, ExceptionChainRepr) else None
+    first_tb = chain[0][0] if chain else longrepr.reprtraceback
+    first_tb.reprentries = [ReprEntryNative(table), *first_tb.reprentries]
+    crash = longrepr.reprcrash
+    if crash is not None and not crash.message.startswith(tag):
+        crash.message = tag + crash.message
+    shown = {str(root_report.longrepr): root}
+    for rank, report in failures:
+        if rank == root:
+            continue
+        text = str(report.longrepr)
+        title = f"traceback of {label(rank, world_size)}"
+        if text in shown:
+            longrepr.addsection(title, f"the same as {label(shown[text], world_size)}")
+        else:
+            shown[text] = rank
+            longrepr.addsection(title, text)
     return _base(root_report, phase, world_size, "failed", longrepr)
 
 

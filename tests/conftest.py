@@ -56,6 +56,7 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
     """Run ``pytest -p distrank ARGS`` in a subprocess; fail the test if a process outlives it."""
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG_ENV, tag)
+    monkeypatch.setenv("COLUMNS", "200")  # short summary lines are not trimmed
 
     def run(*args: str, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
         return pytester.runpytest_subprocess("-p", "distrank", *args, timeout=timeout)
