@@ -194,19 +194,22 @@ def test_load_full_state_dict_from_rank0(rank, world_size, mesh):
 
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_forward_all_gathers_and_reshards(rank, world_size, mesh):
-    """During forward the layer is unsharded; afterwards it is sharded again (reshard default).
+    """unshard() all-gathers one FSDP module's parameters into plain full tensors, reshard()
+    frees them again; forward does the same per layer (and, by default, reshards after it).
 
-    unshard()/reshard() do the same by hand: unsharded parameters are plain full tensors.
+    Each fully_shard call owns its own parameters: unshard() on the root would not touch the
+    Linear layers, which were sharded separately.
     """
     reference = tiny_mlp(seed=4)
     model = shard(copy.deepcopy(reference), mesh)
     layer = model[0]
-    model.unshard()
-    weight = layer.weight
-    assert not isinstance(weight, DTensor)
-    assert torch.equal(weight.detach(), reference[0].weight.detach())
-    model.reshard()
+    layer.unshard()
+    assert not isinstance(layer.weight, DTensor)
+    assert torch.equal(layer.weight.detach(), reference[0].weight.detach())
+    layer.reshard()
     assert isinstance(layer.weight, DTensor)
+    model(make_batch(0, 2)[0])  # a forward pass leaves every layer sharded again
+    assert all(isinstance(p, DTensor) for p in model.parameters())
     total = torch.tensor([layer.weight.to_local().numel()])
     dist.all_reduce(total)
     assert total.item() == 6 * 4  # the shards add up to the full weight

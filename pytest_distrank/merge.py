@@ -179,6 +179,7 @@ def _failure(
     table = _table(world_size, stories, root, collateral)
     tag = f"[{label(root, world_size)}] "
     longrepr = root_report.longrepr
+    shown = {str(longrepr): root}
     if not isinstance(longrepr, ExceptionRepr):
         # A plain-text failure (fixture lookup error, strict XPASS): give it a crash line, so
         # that ``-ra`` and junit's message= name the rank too.
@@ -195,7 +196,6 @@ def _failure(
     crash = longrepr.reprcrash
     if crash is not None and not crash.message.startswith(tag):
         crash.message = tag + crash.message
-    shown = {str(root_report.longrepr): root}
     for rank, report in failures:
         if rank == root:
             continue
