@@ -39,7 +39,13 @@ from .settings import Settings, item_timeout
 
 #: Modules the fork server imports once, so that every rank starts with them in memory. The last
 #: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
-PRELOAD = ["torch", "torch.distributed", "pytest", "pytest_distrank.plugin", "pytest_distrank.preload"]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "pytest",
+    "pytest_distrank.plugin",
+    "pytest_distrank.preload",
+]
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
 #: How long ranks get to tear down and exit at the end of the session.
@@ -161,7 +167,9 @@ class Controller:
     # -- running a distributed test ------------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
-    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> bool | None:
         entry = self._get_plan(item.session).get(item.nodeid)
         if entry is None or entry.key is None:
             return None  # an ordinary test, or one the setup hook above skips or errors

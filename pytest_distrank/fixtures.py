@@ -50,7 +50,7 @@ def _context(request: pytest.FixtureRequest) -> RankContext:
     ctx = request.config.stash.get(RANK_CONTEXT, None)
     if ctx is None:
         item: Any = getattr(request, "_pyfuncitem", request.node)
-        pytest.fail(misuse_message(item.nodeid, [request.fixturename]), pytrace=False)
+        pytest.fail(misuse_message(item.nodeid, [str(request.fixturename)]), pytrace=False)
     return ctx
 
 

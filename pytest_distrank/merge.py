@@ -129,7 +129,7 @@ def _base(
         template.keywords,
         outcome,  # type: ignore[arg-type]
         longrepr,  # type: ignore[arg-type]
-        template.when,  # type: ignore[arg-type]
+        template.when,
         sections=_relabel_sections(phase, world_size),
         duration=max(r.duration for _, r in phase),
         start=min(r.start for _, r in phase),
@@ -138,7 +138,7 @@ def _base(
     )
     wasxfail = getattr(template, "wasxfail", None)
     if wasxfail is not None:
-        report.wasxfail = wasxfail  # type: ignore[attr-defined]
+        report.wasxfail = wasxfail
     return report
 
 
@@ -240,11 +240,11 @@ def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepor
 
 def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
     xfailed = [(rank, r) for rank, r in phase if r.skipped and hasattr(r, "wasxfail")]
-    rank, template = xfailed[0]
+    template = xfailed[0][1]
     report = _base(template, phase, world_size, "skipped", template.longrepr)
     if len(xfailed) < world_size:
         reason = getattr(template, "wasxfail", "")
-        report.wasxfail = (  # type: ignore[attr-defined]
+        report.wasxfail = (
             f"[xfailed on {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
         )
     return report

@@ -348,7 +348,7 @@ class Pool:
                 break
             if earlier not in have:
                 result.reports[rank.rank].append(
-                    TestReport(test.nodeid, location, {}, "passed", None, earlier)  # type: ignore[arg-type]
+                    TestReport(test.nodeid, location, {}, "passed", None, earlier)
                 )
 
     def _crash_reports(

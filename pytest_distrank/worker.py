@@ -61,7 +61,7 @@ class RankContext:
     cfg: RankConfig
     store: Any
     pg: Any | None
-    test: RunTest = RunTest(-1, "", None, "")
+    test: RunTest = dataclasses.field(default_factory=lambda: RunTest(-1, "", None, ""))
     #: On rank 0: the TCPStore server behind MASTER_PORT (kept alive while it is in use).
     master_server: Any = None
 
@@ -165,7 +165,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         if not plugin.served:
             _send(conn, Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3
-    except BaseException:  # noqa: BLE001 - whatever it is, the controller must hear of it
+    except BaseException:
         with contextlib.suppress(BaseException):
             _send(conn, Fatal(cfg.rank, traceback.format_exc()))
         code = 2
@@ -301,7 +301,7 @@ class WorkerPlugin:
         errors: list[str] = []
         try:
             session._setupstate.teardown_exact(None)
-        except BaseException as exc:  # noqa: BLE001 - reported to the controller
+        except BaseException as exc:
             errors.append("".join(traceback.format_exception(exc)))
         _send(self.conn, Stopped(self.cfg.rank, tuple(errors)))
 

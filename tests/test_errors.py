@@ -35,7 +35,8 @@ def test_rank_fixture_in_ordinary_test_is_an_error_of_that_test(
         [
             "*::test_direct uses the distributed fixture 'world_size', which exist only inside "
             "rank processes, but the test has no world_size marker.",
-            "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n ranks.",
+            "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n "
+            "ranks.",
         ]
     )
     result.stdout.fnmatch_lines(["*::test_indirect uses the distributed fixture 'rank'*"])
@@ -220,5 +221,8 @@ def test_command_line_beats_environment_beats_ini(
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*- traceback of rank */2 -*", "the same as rank */2"])
     result.stdout.fnmatch_lines(
-        ["distrank: *timeout 7 s (--timeout=7* (pytest-timeout, command line)), default world size 2"]
+        [
+            "distrank: *timeout 7 s (--timeout=7* (pytest-timeout, command line)), "
+            "default world size 2"
+        ]
     )
