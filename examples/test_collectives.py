@@ -311,17 +311,14 @@ def test_barrier_orders_side_effects(rank, world_size, pg, dist_store):
 
 
 @pytest.mark.world_size(*WORLD_SIZES)
-def test_monitored_barrier(rank, world_size, pg):
-    """gloo's monitored_barrier names the ranks that fail to arrive; here all arrive.
-
-    Rank 0 checks the arrivals; with wait_all_ranks it would list every missing rank.
-    """
+def test_monitored_barrier(rank, world_size, pg, dist_store):
+    """gloo's monitored_barrier: a barrier that, on timeout, names the ranks that never came
+    (all of them with wait_all_ranks=True) instead of hanging. Here everyone arrives."""
     from datetime import timedelta
 
+    dist_store.set(f"before/{rank}", "1")
     dist.monitored_barrier(timeout=timedelta(seconds=30), wait_all_ranks=True)
-    t = torch.tensor([1])
-    dist.all_reduce(t)
-    assert t.item() == world_size
+    assert dist_store.check([f"before/{r}" for r in range(world_size)])
 
 
 # -- point to point --------------------------------------------------------------------------------
@@ -423,21 +420,32 @@ def test_async_future_chaining(rank, world_size, pg):
 
 
 @pytest.mark.world_size(*WORLD_SIZES)
-def test_async_overlaps_with_compute(rank, world_size, pg):
-    """Local work between issuing a collective and waiting for it sees consistent results."""
-    t = torch.full((4,), float(rank))
-    work = dist.broadcast(t, src=world_size - 1, async_op=True)
-    local = torch.arange(4.0) * rank  # independent computation while the broadcast runs
-    work.wait()
-    assert t.tolist() == [float(world_size - 1)] * 4
-    assert local.tolist() == [0.0, rank, 2.0 * rank, 3.0 * rank]
+def test_several_async_ops_in_flight(rank, world_size, pg):
+    """Different collectives in flight at once, waited for in the reverse order of issue."""
+    b = torch.full((4,), float(rank))
+    g_out = [torch.zeros(2, dtype=torch.int64) for _ in range(world_size)]
+    r = torch.tensor([rank + 1], dtype=torch.int64)
+    works = [
+        dist.broadcast(b, src=world_size - 1, async_op=True),
+        dist.all_gather(g_out, torch.tensor([rank, -rank]), async_op=True),
+        dist.all_reduce(r, op=dist.ReduceOp.MAX, async_op=True),
+    ]
+    for work in reversed(works):
+        work.wait()
+    assert b.tolist() == [float(world_size - 1)] * 4
+    assert [g.tolist() for g in g_out] == [[q, -q] for q in range(world_size)]
+    assert r.item() == world_size
 
 
 # -- dtypes and shapes -----------------------------------------------------------------------------
 
 
 @pytest.mark.world_size(*WORLD_SIZES)
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.uint8, torch.bool], ids=str)
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float16, torch.bfloat16, torch.uint8, torch.bool],
+    ids=["float16", "bfloat16", "uint8", "bool"],
+)
 def test_all_reduce_small_dtypes(rank, world_size, pg, dtype):
     """Half precision, bytes and booleans reduce too (SUM on bool is logical or)."""
     if dtype is torch.bool:
@@ -452,19 +460,17 @@ def test_all_reduce_small_dtypes(rank, world_size, pg, dtype):
 
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_all_reduce_non_contiguous_and_multidim(rank, world_size, pg):
-    """A 3-D tensor reduces element-wise; a transposed view must be made contiguous first."""
+    """A 3-D tensor reduces element-wise, and so does a non-contiguous (transposed) view."""
     t = torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) + rank
     dist.all_reduce(t)
     expected = torch.arange(24, dtype=torch.float64).reshape(2, 3, 4) * world_size
     expected += world_size * (world_size - 1) / 2
     assert torch.equal(t, expected)
 
-    view = (torch.arange(6.0).reshape(2, 3) * (rank + 1)).t()
+    base = torch.arange(6.0).reshape(2, 3) * (rank + 1)
+    view = base.t()
     assert not view.is_contiguous()
-    buf = view.contiguous()
-    dist.all_reduce(buf)
-    assert buf.tolist() == [
-        [0.0, 3.0 * tri(world_size)],
-        [1.0 * tri(world_size), 4.0 * tri(world_size)],
-        [2.0 * tri(world_size), 5.0 * tri(world_size)],
-    ]
+    dist.all_reduce(view)
+    n = tri(world_size)  # sum of rank + 1
+    assert view.tolist() == [[0.0, 3.0 * n], [1.0 * n, 4.0 * n], [2.0 * n, 5.0 * n]]
+    assert base.tolist() == [[0.0, 1.0 * n, 2.0 * n], [3.0 * n, 4.0 * n, 5.0 * n]]  # in place

@@ -320,13 +320,14 @@ DROPPED = {
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_distributed_sampler_pads_by_wrapping(rank, world_size, pg):
     sampler = DistributedSampler(range(10), shuffle=False)  # rank and size from the group
-    assert (sampler.num_replicas, sampler.rank) == (world_size, rank)
     mine = list(sampler)
-    assert mine == PADDED[world_size][rank]
-    assert len(sampler) == math.ceil(10 / world_size)
-
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
+    # (asserting after the last collective: a rank that failed earlier would leave its peers
+    # blocked in all_gather_object until the plugin kills them)
+    assert (sampler.num_replicas, sampler.rank) == (world_size, rank)
+    assert mine == PADDED[world_size][rank]
+    assert len(sampler) == math.ceil(10 / world_size)
     flat = [i for part in everyone for i in part]
     assert sorted(set(flat)) == list(range(10))  # nothing lost
     assert len(flat) - 10 == (-10) % world_size  # exactly this many duplicates of padding
@@ -336,9 +337,9 @@ def test_distributed_sampler_pads_by_wrapping(rank, world_size, pg):
 def test_distributed_sampler_drop_last(rank, world_size, pg):
     sampler = DistributedSampler(range(10), shuffle=False, drop_last=True)
     mine = list(sampler)
-    assert mine == DROPPED[world_size][rank]
     everyone = [None] * world_size
     dist.all_gather_object(everyone, mine)
+    assert mine == DROPPED[world_size][rank]
     flat = [i for part in everyone for i in part]
     assert len(flat) == len(set(flat)) == 10 - 10 % world_size  # no overlap, tail dropped
     assert sorted(flat) == list(range(10 - 10 % world_size))
@@ -351,18 +352,21 @@ def test_distributed_sampler_shuffle_is_a_partition_per_epoch(rank, world_size, 
     12 items divide evenly by 2, 3 and 4: every epoch is an exact partition, no padding.
     """
     sampler = DistributedSampler(range(12), shuffle=True, seed=7)
-    per_epoch = []
+    mine, everyone = {}, {}
     for epoch in range(2):
         sampler.set_epoch(epoch)
-        mine = list(sampler)
-        assert len(mine) == 12 // world_size
-        everyone = [None] * world_size
-        dist.all_gather_object(everyone, mine)
-        flat = [i for part in everyone for i in part]
+        mine[epoch] = list(sampler)
+        everyone[epoch] = [None] * world_size
+        dist.all_gather_object(everyone[epoch], mine[epoch])
+
+    per_epoch = []
+    for epoch in range(2):
+        assert len(mine[epoch]) == 12 // world_size
+        flat = [i for part in everyone[epoch] for i in part]
         assert sorted(flat) == list(range(12))
         # the documented recipe: randperm seeded with seed + epoch, rank r takes r::n
         perm = torch.randperm(12, generator=torch.Generator().manual_seed(7 + epoch)).tolist()
-        assert mine == perm[rank::world_size]
+        assert mine[epoch] == perm[rank::world_size]
         per_epoch.append(flat)
     assert per_epoch[0] != per_epoch[1]  # set_epoch reshuffles
 

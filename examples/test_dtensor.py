@@ -173,7 +173,7 @@ def test_sharded_matmul_and_reduction(rank, world_size, mesh):
 
 @pytest.mark.world_size(4)
 def test_2d_mesh_coordinates_and_groups(rank, world_size, mesh_2x2):
-    assert mesh_2x2.get_coordinate() == [rank // 2, rank % 2]
+    assert tuple(mesh_2x2.get_coordinate()) == (rank // 2, rank % 2)
     assert mesh_2x2["dp"].size() == mesh_2x2["tp"].size() == 2
     # the tp group is this rank's row of the mesh, the dp group its column
     assert dist.get_process_group_ranks(mesh_2x2.get_group("tp")) == [

@@ -87,6 +87,8 @@ class Controller:
         self.pool_files: dict[PoolKey, set[str]] = {}
         self.pools: dict[PoolKey, Pool] = {}
         self.stopping: list[Pool] = []
+        #: Pools that failed to start: later tests of the key error at once with the same story.
+        self.failed_starts: dict[PoolKey, str] = {}
         self.stats = Stats()
         self.next_pool_id = 0
         self.next_test_index = 0
@@ -164,6 +166,26 @@ class Controller:
         if reason:
             raise pytest.skip.Exception(reason, _use_item_location=True)
 
+    # -- pytest-timeout ------------------------------------------------------------------------
+
+    def _is_dispatched(self, item: pytest.Item) -> bool:
+        entry = self._get_plan(item.session).get(item.nodeid)
+        return entry is not None and entry.key is not None
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item) -> bool | None:
+        """A distributed test's deadline is the pool's: pytest-timeout must not fire here.
+
+        Its signal method would interrupt the controller mid-dispatch, and its thread method
+        ``os._exit``s the whole session. The deadline (the same value, see settings.py) is
+        enforced on the ranks instead, with their stacks in the report.
+        """
+        return True if self._is_dispatched(item) else None
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
+        return True if self._is_dispatched(item) else None
+
     # -- running a distributed test ------------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
@@ -191,10 +213,15 @@ class Controller:
         if self.settings.isolate.value:
             self.isolated += 1
             key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
+        failed_start = self.failed_starts.get(key)
+        if failed_start is not None:
+            return self._error_reports(item, failed_start + "\n(from an earlier start; not retried)")
         try:
             pool = self._pool_for(key, item)
         except PoolStartError as exc:
-            return self._error_reports(item, f"{item.nodeid}: could not start its ranks.\n{exc}")
+            message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
+            self.failed_starts[key] = message
+            return self._error_reports(item, message)
         missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
         if missing:
             return self._error_reports(item, self._missing_message(item, pool, missing))
@@ -337,8 +364,13 @@ class Controller:
             f"--capture={getattr(option, 'capture', 'fd')}",
             f"--import-mode={getattr(option, 'importmode', 'prepend')}",
             "--continue-on-collection-errors",
-            "-q",
+            # The rank renders its failures: it must do so as the user asked the controller to.
+            f"--tb={getattr(option, 'tbstyle', 'auto')}",
+            f"--verbosity={getattr(option, 'verbose', 0)}",
+            f"--assert={getattr(option, 'assertmode', 'rewrite')}",
         ]
+        if getattr(option, "showlocals", False):
+            args.append("--showlocals")
         if config.inipath is not None:
             args.append(f"-c={config.inipath}")
         for name in getattr(option, "plugins", None) or []:

@@ -118,6 +118,27 @@ def format_stack(dump: str, test_file: str, log_path: str) -> str:
     return "\n".join(lines)
 
 
+def trim_fault_dump(text: str, test_file: str) -> str:
+    """A rank's last output with faulthandler's frames cut below the test function.
+
+    Frames under the test (pytest, pluggy, the plugin, multiprocessing) and the long
+    "Extension modules" line say nothing about the crash; the log keeps them.
+    """
+    out: list[str] = []
+    below_test = False
+    for line in tail(text, 200).splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            below_test = False
+        elif line.startswith("Extension modules:"):
+            continue
+        elif _FRAME.match(line):
+            if below_test:
+                continue
+            below_test = f'"{test_file}"' in line
+        out.append(line)
+    return tail("\n".join(out))
+
+
 def _short_path(path: str) -> str:
     marker = "site-packages/"
     if marker in path:
@@ -231,12 +252,13 @@ class Pool:
         self.start_seconds = time.monotonic() - self.started_at
 
     def _startup_failure(self, rank: Rank, message: object) -> str:
-        head = f"rank {rank.rank}/{self.key.world_size} of pool {self.key.describe()} "
+        head = f"rank {rank.rank}/{self.key.world_size} "
         if isinstance(message, Fatal):
-            return head + f"failed to start:\n{message.message}"
+            head += f"failed to start: {message.message}"
+        else:
+            head += f"died during start-up ({signal_name(rank.process.exitcode)})."
         output = tail(read_from(rank.log_path, 0))
-        status = signal_name(rank.process.exitcode)
-        return head + f"died during start-up ({status}). Its last output:\n{output}"
+        return f"{head}\nIts last output (log: {rank.log_path}):\n{output}"
 
     # -- waiting -------------------------------------------------------------------------------
 
@@ -318,7 +340,7 @@ class Pool:
                     continue
                 rank.done = True
                 result.reports[rank.rank].extend(
-                    self._crash_reports(rank, message, test, location, result)
+                    self._crash_reports(rank, message, test, location, test_file, result)
                 )
                 self.broken = self.broken or f"rank {rank.rank} crashed"
                 if failed_at is None:
@@ -352,21 +374,32 @@ class Pool:
                 )
 
     def _crash_reports(
-        self, rank: Rank, message: object, test: RunTest, location: Location, result: TestRun
+        self,
+        rank: Rank,
+        message: object,
+        test: RunTest,
+        location: Location,
+        test_file: str,
+        result: TestRun,
     ) -> list[TestReport]:
         when = self._phase_of(rank).when
         self._fill_passed(rank, when, test, location, result)
         ws = self.key.world_size
         if isinstance(message, Fatal):
             text = message.message
-            crash = f"rank {rank.rank}/{ws} stopped serving in {when}"
+            crash = f"stopped serving in {when}: its pytest session failed"
             note = f"error in {when}: the rank's pytest session failed"
         else:
             rank.process.join(5)
             status = signal_name(rank.process.exitcode)
-            output = tail(read_from(rank.log_path, rank.log_offset))
-            crash = f"rank {rank.rank}/{ws} crashed in {when} with {status}"
-            text = f"{crash}. Its last output (faulthandler traceback, if any):\n{output}"
+            output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), test_file)
+            crash = f"crashed in {when} with {status}"
+            text = f"rank {rank.rank}/{ws} {crash}.\n"
+            if output.strip():
+                text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
+            else:
+                text += "It wrote nothing since the test started.\n"
+            text += f"Its whole log: {rank.log_path}"
             note = f"crashed in {when} with {status}"
         return [
             synthesized_failure(
@@ -398,17 +431,16 @@ class Pool:
             if failed_at is not None:
                 after = now - failed_at
                 note = f"killed {after:.1f} s after rank {first_failed} failed; {where}"
-                crash = f"rank {rank.rank}/{ws} killed in {when}: rank {first_failed} failed first"
+                crash = f"killed in {when}: rank {first_failed} failed first"
                 collateral = True
             else:
                 note = f"timed out in {when} after {timeout:g} s; {where}"
                 crash = (
-                    f"Timeout: rank {rank.rank}/{ws} still in {when} after {timeout:g} s "
-                    f"(timeout from {timeout_source})"
+                    f"Timeout: still in {when} after {timeout:g} s (timeout from {timeout_source})"
                 )
                 collateral = False
             stack = format_stack(stacks[rank.rank], test_file, rank.log_path)
-            text = f"{crash}\n{where}\n{stack}"
+            text = f"rank {rank.rank}/{ws}: {crash}\n{where}\n{stack}"
             report = synthesized_failure(
                 test.nodeid, location, when, crash, text, note=note, collateral=collateral,
                 stop=time.time(),

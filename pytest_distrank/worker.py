@@ -31,6 +31,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _pytest._io import TerminalWriter
 
 from .protocol import (
     Fatal,
@@ -52,6 +53,8 @@ DUMP_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
 STORE_TIMEOUT = timedelta(seconds=300)
 MASTER_ADDR = "127.0.0.1"
+#: Captured output sections longer than this are cut to their head and tail before sending.
+SECTION_LIMIT = 256 * 1024
 
 
 @dataclasses.dataclass
@@ -179,9 +182,8 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
 
 def _early_exit_message(cfg: RankConfig, exit_code: object) -> str:
     return (
-        f"the rank's pytest session ended before serving tests (exit code {exit_code}); "
-        "typically a conftest.py or plugin that fails only inside ranks. "
-        f"The rank's output is in {cfg.log_path}."
+        f"its pytest session ended before serving tests (exit code {exit_code}); "
+        "typically a conftest.py or plugin that fails only inside ranks."
     )
 
 
@@ -206,9 +208,17 @@ class WorkerPlugin:
     def _phase(self, phase: Phase) -> None:
         self.phases[self.cfg.rank] = int(phase)
 
-    @pytest.hookimpl
+    @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         self.config = config
+        # The rank's own terminal report (progress letters, its session summary) goes to a file
+        # beside the rank's log, so that the log holds only what the test itself wrote and
+        # faulthandler's dumps: the excerpts shown for a crash stay readable.
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None and hasattr(reporter, "_tw"):
+            path = self.cfg.log_path.removesuffix(".log") + ".pytest.log"
+            stream = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the rank
+            reporter._tw = TerminalWriter(stream)
 
     @pytest.hookimpl
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
@@ -239,6 +249,7 @@ class WorkerPlugin:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
+        report.sections = [(title, _cap(content)) for title, content in report.sections]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.pending.append(data)
         if report.failed:
@@ -304,6 +315,15 @@ class WorkerPlugin:
         except BaseException as exc:
             errors.append("".join(traceback.format_exception(exc)))
         _send(self.conn, Stopped(self.cfg.rank, tuple(errors)))
+
+
+def _cap(content: str) -> str:
+    """Keep the head and tail of a huge captured section (tens of MB help nobody)."""
+    if len(content) <= SECTION_LIMIT:
+        return content
+    half = SECTION_LIMIT // 2
+    cut = len(content) - 2 * half
+    return f"{content[:half]}\n[... pytest-distrank cut {cut} characters ...]\n{content[-half:]}"
 
 
 def _start_rank(cfg: RankConfig) -> RankContext:

@@ -1,0 +1,370 @@
+"""End-to-end: every hang, crash and desync is bounded, explained per rank, and recovered from.
+
+Each case is followed, in the same session, by a healthy test that must pass on a working pool.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .conftest import TAG_ENV, RunPytest, wait_gone
+
+HEALTHY = """
+
+@pytest.mark.world_size(2)
+def test_zz_healthy(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+"""
+
+
+def make_case(pytester: pytest.Pytester, body: str) -> None:
+    header = "import os, signal, sys, time, pytest, torch, torch.distributed as dist\n"
+    pytester.makepyfile(header + body + HEALTHY)
+
+
+def test_desync_fails_fast_with_the_blocked_peer(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_desync(rank):
+    if rank == 0:
+        raise RuntimeError("rank 0 gave up")
+    dist.barrier()
+""",
+    )
+    started = time.monotonic()
+    result = run_pytest("--distrank-failure-grace=1", "--distrank-timeout=120", "-ra")
+    assert time.monotonic() - started < 60  # far below the 120 s deadline
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "distrank: 1 of 2 ranks failed, 1 killed after it; root cause: rank 0/2",
+            "  rank 0/2  failed in call: RuntimeError: rank 0 gave up  <- root cause",
+            "  rank 1/2  killed * s after rank 0 failed; blocked in barrier at "
+            "torch/distributed/distributed_c10d.py:*, called from test_desync at *.py:7",
+            "*RuntimeError: rank 0 gave up",
+            "*- traceback of rank 1/2 -*",
+            "rank 1/2: killed in call: rank 0 failed first",
+            "Stack of its main thread (most recent call first):",
+            '  File "*distributed_c10d.py", line * in barrier',
+        ]
+    )
+    result.stdout.fnmatch_lines(["*pool replaced*"])
+
+
+def test_hang_times_out_with_every_ranks_stack(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(3)
+def test_hang(rank):
+    if rank == 0:
+        dist.barrier()
+    time.sleep(600)
+""",
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "  rank 0/2  timed out in call after 3 s; blocked in barrier at *, called from "
+            "test_hang at *.py:7*",
+            "  rank 1/2  timed out in call after 3 s; blocked in test_hang at *.py:8*",
+            "FAILED *::test_hang - [[]rank */2[]] Timeout: still in call after 3 s "
+            "(timeout from @pytest.mark.timeout(3))",
+        ]
+    )
+
+
+def test_session_timeout_option_applies(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_sleep(rank):
+    time.sleep(600)
+""",
+    )
+    result = run_pytest("--distrank-timeout=2", "-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        ["FAILED *::test_sleep - *Timeout: still in call after 2 s (timeout from "
+         "--distrank-timeout=2 (command line))"]
+    )
+
+
+@pytest.mark.parametrize("phase", ["setup", "call", "teardown"])
+def test_rank_exit_in_each_phase(
+    pytester: pytest.Pytester, run_pytest: RunPytest, phase: str
+) -> None:
+    make_case(
+        pytester,
+        f"""
+@pytest.fixture
+def exits(rank):
+    if rank == 1 and "{phase}" == "setup":
+        print("last words of rank 1", flush=True)
+        os._exit(7)
+    yield
+    if rank == 1 and "{phase}" == "teardown":
+        os._exit(7)
+
+@pytest.mark.world_size(2)
+def test_exit(exits, rank):
+    if rank == 1 and "{phase}" == "call":
+        os._exit(7)
+""",
+    )
+    # -s: output goes straight to the rank's log, so it survives the crash (captured output of
+    # the phase a rank dies in is lost with the process).
+    result = run_pytest("--distrank-failure-grace=1", "-ra", "-s")
+    if phase == "call":
+        result.assert_outcomes(failed=1, passed=1)
+    else:
+        result.assert_outcomes(errors=1, passed=2 if phase == "teardown" else 1)
+    result.stdout.fnmatch_lines(
+        [
+            f"  rank 1/2  crashed in {phase} with exit code 7  <- root cause",
+            f"rank 1/2 crashed in {phase} with exit code 7.",
+        ]
+    )
+    result.stdout.fnmatch_lines([f"* *::test_exit - [[]rank 1/2[]] crashed in {phase} with exit code 7"])
+    if phase == "setup":
+        result.stdout.fnmatch_lines(["Its last output*", "last words of rank 1"])
+
+
+def test_segfault_names_the_signal_and_shows_the_frame(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_segv(rank):
+    if rank == 0:
+        os.kill(os.getpid(), signal.SIGSEGV)
+""",
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 0/2  crashed in call with SIGSEGV(-11)  <- root cause",
+            "  rank 1/2  passed",
+            "*Fatal Python error: Segmentation fault",
+            "Current thread * (most recent call first):",
+            '  File "*test_segfault_names_the_signal_and_shows_the_frame.py", line 6 in test_segv',
+        ]
+    )
+
+
+def test_destroyed_process_group_does_not_break_the_next_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_destroy(rank):
+    dist.destroy_process_group()
+""",
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*pool replaced: *the test left the default process group destroyed"])
+
+
+def test_sys_exit_in_a_test_is_a_failure(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_exit(rank):
+    sys.exit(4)
+""",
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["FAILED *::test_exit - [[]rank */2[]] SystemExit: 4"])
+
+
+def test_unpicklable_exception_gives_a_normal_report(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+import threading
+
+class Unpicklable(Exception):
+    def __init__(self):
+        super().__init__("cannot travel")
+        self.lock = threading.Lock()
+
+@pytest.mark.world_size(2)
+def test_raise(rank):
+    raise Unpicklable()
+""",
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["FAILED *::test_raise - [[]rank */2[]] *Unpicklable: cannot travel"])
+
+
+def test_huge_output_is_cut_not_deadlocked(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_loud(rank):
+    print("x" * 20_000_000)
+    assert rank == 0
+""",
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(["[[]... pytest-distrank cut * characters ...[]]"])
+    assert len(result.stdout.str()) < 2_000_000
+
+
+def test_rank_only_conftest_failure_is_an_error_not_a_hang(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeconftest(
+        """
+        import os
+        if os.environ.get("RANK") == "1":
+            raise RuntimeError("conftest broken in rank 1")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_one(rank):
+            pass
+
+        def test_plain():
+            pass
+        """
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(errors=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "could not start the ranks of pool world_size=2, backend=gloo:",
+            "rank 1/2 failed to start: its pytest session ended before serving tests*",
+            "Its last output (log: *pool1-rank1.log):",
+            "*RuntimeError: conftest broken in rank 1",
+        ]
+    )
+
+
+def test_collection_mismatch_names_the_rank_and_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeconftest(
+        """
+        import os
+
+        def pytest_collection_modifyitems(items):
+            if os.environ.get("RANK") == "1":
+                items[:] = [i for i in items if "second" not in i.name]
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_first(rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_second(rank):
+            pass
+        """
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(errors=1, passed=1)
+    result.stdout.fnmatch_lines(
+        ["*::test_second: rank(s) 1 of 2 did not collect this test, so collection differs*"]
+    )
+
+
+def test_exitfirst_stops_dispatching(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(5))
+        def test_many(rank, i):
+            assert i != 1
+        """
+    )
+    result = run_pytest("-x")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*stopping after 1 failures*"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+def test_controller_signal_leaves_no_process(
+    pytester: pytest.Pytester, sig: signal.Signals
+) -> None:
+    pytester.makepyfile(
+        """
+        import pathlib, time, pytest
+
+        @pytest.mark.world_size(2)
+        def test_wait(rank):
+            pathlib.Path(f"started{rank}").touch()
+            time.sleep(600)
+        """
+    )
+    tag = f"signal-{sig.name}-{os.getpid()}-{time.time_ns()}"
+    env = {**os.environ, TAG_ENV: tag}
+    env.pop("PYTEST_ADDOPTS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider"],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        end = time.monotonic() + 120
+        while not all((pytester.path / f"started{r}").exists() for r in range(2)):
+            assert time.monotonic() < end, "ranks never started"
+            assert proc.poll() is None, proc.communicate()[0]
+            time.sleep(0.1)
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    left = wait_gone(tag, 15 if sig == signal.SIGKILL else 10)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"alive after {sig.name} of the controller: {left}"
+    if sig != signal.SIGKILL:
+        assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+        assert "KeyboardInterrupt" in output
