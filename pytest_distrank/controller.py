@@ -215,7 +215,9 @@ class Controller:
             key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
         failed_start = self.failed_starts.get(key)
         if failed_start is not None:
-            return self._error_reports(item, failed_start + "\n(from an earlier start; not retried)")
+            return self._error_reports(
+                item, failed_start + "\n(from an earlier start; not retried)"
+            )
         try:
             pool = self._pool_for(key, item)
         except PoolStartError as exc:
@@ -357,8 +359,10 @@ class Controller:
         option = config.option
         args = [
             *files,
-            "-p", "distrank",
-            "-p", "no:cacheprovider",
+            "-p",
+            "distrank",
+            "-p",
+            "no:cacheprovider",
             f"--rootdir={config.rootpath}",
             f"--basetemp={self.workdir / f'pool{pool_id}-rank{rank}-tmp'}",
             f"--capture={getattr(option, 'capture', 'fd')}",
@@ -470,5 +474,3 @@ class Controller:
                 raise KeyboardInterrupt(f"pytest-distrank: got {signal.Signals(signum).name}")
 
             signal.signal(signal.SIGTERM, _on_sigterm)
-
-

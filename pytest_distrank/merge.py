@@ -244,9 +244,7 @@ def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepo
     report = _base(template, phase, world_size, "skipped", template.longrepr)
     if len(xfailed) < world_size:
         reason = getattr(template, "wasxfail", "")
-        report.wasxfail = (
-            f"[xfailed on {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
-        )
+        report.wasxfail = f"[xfailed on {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
     return report
 
 
@@ -274,9 +272,7 @@ def merge_phase(
     return _base(template, phase, world_size, "passed", None)
 
 
-def merge_test(
-    per_rank: Mapping[int, Sequence[TestReport]], world_size: int
-) -> list[TestReport]:
+def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) -> list[TestReport]:
     """All phase reports of every rank -> the phase reports pytest sees, counted once.
 
     A rank whose setup failed or skipped has no call report; when another rank's call failed

@@ -348,8 +348,15 @@ class Pool:
         hung = [r for r in self.ranks if not r.done]
         if hung:
             self._hung_reports(
-                hung, test, location, test_file, result, timeout, timeout_source,
-                failed_at, first_failed,
+                hung,
+                test,
+                location,
+                test_file,
+                result,
+                timeout,
+                timeout_source,
+                failed_at,
+                first_failed,
             )
         result.broken = self.broken
         return result
@@ -442,7 +449,13 @@ class Pool:
             stack = format_stack(stacks[rank.rank], test_file, rank.log_path)
             text = f"rank {rank.rank}/{ws}: {crash}\n{where}\n{stack}"
             report = synthesized_failure(
-                test.nodeid, location, when, crash, text, note=note, collateral=collateral,
+                test.nodeid,
+                location,
+                when,
+                crash,
+                text,
+                note=note,
+                collateral=collateral,
                 stop=time.time(),
             )
             result.reports[rank.rank].append(report)

@@ -84,8 +84,7 @@ def skip_reason(spec: DistSpec) -> str | None:
     for name in backends:
         if not backend_available(name):
             return (
-                f"backend {name!r} is not available in this torch build "
-                f"(torch {_torch_version()})"
+                f"backend {name!r} is not available in this torch build (torch {_torch_version()})"
             )
     if "nccl" in backends and not spec.needs_nccl:
         found = visible_gpu_count()

@@ -217,7 +217,7 @@ class WorkerPlugin:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None and hasattr(reporter, "_tw"):
             path = self.cfg.log_path.removesuffix(".log") + ".pytest.log"
-            stream = open(path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 - lives as long as the rank
+            stream = open(path, "a", encoding="utf-8", buffering=1)
             reporter._tw = TerminalWriter(stream)
 
     @pytest.hookimpl
@@ -258,9 +258,7 @@ class WorkerPlugin:
 
     def _flush(self, done: bool, pg_healthy: bool = True) -> None:
         assert self.ctx is not None
-        message = Reports(
-            self.cfg.rank, self.ctx.test.index, tuple(self.pending), done, pg_healthy
-        )
+        message = Reports(self.cfg.rank, self.ctx.test.index, tuple(self.pending), done, pg_healthy)
         self.pending = []
         try:
             _send(self.conn, message)
@@ -338,9 +336,7 @@ def _start_rank(cfg: RankConfig) -> RankContext:
             import torch
 
             torch.cuda.set_device(cfg.local_rank)
-        dist.init_process_group(
-            cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size
-        )
+        dist.init_process_group(cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size)
         ctx.pg = dist.group.WORLD
     return ctx
 
@@ -380,5 +376,3 @@ def _group_healthy(ctx: RankContext) -> bool:
                 dist.destroy_process_group()
         return not dist.is_initialized()
     return dist.is_initialized() and dist.group.WORLD is ctx.pg
-
-

@@ -85,9 +85,7 @@ def test_bare_world_size_uses_the_default_size(
     run_pytest("--distrank-world-size=3").assert_outcomes(passed=1)
 
 
-def test_class_methods_and_module_marker(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
+def test_class_methods_and_module_marker(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
     pytester.makepyfile(
         """
         import pytest, torch.distributed as dist

@@ -159,9 +159,7 @@ def test_unavailable_backend_is_a_skip(
     )
 
 
-def test_invalid_option_on_command_line(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
+def test_invalid_option_on_command_line(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
     result = run_pytest("--distrank-world-size=0")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(

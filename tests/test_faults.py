@@ -102,8 +102,10 @@ def test_sleep(rank):
     result = run_pytest("--distrank-timeout=2", "-ra")
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines(
-        ["FAILED *::test_sleep - *Timeout: still in call after 2 s (timeout from "
-         "--distrank-timeout=2 (command line))"]
+        [
+            "FAILED *::test_sleep - *Timeout: still in call after 2 s (timeout from "
+            "--distrank-timeout=2 (command line))"
+        ]
     )
 
 
@@ -142,7 +144,9 @@ def test_exit(exits, rank):
             f"rank 1/2 crashed in {phase} with exit code 7.",
         ]
     )
-    result.stdout.fnmatch_lines([f"* *::test_exit - [[]rank 1/2[]] crashed in {phase} with exit code 7"])
+    result.stdout.fnmatch_lines(
+        [f"* *::test_exit - [[]rank 1/2[]] crashed in {phase} with exit code 7"]
+    )
     if phase == "setup":
         result.stdout.fnmatch_lines(["Its last output*", "last words of rank 1"])
 
@@ -185,7 +189,9 @@ def test_destroy(rank):
     )
     result = run_pytest("-v")
     result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*pool replaced: *the test left the default process group destroyed"])
+    result.stdout.fnmatch_lines(
+        ["*pool replaced: *the test left the default process group destroyed"]
+    )
 
 
 def test_sys_exit_in_a_test_is_a_failure(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
@@ -222,7 +228,9 @@ def test_raise(rank):
     )
     result = run_pytest("-ra")
     result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(["FAILED *::test_raise - [[]rank */2[]] *Unpicklable: cannot travel"])
+    result.stdout.fnmatch_lines(
+        ["FAILED *::test_raise - [[]rank */2[]] *Unpicklable: cannot travel"]
+    )
 
 
 def test_huge_output_is_cut_not_deadlocked(

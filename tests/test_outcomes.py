@@ -93,9 +93,7 @@ def test_skip_on_some_ranks_says_which(pytester: pytest.Pytester, run_pytest: Ru
     )
 
 
-def test_skip_marker_is_honoured_in_ranks(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
+def test_skip_marker_is_honoured_in_ranks(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
     pytester.makepyfile(
         """
         import pytest
@@ -174,9 +172,7 @@ def test_captured_output_per_rank(pytester: pytest.Pytester, run_pytest: RunPyte
     )
 
 
-def test_junitxml_one_testcase_per_test(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
+def test_junitxml_one_testcase_per_test(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
     pytester.makepyfile(
         """
         import pytest

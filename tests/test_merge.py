@@ -1,0 +1,174 @@
+"""Unit tests of the merge policy (merge.py): pure logic over pytest's report objects."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from _pytest._code.code import ExceptionChainRepr
+from _pytest.reports import TestReport
+
+from pytest_distrank.merge import merge_test, rank_story, synthesized_failure
+
+LOCATION = ("test_x.py", 3, "test_x")
+
+
+def report(when: str, outcome: str, *, stop: float = 1.0, **extra: object) -> TestReport:
+    longrepr: object = None
+    if outcome == "failed":
+        longrepr = synthesized_failure(
+            "test_x.py::test_x", LOCATION, when, f"boom {stop}", "tb", note=""
+        ).longrepr
+    if outcome == "skipped":
+        longrepr = ("test_x.py", 4, f"Skipped: {extra.pop('reason', 'nope')}")
+    rep = TestReport(
+        "test_x.py::test_x",
+        LOCATION,
+        {},
+        outcome,  # type: ignore[arg-type]
+        longrepr,  # type: ignore[arg-type]
+        when,  # type: ignore[arg-type]
+        sections=extra.pop("sections", ()),  # type: ignore[arg-type]
+        duration=stop,
+        start=0.0,
+        stop=stop,
+    )
+    for key, value in extra.items():
+        setattr(rep, key, value)
+    return rep
+
+
+def passed() -> list[TestReport]:
+    return [report("setup", "passed"), report("call", "passed"), report("teardown", "passed")]
+
+
+def outcomes(reports: Sequence[TestReport]) -> list[tuple[str, str]]:
+    return [(r.when, r.outcome) for r in reports]
+
+
+def test_all_passed_is_passed_with_the_longest_duration() -> None:
+    slow = passed()
+    slow[1].duration = 5.0
+    merged = merge_test({0: passed(), 1: slow}, 2)
+    assert outcomes(merged) == [("setup", "passed"), ("call", "passed"), ("teardown", "passed")]
+    assert merged[1].duration == 5.0
+
+
+def test_any_failed_call_is_failed_naming_the_first_rank() -> None:
+    late = [
+        report("setup", "passed"),
+        report("call", "failed", stop=9.0),
+        report("teardown", "passed"),
+    ]
+    early = [
+        report("setup", "passed"),
+        report("call", "failed", stop=2.0),
+        report("teardown", "passed"),
+    ]
+    merged = merge_test({0: late, 1: early, 2: passed()}, 3)
+    assert outcomes(merged) == [("setup", "passed"), ("call", "failed"), ("teardown", "passed")]
+    longrepr = merged[1].longrepr
+    assert isinstance(longrepr, ExceptionChainRepr)
+    assert longrepr.reprcrash is not None
+    assert longrepr.reprcrash.message == "[rank 1/3] boom 2.0"
+    text = str(longrepr)
+    assert "root cause: rank 1/3" in text
+    assert "rank 2/3  passed" in text
+    assert "traceback of rank 0/3" in text
+
+
+def test_collateral_ranks_are_never_the_root_cause() -> None:
+    killed = synthesized_failure(
+        "test_x.py::test_x",
+        LOCATION,
+        "call",
+        "killed",
+        "tb",
+        note="killed",
+        collateral=True,
+        stop=0.5,
+    )
+    own = [report("setup", "passed"), report("call", "failed", stop=3.0)]
+    merged = merge_test({0: [report("setup", "passed"), killed], 1: own}, 2)
+    assert "root cause: rank 1/2" in str(merged[1].longrepr)
+    assert "1 of 2 ranks failed, 1 killed after it" in str(merged[1].longrepr)
+
+
+def test_setup_error_wins_over_everything() -> None:
+    broken = [report("setup", "failed"), report("teardown", "passed")]
+    merged = merge_test({0: broken, 1: passed()}, 2)
+    assert outcomes(merged) == [("setup", "failed"), ("teardown", "passed")]
+
+
+def test_skip_on_all_ranks_keeps_the_reason() -> None:
+    skipped = [report("setup", "skipped", reason="no data"), report("teardown", "passed")]
+    merged = merge_test({0: skipped, 1: list(skipped)}, 2)
+    assert outcomes(merged) == [("setup", "skipped"), ("teardown", "passed")]
+    assert merged[0].longrepr == ("test_x.py", 4, "Skipped: no data")
+
+
+def test_skip_on_some_ranks_names_them() -> None:
+    call_skip = [
+        report("setup", "passed"),
+        report("call", "skipped", reason="odd rank"),
+        report("teardown", "passed"),
+    ]
+    merged = merge_test({0: passed(), 1: call_skip, 2: passed(), 3: list(call_skip)}, 4)
+    assert outcomes(merged) == [("setup", "passed"), ("call", "skipped"), ("teardown", "passed")]
+    reason = merged[1].longrepr[2]  # type: ignore[index]
+    assert reason == "Skipped: skipped on ranks 1, 3 of 4 (ranks 0, 2 did not): odd rank"
+
+
+def test_setup_skip_on_one_rank_and_call_failure_on_another_is_failed() -> None:
+    skipped = [report("setup", "skipped"), report("teardown", "passed")]
+    failed = [report("setup", "passed"), report("call", "failed"), report("teardown", "passed")]
+    merged = merge_test({0: skipped, 1: failed}, 2)
+    assert outcomes(merged) == [("setup", "passed"), ("call", "failed"), ("teardown", "passed")]
+    assert "rank 0/2  skipped in setup: nope" in str(merged[1].longrepr)
+
+
+def test_xfail_on_some_ranks_is_xfailed_and_says_where() -> None:
+    xfailed = [
+        report("setup", "passed"),
+        report("call", "skipped", wasxfail="known"),
+        report("teardown", "passed"),
+    ]
+    xpassed = [
+        report("setup", "passed"),
+        report("call", "passed", wasxfail="known"),
+        report("teardown", "passed"),
+    ]
+    merged = merge_test({0: xpassed, 1: xfailed}, 2)
+    assert merged[1].outcome == "skipped"
+    assert merged[1].wasxfail == "[xfailed on rank 1 of 2] known"  # type: ignore[attr-defined]
+    all_xpass = merge_test({0: xpassed, 1: list(xpassed)}, 2)
+    assert all_xpass[1].outcome == "passed" and all_xpass[1].wasxfail == "known"  # type: ignore[attr-defined]
+
+
+def test_sections_are_labelled_per_rank() -> None:
+    talk0 = passed()
+    talk0[1].sections = [("Captured stdout call", "hi 0\n")]
+    talk1 = passed()
+    talk1[1].sections = [("Captured stdout call", "hi 1\n")]
+    merged = merge_test({0: talk0, 1: talk1}, 2)
+    assert merged[1].sections == [
+        ("Captured stdout call (rank 0/2)", "[rank 0/2]\nhi 0\n"),
+        ("Captured stdout call (rank 1/2)", "[rank 1/2]\nhi 1\n"),
+    ]
+
+
+def test_identical_tracebacks_are_shown_once() -> None:
+    def failing() -> list[TestReport]:
+        return [report("setup", "passed"), report("call", "failed", stop=1.0)]
+
+    merged = merge_test({0: failing(), 1: failing(), 2: failing()}, 3)
+    text = str(merged[1].longrepr)
+    assert text.count("the same as rank 0/3") == 2
+
+
+def test_rank_story_prefers_notes() -> None:
+    crash = synthesized_failure(
+        "n", LOCATION, "call", "crashed", "tb", note="crashed in call with SIGSEGV(-11)"
+    )
+    assert rank_story([report("setup", "passed"), crash]) == "crashed in call with SIGSEGV(-11)"
+    assert rank_story(passed()) == "passed"
+    assert rank_story([report("setup", "skipped", reason="x")]) == "skipped in setup: x"
