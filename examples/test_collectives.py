@@ -28,6 +28,23 @@ def tri(n: int) -> int:
     return n * (n + 1) // 2
 
 
+# -- the fixtures ----------------------------------------------------------------------------------
+
+
+@pytest.mark.world_size(*WORLD_SIZES)
+def test_fixtures_describe_this_rank(rank, world_size, local_rank, backend, device, pg):
+    """What the plugin's fixtures hold, checked against torch.distributed itself."""
+    assert 0 <= rank < world_size
+    assert (dist.get_rank(), dist.get_world_size()) == (rank, world_size)
+    assert local_rank == rank  # all ranks run on this one machine
+    assert backend == dist.get_backend(pg) == "gloo"
+    assert device == torch.device("cpu")
+    assert pg is dist.group.WORLD
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, rank)
+    assert everyone == list(range(world_size))  # every rank number exactly once
+
+
 # -- all_reduce ------------------------------------------------------------------------------------
 
 
@@ -63,10 +80,11 @@ def test_all_reduce_min_max(rank, world_size, pg, dtype):
 
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_all_reduce_avg(rank, world_size, pg, backend):
-    """ReduceOp.AVG: natively supported by NCCL; gloo got it only in recent torch releases.
+    """ReduceOp.AVG: NCCL has it; whether gloo does depends on the torch release (torch 2.13's
+    gloo does). Where the backend refuses it, the test skips and says why.
 
-    The probe call is the real collective: an unsupported op is refused by every rank before
-    any communication, so all ranks skip together.
+    There is no separate probe: the call is the real collective. An unsupported op is refused
+    by every rank before any communication, so all ranks skip together.
     """
     t = torch.tensor([float(rank), 2.0 * rank + 1.0])
     try:
@@ -84,7 +102,7 @@ def test_all_reduce_avg(rank, world_size, pg, backend):
 
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_all_reduce_bitwise(rank, world_size, pg):
-    """BAND/BOR/BXOR on integers: rank r contributes the bit 1 << r (and all bits set)."""
+    """BAND/BOR/BXOR on integers: rank r contributes the bit 1 << r, plus bit 4 for BAND."""
     bit = 1 << rank
     t_or = torch.tensor([bit], dtype=torch.int64)
     t_and = torch.tensor([bit | 0b10000], dtype=torch.int64)
@@ -131,7 +149,7 @@ def test_all_gather(rank, world_size, pg, dtype):
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_all_gather_single(rank, world_size, pg):
     """One flat output tensor instead of a list: rank r's block is at [2r, 2r + 2)."""
-    # torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns).
+    # torch 2.13 deprecates all_gather_into_tensor in favour of all_gather_single.
     gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     mine = torch.tensor([rank, -rank], dtype=torch.int64)
     out = torch.empty(2 * world_size, dtype=torch.int64)
@@ -141,7 +159,8 @@ def test_all_gather_single(rank, world_size, pg):
 
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_all_gather_into_tensor_deprecated_name(rank, world_size, pg):
-    """The pre-2.13 name still works, but warns; a (world_size, 2) view gives one row per rank.
+    """The old name still works, with a FutureWarning; a (world_size, 2) view of the flat
+    output gives one row per rank.
 
     (The "stacked" output form, an output of shape (world_size, *shape), is NCCL-only: gloo
     raises "invalid tensor size". Gathering into a flat buffer and viewing it works everywhere.)
@@ -202,7 +221,7 @@ def test_reduce_scatter(rank, world_size, pg):
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_reduce_scatter_single(rank, world_size, pg):
     """Flat form: rank d receives the SUM of block d of every rank's input."""
-    # torch 2.13 renamed reduce_scatter_tensor to reduce_scatter_single (the old name warns).
+    # torch 2.13 deprecates reduce_scatter_tensor in favour of reduce_scatter_single.
     rs_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     # block d of rank s holds [s, d]
     inp = torch.tensor([v for d in range(world_size) for v in (rank, d)], dtype=torch.float32)
@@ -369,24 +388,19 @@ def test_isend_irecv(rank, world_size, pg):
 
 @pytest.mark.world_size(*WORLD_SIZES)
 def test_batch_isend_irecv_ring(rank, world_size, pg):
-    """Both directions of a ring at once: send to both neighbours, receive from both."""
+    """Both directions of a ring at once: send to both neighbours, receive from both.
+
+    On 2 ranks both neighbours are the same rank; the tags say which message is which.
+    """
     nxt, prv = (rank + 1) % world_size, (rank - 1) % world_size
     from_prv = torch.zeros(1, dtype=torch.int64)
     from_nxt = torch.zeros(1, dtype=torch.int64)
     ops = [
-        dist.P2POp(dist.isend, torch.tensor([10 * rank + 1]), nxt),
-        dist.P2POp(dist.isend, torch.tensor([10 * rank + 2]), prv),
-        dist.P2POp(dist.irecv, from_prv, prv),
-        dist.P2POp(dist.irecv, from_nxt, nxt),
+        dist.P2POp(dist.isend, torch.tensor([10 * rank + 1]), nxt, tag=1),
+        dist.P2POp(dist.isend, torch.tensor([10 * rank + 2]), prv, tag=2),
+        dist.P2POp(dist.irecv, from_prv, prv, tag=1),
+        dist.P2POp(dist.irecv, from_nxt, nxt, tag=2),
     ]
-    if world_size == 2:
-        # prv == nxt: two messages between the same pair; tags keep them apart.
-        ops = [
-            dist.P2POp(dist.isend, torch.tensor([10 * rank + 1]), nxt, tag=1),
-            dist.P2POp(dist.isend, torch.tensor([10 * rank + 2]), prv, tag=2),
-            dist.P2POp(dist.irecv, from_prv, prv, tag=1),
-            dist.P2POp(dist.irecv, from_nxt, nxt, tag=2),
-        ]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     assert from_prv.item() == 10 * prv + 1  # prv sent "+1" to its next, which is me

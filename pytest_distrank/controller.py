@@ -29,7 +29,7 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from .fixtures import RANK_FIXTURES, misuse_message
+from .fixtures import misuse_message, rank_fixtures_used
 from .markers import DistSpec, MarkerError, min_gpus, spec_of
 from .merge import merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
@@ -144,7 +144,7 @@ class Controller:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         entry = self._get_plan(item.session).get(item.nodeid)
         if entry is None:
-            used = [name for name in RANK_FIXTURES if name in getattr(item, "fixturenames", ())]
+            used = rank_fixtures_used(item)
             if used:
                 pytest.fail(misuse_message(item.nodeid, used), pytrace=False)
             self._ordinary_requirements(item)

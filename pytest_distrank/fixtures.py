@@ -36,6 +36,23 @@ RANK_FIXTURES = (
 )
 
 
+def rank_fixtures_used(item: pytest.Item) -> list[str]:
+    """The plugin's rank fixtures an item would set up (not same-named ones of its own).
+
+    A test may parametrize an argument called ``backend`` or define its own ``rank`` fixture;
+    only names that resolve to the definitions here count.
+    """
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    used = []
+    for name in RANK_FIXTURES:
+        defs = info.name2fixturedefs.get(name)
+        if defs and getattr(defs[-1].func, "__module__", None) == __name__:
+            used.append(name)
+    return used
+
+
 def misuse_message(nodeid: str, fixtures: list[str]) -> str:
     names = ", ".join(repr(f) for f in fixtures)
     plural = "s" if len(fixtures) > 1 else ""

@@ -298,6 +298,7 @@ class WorkerPlugin:
         item = items[message.nodeid]
         nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
         self.ctx.test = message
+        _teardown_unneeded(item)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             _master_store(self.ctx, f"test{message.index}/")
@@ -313,6 +314,28 @@ class WorkerPlugin:
         except BaseException as exc:
             errors.append("".join(traceback.format_exception(exc)))
         _send(self.conn, Stopped(self.cfg.rank, tuple(errors)))
+
+
+def _teardown_unneeded(item: pytest.Item) -> None:
+    """Close modules and classes the previous test left set up that this one does not need.
+
+    The controller names each test's successor in its pool, so pytest's own teardown normally
+    did this already; when the order is not known in advance (pytest-xdist schedules tests as it
+    goes) the prediction can be wrong, and pytest's SetupState would refuse the next setup.
+    """
+    state = item.session._setupstate
+    needed = set(item.listchain())
+    if all(node in needed for node in state.stack):
+        return
+    try:
+        state.teardown_exact(item)
+    except BaseException:  # noqa: BLE001 - the previous test is already reported
+        print(
+            f"pytest-distrank: error tearing down fixtures before {item.nodeid}:\n"
+            + traceback.format_exc(),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _cap(content: str) -> str:

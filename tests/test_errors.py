@@ -224,3 +224,25 @@ def test_command_line_beats_environment_beats_ini(
             "default world size 2"
         ]
     )
+
+
+def test_own_fixtures_and_params_with_rank_names_are_not_misuse(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.fixture
+        def rank():
+            return 42
+
+        @pytest.mark.parametrize("backend", ["mine"])
+        def test_param(backend):
+            assert backend == "mine"
+
+        def test_own_rank(rank):
+            assert rank == 42
+        """
+    )
+    run_pytest().assert_outcomes(passed=2)
