@@ -380,8 +380,16 @@ class Controller:
         for name in getattr(option, "plugins", None) or []:
             if name not in ("distrank", "pytest_distrank.plugin"):
                 args += ["-p", name]
+        # The fork server imported the plugin before the rank's pytest session could mark it for
+        # assertion rewriting; that warning must not become an error under filterwarnings=error.
+        args += [
+            "-W",
+            "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning",
+        ]
         for spec in getattr(config.known_args_namespace, "pythonwarnings", None) or []:
             args += ["-W", spec]
+        if getattr(option, "log_level", None):
+            args.append(f"--log-level={option.log_level}")
         if getattr(option, "confcutdir", None):
             args.append(f"--confcutdir={option.confcutdir}")
         if getattr(option, "noconftest", False):

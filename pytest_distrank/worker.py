@@ -329,7 +329,7 @@ def _teardown_unneeded(item: pytest.Item) -> None:
         return
     try:
         state.teardown_exact(item)
-    except BaseException:  # noqa: BLE001 - the previous test is already reported
+    except BaseException:
         print(
             f"pytest-distrank: error tearing down fixtures before {item.nodeid}:\n"
             + traceback.format_exc(),
@@ -355,11 +355,20 @@ def _start_rank(cfg: RankConfig) -> RankContext:
     ctx = RankContext(cfg, store, None)
     _master_store(ctx, "pool/")
     if cfg.init_process_group:
+        device_id = None
         if "nccl" in cfg.backend:
             import torch
 
             torch.cuda.set_device(cfg.local_rank)
-        dist.init_process_group(cfg.backend, store=store, rank=cfg.rank, world_size=cfg.world_size)
+            # Bound to its GPU: collectives such as barrier() need not guess the device.
+            device_id = torch.device("cuda", cfg.local_rank)
+        dist.init_process_group(
+            cfg.backend,
+            store=store,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            device_id=device_id,
+        )
         ctx.pg = dist.group.WORLD
     return ctx
 
