@@ -48,6 +48,9 @@ PRELOAD = [
 ]
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
+REWRITE_WARNING_FILTER = (
+    "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"
+)
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
 
@@ -382,10 +385,7 @@ class Controller:
                 args += ["-p", name]
         # The fork server imported the plugin before the rank's pytest session could mark it for
         # assertion rewriting; that warning must not become an error under filterwarnings=error.
-        args += [
-            "-W",
-            "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning",
-        ]
+        args += ["-W", REWRITE_WARNING_FILTER]
         for spec in getattr(config.known_args_namespace, "pythonwarnings", None) or []:
             args += ["-W", spec]
         if getattr(option, "log_level", None):
