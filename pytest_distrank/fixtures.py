@@ -55,9 +55,11 @@ def rank_fixtures_used(item: pytest.Item) -> list[str]:
 
 def misuse_message(nodeid: str, fixtures: list[str]) -> str:
     names = ", ".join(repr(f) for f in fixtures)
-    plural = "s" if len(fixtures) > 1 else ""
+    which = (
+        "fixtures {names}, which exist" if len(fixtures) > 1 else "fixture {names}, which exists"
+    )
     return (
-        f"{nodeid} uses the distributed fixture{plural} {names}, which exist only inside rank "
+        f"{nodeid} uses the distributed {which.format(names=names)} only inside rank "
         "processes, but the test has no world_size marker.\n"
         "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n ranks."
     )

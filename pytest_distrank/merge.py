@@ -100,9 +100,21 @@ def rank_story(reports: Sequence[TestReport]) -> str:
 
 
 def _root_cause(failures: Sequence[tuple[int, TestReport]]) -> tuple[int, TestReport]:
-    """The first rank to fail on its own; collateral (killed) ranks only if there is no other."""
-    own = [f for f in failures if not getattr(f[1], COLLATERAL_ATTR, False)]
-    return min(own or failures, key=lambda f: (f[1].stop or 0.0, f[0]))
+    """The rank whose failure explains the others.
+
+    A rank that crashed (a synthesized, non-collateral report) comes first: its peers fail
+    *because* it died ("Connection reset by peer"), and their reports often reach the controller
+    before the crash is noticed. Then the first rank to fail on its own, by its report's stop
+    time. Ranks killed as collateral only when there is nothing else.
+    """
+
+    def rank_order(f: tuple[int, TestReport]) -> tuple[int, float, int]:
+        rank, report = f
+        collateral = bool(getattr(report, COLLATERAL_ATTR, False))
+        crashed = getattr(report, NOTE_ATTR, None) is not None and not collateral
+        return (0 if crashed else 2 if collateral else 1, report.stop or 0.0, rank)
+
+    return min(failures, key=rank_order)
 
 
 def _relabel_sections(

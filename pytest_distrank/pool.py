@@ -258,6 +258,8 @@ class Pool:
         else:
             head += f"died during start-up ({signal_name(rank.process.exitcode)})."
         output = tail(read_from(rank.log_path, 0))
+        if not output.strip():
+            return f"{head}\nIts log ({rank.log_path}) is empty."
         return f"{head}\nIts last output (log: {rank.log_path}):\n{output}"
 
     # -- waiting -------------------------------------------------------------------------------
@@ -334,7 +336,7 @@ class Pool:
                     if message.done:
                         rank.done = True
                         if not message.pg_healthy and self.broken is None:
-                            self.broken = "the test left the default process group destroyed"
+                            self.broken = f"{test.nodeid} left the default process group destroyed"
                     continue
                 if rank.done:
                     continue
@@ -342,7 +344,8 @@ class Pool:
                 result.reports[rank.rank].extend(
                     self._crash_reports(rank, message, test, location, test_file, result)
                 )
-                self.broken = self.broken or f"rank {rank.rank} crashed"
+                status = "stopped serving" if isinstance(message, Fatal) else "crashed"
+                self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
                 if failed_at is None:
                     failed_at, first_failed = time.monotonic(), rank.rank
         hung = [r for r in self.ranks if not r.done]
@@ -371,8 +374,11 @@ class Pool:
         self, rank: Rank, when: str, test: RunTest, location: Location, result: TestRun
     ) -> None:
         """Passing reports are batched, so a rank that died in call passed setup: say so."""
-        have = {r.when for r in result.reports[rank.rank]}
-        for earlier in ("setup", "call"):
+        reports = result.reports[rank.rank]
+        have = {r.when for r in reports}
+        if any(not r.passed for r in reports if r.when == "setup"):
+            return  # no call phase after a failed or skipped setup
+        for earlier in ("setup", "call", "teardown"):
             if earlier == when:
                 break
             if earlier not in have:
@@ -430,10 +436,23 @@ class Pool:
         self.kill()
         now = time.monotonic()
         ws = self.key.world_size
-        self.broken = self.broken or "ranks hung"
+        names = ", ".join(str(r.rank) for r in hung)
+        if failed_at is not None:
+            why = f"rank(s) {names} killed after rank {first_failed} failed in {test.nodeid}"
+        else:
+            why = f"rank(s) {names} timed out after {timeout:g} s in {test.nodeid}"
+        self.broken = self.broken or why
         for rank in hung:
-            when = self._phase_of(rank).when
+            phase = self._phase_of(rank)
+            if phase in (Phase.IDLE, Phase.STOPPING):
+                # It had finished the test and was about to say so: nothing was lost.
+                self._fill_passed(rank, "end", test, location, result)
+                continue
+            when = phase.when
             self._fill_passed(rank, when, test, location, result)
+            if any(r.failed for r in result.reports[rank.rank]):
+                # Its own failure is already reported; it was killed while cleaning up after it.
+                continue
             where = where_blocked(stacks[rank.rank], test_file)
             if failed_at is not None:
                 after = now - failed_at

@@ -28,12 +28,13 @@ def summary_lines(controller: Controller) -> list[str]:
     sizes = ", ".join(
         f"{count} at world size {size}" for size, count in sorted(stats.pools_started.items())
     )
-    lines = [f"{stats.tests} distributed tests; pools started: {sizes or 'none'}"]
+    tests = "1 distributed test" if stats.tests == 1 else f"{stats.tests} distributed tests"
+    lines = [f"{tests}; pools started: {sizes or 'none'}"]
     if stats.start_seconds:
         lines.append(f"pool start: median {statistics.median(stats.start_seconds):.2f} s")
     if stats.test_seconds:
         median_ms = statistics.median(stats.test_seconds) * 1000
         lines.append(f"per-test wall time in the controller: median {median_ms:.1f} ms")
     for reason in stats.replaced:
-        lines.append(f"pool replaced: {reason}")
+        lines.append(f"pool killed after a fault: {reason}")
     return lines

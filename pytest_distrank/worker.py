@@ -269,17 +269,22 @@ class WorkerPlugin:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
-        self.served = True
         config = session.config
         faulthandler.enable(file=self.log_fd, all_threads=True)
         faulthandler.register(DUMP_SIGNAL, file=self.log_fd, all_threads=True, chain=False)
         items = {item.nodeid: item for item in session.items}
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
-        self.ctx = _start_rank(self.cfg)
-        config.stash[RANK_CONTEXT] = self.ctx
-        config.hook.pytest_distrank_rank_setup(
-            config=config, rank=self.cfg.rank, world_size=self.cfg.world_size
-        )
+        try:
+            self.ctx = _start_rank(self.cfg)
+            config.stash[RANK_CONTEXT] = self.ctx
+            config.hook.pytest_distrank_rank_setup(
+                config=config, rank=self.cfg.rank, world_size=self.cfg.world_size
+            )
+        except BaseException:
+            self.served = True  # the Fatal below says it all
+            _send(self.conn, Fatal(self.cfg.rank, "start-up failed:\n" + traceback.format_exc()))
+            raise
+        self.served = True
         self._phase(Phase.IDLE)
         _send(self.conn, Ready(self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors)))
         while True:

@@ -33,7 +33,7 @@ def test_rank_fixture_in_ordinary_test_is_an_error_of_that_test(
     result.assert_outcomes(errors=2, passed=1)
     result.stdout.fnmatch_lines(
         [
-            "*::test_direct uses the distributed fixture 'world_size', which exist only inside "
+            "*::test_direct uses the distributed fixture 'world_size', which exists only inside "
             "rank processes, but the test has no world_size marker.",
             "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n "
             "ranks.",

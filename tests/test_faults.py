@@ -60,7 +60,9 @@ def test_desync(rank):
             '  File "*distributed_c10d.py", line * in barrier',
         ]
     )
-    result.stdout.fnmatch_lines(["*pool replaced*"])
+    result.stdout.fnmatch_lines(
+        ["pool killed after a fault: world_size=2, backend=gloo: rank(s) 1 killed after rank 0 *"]
+    )
 
 
 def test_hang_times_out_with_every_ranks_stack(
@@ -190,7 +192,9 @@ def test_destroy(rank):
     result = run_pytest("-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
-        ["*pool replaced: *the test left the default process group destroyed"]
+        [
+            "pool killed after a fault: world_size=2, backend=gloo: *::test_destroy left the default *"
+        ]
     )
 
 
@@ -376,3 +380,80 @@ def test_controller_signal_leaves_no_process(
     if sig != signal.SIGKILL:
         assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
         assert "KeyboardInterrupt" in output
+
+
+def test_crashed_rank_is_the_root_cause_not_its_disconnected_peer(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_crash(rank):
+    if rank == 1:
+        os._exit(3)
+    dist.barrier()  # fails on rank 0 with "Connection reset by peer"
+""",
+    )
+    result = run_pytest("-ra", "--distrank-failure-grace=1")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 1/2  crashed in call with exit code 3  <- root cause",
+            "FAILED *::test_crash - [[]rank 1/2[]] crashed in call with exit code 3",
+        ]
+    )
+
+
+def test_zero_grace_keeps_the_real_failure(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(3)
+def test_desync(rank):
+    if rank == 2:
+        raise RuntimeError("rank 2 gave up")
+    dist.barrier()
+""",
+    )
+    result = run_pytest("-ra", "--distrank-failure-grace=0")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "distrank: 1 of 3 ranks failed, 2 killed after it; root cause: rank 2/3",
+            "FAILED *::test_desync - [[]rank 2/3[]] RuntimeError: rank 2 gave up",
+        ]
+    )
+
+
+def test_rank_setup_hook_failure_shows_its_traceback(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeconftest(
+        """
+        def pytest_distrank_rank_setup(config, rank, world_size):
+            if rank == 1:
+                raise ValueError("seed table missing on rank 1")
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_x(rank):
+            pass
+        """
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "rank 1/2 failed to start: start-up failed:",
+            "Traceback (most recent call last):",
+            "*in pytest_distrank_rank_setup",
+            "ValueError: seed table missing on rank 1",
+        ]
+    )
