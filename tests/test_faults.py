@@ -193,7 +193,8 @@ def test_destroy(rank):
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
         [
-            "pool killed after a fault: world_size=2, backend=gloo: *::test_destroy left the default *"
+            "pool killed after a fault: world_size=2, backend=gloo: "
+            "*::test_destroy left the default process group destroyed"
         ]
     )
 
