@@ -48,6 +48,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+#: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
+PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -164,7 +166,15 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
-        exit_code = pytest.main(list(cfg.pytest_args), plugins=[plugin])
+        profile_dir = os.environ.get(PROFILE_ENV)
+        if profile_dir:  # a developer's tool: where does a rank's time go?
+            import cProfile
+
+            profiler = cProfile.Profile()
+            exit_code = profiler.runcall(pytest.main, list(cfg.pytest_args), plugins=[plugin])
+            profiler.dump_stats(os.path.join(profile_dir, f"pool{cfg.pool_id}-rank{cfg.rank}.prof"))
+        else:
+            exit_code = pytest.main(list(cfg.pytest_args), plugins=[plugin])
         if not plugin.served:
             _send(conn, Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3
