@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import json
 import multiprocessing
 import os
 import re
@@ -48,6 +49,8 @@ PRELOAD = [
 ]
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
+#: A path: the controller writes its numbers there as JSON at the end of the session.
+STATS_ENV = "DISTRANK_STATS_FILE"
 REWRITE_WARNING_FILTER = (
     "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"
 )
@@ -72,6 +75,18 @@ class Stats:
     pools_started: dict[int, int] = dataclasses.field(default_factory=dict)
     start_seconds: list[float] = dataclasses.field(default_factory=list)
     replaced: list[str] = dataclasses.field(default_factory=list)
+    #: One entry per pool start: world size, seconds to ready, whether it replaced a killed pool.
+    pools: list[dict[str, object]] = dataclasses.field(default_factory=list)
+
+    def dump(self, path: str) -> None:
+        """Write the numbers as JSON (``DISTRANK_STATS_FILE``; bench/ and tests read it)."""
+        data = {
+            "tests": self.tests,
+            "pools": self.pools,
+            "replaced": self.replaced,
+            "test_seconds": self.test_seconds,
+        }
+        Path(path).write_text(json.dumps(data, indent=1))
     test_seconds: list[float] = dataclasses.field(default_factory=list)
 
 
@@ -92,6 +107,7 @@ class Controller:
         self.stopping: list[Pool] = []
         #: Pools that failed to start: later tests of the key error at once with the same story.
         self.failed_starts: dict[PoolKey, str] = {}
+        self.killed_keys: set[PoolKey] = set()
         self.stats = Stats()
         self.next_pool_id = 0
         self.next_test_index = 0
@@ -376,6 +392,15 @@ class Controller:
             )
             pool.start(timeout)
         self.stats.start_seconds.append(pool.start_seconds)
+        self.stats.pools.append(
+            {
+                "world_size": key.world_size,
+                "start_seconds": pool.start_seconds,
+                "fork_seconds": pool.fork_seconds,
+                "ready_seconds": pool.ready_seconds,
+                "after_fault": key in self.killed_keys,
+            }
+        )
         return pool
 
     def _rank_args(self, files: list[str], pool_id: int, rank: int) -> list[str]:
@@ -452,6 +477,7 @@ class Controller:
             del self.pools[key]
         if reason is not None:
             self.stats.replaced.append(f"{key.describe()}: {reason}")
+            self.killed_keys.add(key)
         if graceful:
             pool.request_stop()
             self.stopping.append(pool)
@@ -463,6 +489,9 @@ class Controller:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         self.shutdown()
+        stats_file = os.environ.get(STATS_ENV)
+        if stats_file:
+            self.stats.dump(stats_file)
 
     def shutdown(self) -> list[str]:
         """Stop every pool: ask all first, then collect them (stopping is not serial)."""

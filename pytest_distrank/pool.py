@@ -208,6 +208,8 @@ class Pool:
         self.tests_run = 0
         self.started_at = 0.0
         self.start_seconds = 0.0
+        self.fork_seconds = 0.0
+        self.ready_seconds = 0.0
 
     @property
     def pids(self) -> list[int]:
@@ -228,6 +230,9 @@ class Pool:
             process.start()
             child_conn.close()
             self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path))
+        forked_at = time.monotonic()
+        #: Waiting for the fork server (its first start imports torch) and forking the ranks.
+        self.fork_seconds = forked_at - self.started_at
         deadline = self.started_at + timeout if timeout > 0 else None
         pending = {r.rank: r for r in self.ranks}
         while pending:
@@ -250,6 +255,8 @@ class Pool:
                 self.kill()
                 raise PoolStartError(self._startup_failure(rank, message))
         self.start_seconds = time.monotonic() - self.started_at
+        #: From the last fork to every rank ready: their pytest sessions, collection, the group.
+        self.ready_seconds = time.monotonic() - forked_at
 
     def _startup_failure(self, rank: Rank, message: object) -> str:
         head = f"rank {rank.rank}/{self.key.world_size} "

@@ -1,0 +1,117 @@
+"""Pool start time and memory by world size, pool replacement after a crash, and rank start time
+beside many unrelated test files.
+
+Runs in a plain Python process; every measurement is a pytest session in a subprocess, and the
+plugin's own numbers come from the JSON it writes when ``DISTRANK_STATS_FILE`` is set.
+
+Usage (from the repository root, with the project installed):
+
+    python bench/bench_scale.py                 # world sizes 2 4 8 16 32, 3 repetitions
+    python bench/bench_scale.py --sizes 2 4 --repeat 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_overhead import timed_run
+
+PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "distrank"]
+
+SLEEPER = """
+import time, pytest
+
+@pytest.mark.world_size({ws})
+def test_hold(rank):
+    time.sleep(2.0)  # every rank alive while the memory sampler looks
+"""
+CRASH = """
+import os, pytest
+
+@pytest.mark.world_size(4)
+def test_crash(rank):
+    if rank == 1:
+        os._exit(3)
+
+@pytest.mark.world_size(4)
+def test_after(rank):
+    pass
+"""
+ONE = """
+import pytest
+
+@pytest.mark.world_size(4)
+def test_one(rank):
+    pass
+"""
+UNRELATED = """
+def test_plain_{i}():
+    assert {i} >= 0
+"""
+
+
+def session(folder: Path, args: list[str], memory: bool = False) -> tuple[float, int, dict]:
+    """Run one pytest session; its wall time, peak PSS and the plugin's stats."""
+    stats_path = folder / "stats.json"
+    os.environ["DISTRANK_STATS_FILE"] = str(stats_path)
+    wall, peak = timed_run([*PYTEST, *args], folder, sample_memory=memory)
+    stats = json.loads(stats_path.read_text())
+    stats_path.unlink()
+    return wall, peak, stats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--unrelated", type=int, default=200)
+    args = parser.parse_args()
+    os.environ.pop("PYTEST_ADDOPTS", None)
+
+    print(f"{'pool start by world size':<34}{'start s':>9}{'peak PSS MiB':>14}")
+    for ws in args.sizes:
+        starts, peaks = [], []
+        with tempfile.TemporaryDirectory(prefix="distrank-scale-") as tmp:
+            folder = Path(tmp)
+            (folder / "test_hold.py").write_text(SLEEPER.format(ws=ws))
+            for _ in range(args.repeat):
+                _, peak, stats = session(folder, ["test_hold.py"], memory=True)
+                starts.append(stats["pools"][0]["start_seconds"])
+                peaks.append(peak)
+        label = f"  world size {ws}"
+        print(
+            f"{label:<34}{statistics.median(starts):>9.2f}{statistics.median(peaks) / 2**20:>14.0f}"
+        )
+
+    replaced = []
+    with tempfile.TemporaryDirectory(prefix="distrank-scale-") as tmp:
+        folder = Path(tmp)
+        (folder / "test_crash.py").write_text(CRASH)
+        for _ in range(args.repeat):
+            _, _, stats = session(folder, ["test_crash.py", "--distrank-failure-grace=1"])
+            replaced += [p["start_seconds"] for p in stats["pools"] if p["after_fault"]]
+    print(f"{'replacing a pool after a crash':<34}{statistics.median(replaced):>9.2f}")
+
+    for count in (0, args.unrelated):
+        starts = []
+        with tempfile.TemporaryDirectory(prefix="distrank-scale-") as tmp:
+            folder = Path(tmp)
+            (folder / "test_dist.py").write_text(ONE)
+            for i in range(count):
+                (folder / f"test_unrelated_{i}.py").write_text(UNRELATED.format(i=i))
+            for _ in range(args.repeat):
+                _, _, stats = session(folder, [])
+                starts.append(stats["pools"][0]["ready_seconds"])
+        label = f"rank start, {count} unrelated files"
+        print(f"{label:<34}{statistics.median(starts):>9.2f}")
+
+
+if __name__ == "__main__":
+    main()

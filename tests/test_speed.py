@@ -1,0 +1,56 @@
+"""End-to-end checks behind the speed claims (no timing bounds: those live in bench/)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import RunPytest
+
+
+def test_one_pool_start_serves_many_tests(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stats_path = pytester.path / "stats.json"
+    monkeypatch.setenv("DISTRANK_STATS_FILE", str(stats_path))
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(30))
+        def test_sum(rank, pg, i):
+            t = torch.tensor([float(i)])
+            dist.all_reduce(t)
+            assert t.item() == 2 * i
+        """
+    )
+    run_pytest().assert_outcomes(passed=30)
+    stats = json.loads(stats_path.read_text())
+    assert stats["tests"] == 30
+    assert [p["world_size"] for p in stats["pools"]] == [2]
+    assert stats["replaced"] == []
+
+
+def test_ranks_collect_only_the_files_of_their_pool(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    for i in range(50):
+        pytester.makepyfile(**{f"test_unrelated_{i}": f"def test_plain():\n    assert {i} >= 0\n"})
+    pytester.makepyfile(
+        test_dist="""
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_one(rank):
+            pass
+        """
+    )
+    run_pytest().assert_outcomes(passed=51)
+    rank_logs = sorted(pytester.path.rglob("pool1-rank*.pytest.log"))
+    assert len(rank_logs) == 2
+    for log in rank_logs:
+        text = log.read_text()
+        assert "collected 1 item" in text, text
+        assert "test_unrelated" not in text
