@@ -35,6 +35,7 @@ from .markers import DistSpec, MarkerError, min_gpus, spec_of
 from .merge import merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
 from .protocol import RankConfig, RunTest
+from .rankargs import rank_pytest_args
 from .requirements import gpu_skip_reason, skip_reason
 from .settings import Settings, item_timeout
 
@@ -51,9 +52,6 @@ PRELOAD = [
 START_TIMEOUT = 120.0
 #: A path: the controller writes its numbers there as JSON at the end of the session.
 STATS_ENV = "DISTRANK_STATS_FILE"
-REWRITE_WARNING_FILTER = (
-    "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"
-)
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
 
@@ -87,6 +85,7 @@ class Stats:
             "test_seconds": self.test_seconds,
         }
         Path(path).write_text(json.dumps(data, indent=1))
+
     test_seconds: list[float] = dataclasses.field(default_factory=list)
 
 
@@ -376,7 +375,11 @@ class Controller:
                 init_process_group=key.init_process_group,
                 pool_id=pool_id,
                 store_path=str(self.workdir / f"pool{pool_id}.store"),
-                pytest_args=tuple(self._rank_args(files, pool_id, rank)),
+                pytest_args=tuple(
+                    rank_pytest_args(
+                        self.config, files, self.workdir / f"pool{pool_id}-rank{rank}-tmp"
+                    )
+                ),
                 env=dict(os.environ),
                 log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),
@@ -402,52 +405,6 @@ class Controller:
             }
         )
         return pool
-
-    def _rank_args(self, files: list[str], pool_id: int, rank: int) -> list[str]:
-        """The rank's own pytest command line (PITFALLS 4)."""
-        config = self.config
-        option = config.option
-        args = [
-            *files,
-            "-p",
-            "distrank",
-            "-p",
-            "no:cacheprovider",
-            f"--rootdir={config.rootpath}",
-            f"--basetemp={self.workdir / f'pool{pool_id}-rank{rank}-tmp'}",
-            f"--capture={getattr(option, 'capture', 'fd')}",
-            f"--import-mode={getattr(option, 'importmode', 'prepend')}",
-            "--continue-on-collection-errors",
-            # The rank renders its failures: it must do so as the user asked the controller to.
-            f"--tb={getattr(option, 'tbstyle', 'auto')}",
-            f"--verbosity={getattr(option, 'verbose', 0)}",
-            f"--assert={getattr(option, 'assertmode', 'rewrite')}",
-        ]
-        if getattr(option, "showlocals", False):
-            args.append("--showlocals")
-        if config.inipath is not None:
-            args.append(f"-c={config.inipath}")
-        for name in getattr(option, "plugins", None) or []:
-            if name not in ("distrank", "pytest_distrank.plugin"):
-                args += ["-p", name]
-        # The fork server imported the plugin before the rank's pytest session could mark it for
-        # assertion rewriting; that warning must not become an error under filterwarnings=error.
-        args += ["-W", REWRITE_WARNING_FILTER]
-        for spec in getattr(config.known_args_namespace, "pythonwarnings", None) or []:
-            args += ["-W", spec]
-        if getattr(option, "log_level", None):
-            args.append(f"--log-level={option.log_level}")
-        if getattr(option, "confcutdir", None):
-            args.append(f"--confcutdir={option.confcutdir}")
-        if getattr(option, "noconftest", False):
-            args.append("--noconftest")
-        if getattr(option, "strict_markers", False):
-            args.append("--strict-markers")
-        for override in getattr(option, "override_ini", None) or []:
-            if not override.startswith("addopts"):
-                args += ["-o", override]
-        args += ["-o", "addopts="]
-        return args
 
     def _mp_context(self) -> tuple[Any, int]:
         method = self.settings.start_method.value

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_distrank.markers import MarkerError, world_sizes
-from pytest_distrank.pool import main_thread_frames, signal_name, where_blocked
+from pytest_distrank.stacks import main_thread_frames, signal_name, where_blocked
 from pytest_distrank.settings import parse_backend, parse_bool, parse_positive_int, parse_seconds
 
 
