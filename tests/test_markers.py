@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pytest_distrank.markers import MarkerError, world_sizes
-from pytest_distrank.stacks import main_thread_frames, signal_name, where_blocked
 from pytest_distrank.settings import parse_backend, parse_bool, parse_positive_int, parse_seconds
+from pytest_distrank.stacks import main_thread_frames, signal_name, where_blocked
 
 
 def mark(*args: object, **kwargs: object) -> pytest.Mark:
