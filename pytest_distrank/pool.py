@@ -29,6 +29,9 @@ from .worker import DUMP_SIGNAL, rank_main
 Location = tuple[str, int | None, str]
 Deserialize = Callable[[dict[str, Any]], TestReport]
 
+#: After the grace period: how long ranks that failed themselves get to finish their teardown
+#: when no other rank is left waiting (only then; a peer stuck in a collective is not kept).
+FINISH_WAIT = 5.0
 #: How long the ranks get to write their stacks after the dump signal.
 DUMP_WAIT = 2.0
 
@@ -213,15 +216,22 @@ class Pool:
         result = TestRun({r.rank: [] for r in self.ranks})
         failed_at: float | None = None
         first_failed: int | None = None
+        finishing = 0.0  # extra time for ranks that failed and are still tearing down
         while True:
             pending = [r for r in self.ranks if not r.done]
             if not pending:
                 break
             until = deadline
             if failed_at is not None:
-                until = min(until or float("inf"), failed_at + grace)
+                until = min(until or float("inf"), failed_at + grace + finishing)
             events = self._wait(pending, until)
             if not events:
+                own = all(any(rep.failed for rep in result.reports[r.rank]) for r in pending)
+                if failed_at is not None and own and not finishing:
+                    # Only ranks that failed themselves are left, finishing their teardown: no
+                    # peer is stuck waiting for them, so give them a moment before killing.
+                    finishing = FINISH_WAIT
+                    continue
                 break
             for rank, message in events:
                 if isinstance(message, Reports):
@@ -332,11 +342,15 @@ class Pool:
         self.kill()
         now = time.monotonic()
         ws = self.key.world_size
-        names = ", ".join(str(r.rank) for r in hung)
-        if failed_at is not None:
+        failed_before = {r.rank for r in hung if any(x.failed for x in result.reports[r.rank])}
+        victims = [r.rank for r in hung if r.rank not in failed_before]
+        names = ", ".join(str(r) for r in victims or sorted(failed_before))
+        if failed_at is None:
+            why = f"rank(s) {names} timed out after {timeout:g} s in {test.nodeid}"
+        elif victims:
             why = f"rank(s) {names} killed after rank {first_failed} failed in {test.nodeid}"
         else:
-            why = f"rank(s) {names} timed out after {timeout:g} s in {test.nodeid}"
+            why = f"rank(s) {names} killed while tearing down after failing {test.nodeid}"
         self.broken = self.broken or why
         for rank in hung:
             phase = self._phase_of(rank)
