@@ -23,6 +23,7 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -195,7 +196,7 @@ def workloads() -> list[Workload]:
 def measure(
     name: str, make: Callable[[int], str], cmd: list[str], k_small: int, k_big: int, repeat: int
 ) -> dict[str, float]:
-    per_test, first, totals, peaks = [], [], [], []
+    per_test, first, totals, peaks, dispatch = [], [], [], [], []
     with tempfile.TemporaryDirectory(prefix="distrank-bench-") as tmp:
         folder = Path(tmp)
         for _ in range(repeat):
@@ -206,7 +207,12 @@ def measure(
             small, _ = timed_run([*cmd, "test_small.py"], folder)
             (folder / "test_small.py").unlink()
             (folder / "test_big.py").write_text(make(k_big))
+            os.environ["DISTRANK_STATS_FILE"] = str(folder / "stats.json")
             big, _ = timed_run([*cmd, "test_big.py"], folder)
+            os.environ.pop("DISTRANK_STATS_FILE")
+            if (folder / "stats.json").exists():
+                seconds = json.loads((folder / "stats.json").read_text())["test_seconds"]
+                dispatch.append(statistics.median(seconds[1:] or seconds))
             _, peak = timed_run([*cmd, "test_big.py"], folder, sample_memory=True)
             (folder / "test_big.py").unlink()
             per_test.append((big - small) / (k_big - k_small))
@@ -219,7 +225,21 @@ def measure(
         "total": statistics.median(totals),
         "peak": statistics.median(peaks),
         "k": k_big,
+        # The plugin's own number: controller wall time per test, dispatch to merged report.
+        "dispatch": statistics.median(dispatch) if dispatch else float("nan"),
     }
+
+
+#: Targets of the speed issue (2-core machine, gloo): steady-state per-test milliseconds.
+PER_TEST_TARGET_MS = {"distrank ws2": 3.0, "distrank ws4": 4.0, "distrank ws4 empty": 2.5}
+#: A whole one-test session at world size 4, fork server start included, in seconds.
+FIRST_TEST_TARGET_S = 2.5
+
+
+def verdict(value: float, target: float) -> str:
+    if value <= target:
+        return f"met ({value:.2f} <= {target:g})"
+    return f"MISSED by {value - target:.2f} ({value / target:.1f}x the target {target:g})"
 
 
 def main() -> None:
@@ -240,7 +260,7 @@ def main() -> None:
     reference = {ws: results.get(f"MultiProcessTestCase ws{ws}") for ws in (2, 4)}
     header = (
         f"{'workload':<26}{'K':>5}{'total s':>9}{'per test ms':>13}{'1-test session s':>18}"
-        f"{'peak PSS MiB':>14}{'MPTC / this':>13}"
+        f"{'peak PSS MiB':>14}{'MPTC / this':>13}{'in-plugin ms':>14}"
     )
     print(header)
     print("-" * len(header))
@@ -251,6 +271,22 @@ def main() -> None:
         print(
             f"{name:<26}{r['k']:>5.0f}{r['total']:>9.2f}{r['per_test'] * 1000:>13.2f}"
             f"{r['first']:>18.2f}{r['peak'] / 2**20:>14.0f}{ratio:>13}"
+            f"{r['dispatch'] * 1000:>14.2f}"
+        )
+    print("\ntargets")
+    for name, target in PER_TEST_TARGET_MS.items():
+        if name in results:
+            per_test = results[name]["per_test"] * 1000
+            print(f"  {name + ' per test ms':<34}{verdict(per_test, target)}")
+    if "distrank ws4" in results:
+        first = results["distrank ws4"]["first"]
+        print(f"  {'1-test session ws4 s':<34}{verdict(first, FIRST_TEST_TARGET_S)}")
+    ref = reference[4]
+    if ref and "distrank ws4" in results:
+        ratio_4 = ref["per_test"] / results["distrank ws4"]["per_test"]
+        print(
+            f"  {'MPTC / distrank ws4':<34}{'met' if ratio_4 >= 1000 else 'MISSED'} "
+            f"({ratio_4:.0f}x, target >= 1000x)"
         )
 
 
