@@ -112,7 +112,6 @@ class Controller:
         self.next_test_index = 0
         self.isolated = 0
         self._context: Any = None
-        self._parent_pid = os.getpid()
         self._workdir: Path | None = None
         self._old_sigterm: Any = None
 
@@ -335,9 +334,14 @@ class Controller:
         if call.excinfo is None:
             return reports
         report = item.ihook.pytest_runtest_makereport(item=item, call=call)
-        if reports and reports[-1].when == "teardown" and reports[-1].passed:
-            return [*reports[:-1], report]
-        return [*reports, report] if not reports or reports[-1].when != "teardown" else reports
+        last = reports[-1] if reports and reports[-1].when == "teardown" else None
+        if last is None or last.passed:
+            return [*(reports[:-1] if last is not None else reports), report]
+        # The ranks' teardown failed too: keep that report and add the controller's error to it.
+        add_section = getattr(last.longrepr, "addsection", None)
+        if add_section is not None:
+            add_section("controller-side teardown (ordinary tests' fixtures)", str(report.longrepr))
+        return reports
 
     # -- pools ---------------------------------------------------------------------------------
 

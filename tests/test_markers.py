@@ -69,7 +69,7 @@ Thread 0x00007f0000000001 (most recent call first):
 Current thread 0x00007f0000000002 (most recent call first):
   File "/site-packages/torch/distributed/distributed_c10d.py", line 5356 in barrier
   File "/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
-  File "/work/test_x.py", line 12 in test_x
+  File "/proj/test_x.py", line 12 in test_x
   File "/site-packages/_pytest/python.py", line 187 in pytest_pyfunc_call
   File "/pkg/pytest_distrank/worker.py", line 161 in rank_main
 """
@@ -82,9 +82,9 @@ def test_main_thread_is_the_one_running_rank_main() -> None:
 
 
 def test_where_blocked_names_the_innermost_and_the_test_frame() -> None:
-    text = where_blocked(DUMP, "/work/test_x.py")
+    text = where_blocked(DUMP, "/proj/test_x.py")
     assert text.startswith(
         "blocked in barrier at torch/distributed/distributed_c10d.py:5356, called from test_x at "
     )
     assert text.endswith("test_x.py:12")
-    assert where_blocked("", "/work/test_x.py").startswith("no stack")
+    assert where_blocked("", "/proj/test_x.py").startswith("no stack")

@@ -271,3 +271,37 @@ def test_rank_setup_hook_runs_once_per_rank(
         """
     )
     run_pytest().assert_outcomes(passed=3)
+
+
+def test_controller_fixtures_are_torn_down_after_a_distributed_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        test_a="""
+        import pytest
+
+        @pytest.fixture(scope="module")
+        def resource():
+            yield
+            raise RuntimeError("module teardown in the controller failed")
+
+        def test_plain(resource):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_last_in_module(rank):
+            pass
+        """,
+        test_b="""
+        def test_other_module():
+            pass
+        """,
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "ERROR test_a.py::test_last_in_module - RuntimeError: module teardown in the "
+            "controller failed"
+        ]
+    )
