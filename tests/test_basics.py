@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from .conftest import RunPytest
@@ -295,3 +299,38 @@ def test_markers_and_fixtures_are_documented(
     for name in ("rank", "world_size", "local_rank", "backend", "pg", "device"):
         result.stdout.fnmatch_lines([f"{name} [[]session scope[]]*"])
     result.stdout.fnmatch_lines(["dist_store*", "shared_tmp_path*"])
+
+
+def test_two_sessions_at_once_do_not_collide(pytester: pytest.Pytester) -> None:
+    """Rendezvous never guesses a port: two sessions on one machine run side by side."""
+    pytester.makepyfile(
+        """
+        import os, pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(10))
+        def test_sum(rank, pg, dist_store, i):
+            dist_store.set(f"k{rank}", str(os.getpid()))
+            dist.barrier()
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            assert t.item() == 2
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    cmd = [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, f"--basetemp={pytester.path / f'base{n}'}"],
+            cwd=pytester.path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for n in range(2)
+    ]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    for proc, output in zip(procs, outputs, strict=True):
+        assert proc.returncode == 0, output
+        assert "10 passed" in output
