@@ -415,7 +415,9 @@ class Controller:
         if self._context is None:
             self._context = multiprocessing.get_context(method)
             if method == "forkserver":
-                self._context.set_forkserver_preload(PRELOAD)
+                extra = [m for m in self.settings.preload.value if m not in PRELOAD]
+                # preload (the heap freeze) stays last.
+                self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
         if method == "forkserver":
             from multiprocessing import forkserver
 

@@ -141,6 +141,27 @@ FAILURE_GRACE = Option(
     parse_seconds,
 )
 
+
+def parse_modules(text: str) -> tuple[str, ...]:
+    """Comma-separated dotted module names, e.g. ``torch._dynamo,mypkg.models``."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not all(piece.isidentifier() for piece in name.split(".")):
+            raise ValueError(f"{name!r} is not a module name; expected e.g. torch._dynamo,mypkg")
+    return names
+
+
+PRELOAD = Option(
+    "distrank_preload",
+    "--distrank-preload",
+    "DISTRANK_PRELOAD",
+    "",
+    "Extra modules the fork server imports once, before forking ranks, comma-separated (e.g. "
+    "torch._dynamo,mypkg.models): every rank then starts with them in memory instead of "
+    "importing them itself. A module that fails to import is skipped silently.",
+    parse_modules,
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
     BACKEND,
@@ -148,6 +169,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     ISOLATE,
     TIMEOUT,
     FAILURE_GRACE,
+    PRELOAD,
 )
 
 
@@ -200,6 +222,7 @@ class Settings:
     isolate: Value[bool]
     timeout: Value[float]
     failure_grace: Value[float]
+    preload: Value[tuple[str, ...]]
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -210,6 +233,7 @@ class Settings:
             isolate=resolve(config, ISOLATE),
             timeout=_resolve_timeout(config),
             failure_grace=resolve(config, FAILURE_GRACE),
+            preload=resolve(config, PRELOAD),
         )
 
 

@@ -14,6 +14,8 @@ def header_line(controller: Controller, version: str) -> str:
     s = controller.settings
     timeout = f"{s.timeout.value:g} s" if s.timeout.value else "none"
     isolate = ", isolate" if s.isolate.value else ""
+    if s.preload.value:
+        isolate += f", preload {','.join(s.preload.value)}"
     return (
         f"distrank: {version}, backend {s.backend.value}, start method {s.start_method.value}, "
         f"timeout {timeout} ({s.timeout.source}), default world size {s.world_size.value}"

@@ -334,3 +334,25 @@ def test_two_sessions_at_once_do_not_collide(pytester: pytest.Pytester) -> None:
     for proc, output in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, output
         assert "10 passed" in output
+
+
+def test_preload_option_imports_modules_in_the_fork_server(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(heavy="import os\nIMPORTED_IN = os.getpid()\n")
+    pytester.makepyfile(
+        test_preload="""
+        import os, sys, pytest
+
+        @pytest.mark.world_size(2)
+        def test_already_there(rank):
+            # imported once by the fork server, so not by this rank process
+            assert sys.modules["heavy"].IMPORTED_IN != os.getpid()
+        """
+    )
+    result = run_pytest("--distrank-preload=heavy,json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["distrank: *, preload heavy,json"])
+    bad = run_pytest("--distrank-preload=heavy,no-such-module")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*'no-such-module' is not a module name*"])
