@@ -1,0 +1,54 @@
+"""End-to-end: distributed tests under the pytest features users already rely on."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import RunPytest
+
+MIXED = """
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.world_size(2, 3)
+@pytest.mark.parametrize("i", range(3))
+def test_sum(rank, world_size, pg, i):
+    t = torch.ones(1) * i
+    dist.all_reduce(t)
+    assert t.item() == i * world_size
+
+@pytest.mark.world_size(2)
+def test_fails(rank):
+    assert rank == 0
+
+def test_plain():
+    pass
+"""
+
+
+def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(test_mixed=MIXED)
+    run_pytest().assert_outcomes(passed=7, failed=1)
+    result = run_pytest("-n", "2")
+    result.assert_outcomes(passed=7, failed=1)
+    result.stdout.fnmatch_lines(["*[[]rank 1/2[]] assert 1 == 0*"])
+
+
+def test_collect_only_starts_no_process(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(test_mixed=MIXED)
+    result = run_pytest("--co", "-q")
+    result.stdout.fnmatch_lines(["test_mixed.py::test_sum[[]ws2-0[]]", "*8 tests collected*"])
+    result.stdout.no_fnmatch_line("*pools started*")
+    assert not list(pytester.path.rglob("pool*-rank*.log"))
+
+
+def test_keyword_marker_and_last_failed_selection(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(test_mixed=MIXED)
+    run_pytest("-k", "ws3").assert_outcomes(passed=3)
+    run_pytest("-m", "world_size").assert_outcomes(passed=6, failed=1)
+    run_pytest("-m", "not world_size").assert_outcomes(passed=1)
+    # the runs above filled the cache: --lf reruns just the distributed test that failed
+    result = run_pytest("--lf")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*"])
