@@ -99,5 +99,6 @@ def gpu_skip_reason(min_gpus: int) -> str | None:
         return None
     found = visible_gpu_count()
     if found < min_gpus:
-        return f"requires_gpus({min_gpus}): needs {min_gpus} GPUs, found {found}"
+        gpus = "1 GPU" if min_gpus == 1 else f"{min_gpus} GPUs"
+        return f"requires_gpus({min_gpus}): needs {gpus}, found {found}"
     return None

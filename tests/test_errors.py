@@ -107,7 +107,7 @@ def test_requires_nccl_and_gpus_skip_before_any_rank_starts(
     result.stdout.fnmatch_lines_random(
         [
             "SKIPPED*requires_nccl: needs NCCL and 2 GPUs, *",
-            "SKIPPED*requires_gpus(1): needs 1 GPUs, found 0",
+            "SKIPPED*requires_gpus(1): needs 1 GPU, found 0",
             "SKIPPED*requires_gpus(2): needs 2 GPUs, found 0",
         ]
     )
