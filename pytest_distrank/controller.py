@@ -18,6 +18,7 @@ import json
 import multiprocessing
 import os
 import re
+import shlex
 import signal
 import sys
 import tempfile
@@ -32,7 +33,7 @@ from _pytest.runner import CallInfo
 
 from .fixtures import misuse_message, rank_fixtures_used
 from .markers import DistSpec, MarkerError, min_gpus, spec_of
-from .merge import merge_test, synthesized_failure
+from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
 from .protocol import RankConfig, RunTest
 from .rankargs import rank_pytest_args
@@ -292,8 +293,15 @@ class Controller:
             self._retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None:
             self._retire(key, pool, None, graceful=True)
-        merged = item.ihook.pytest_distrank_merge_reports(item=item, reports=run.reports)
-        return merged if merged is not None else merge_test(run.reports, key.world_size)
+        merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
+            item=item, reports=run.reports
+        )
+        if merged is None:
+            merged = merge_test(run.reports, key.world_size)
+        rerun = f"cd {shlex.quote(str(self.config.rootpath))} && pytest -p distrank "
+        rerun += shlex.quote(item.nodeid)
+        annotate(merged, run.reports, key.world_size, pool.pids, rerun)
+        return merged
 
     def _missing_message(self, item: pytest.Item, pool: Pool, missing: list[int]) -> str:
         errors = sorted({e for r in pool.ready if r.rank in missing for e in r.collect_errors})

@@ -13,6 +13,7 @@ with a line naming the rank (junitxml joins section contents without their title
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from _pytest._code.code import (
@@ -25,6 +26,7 @@ from _pytest._code.code import (
 from _pytest.reports import TestReport
 
 WHENS = ("setup", "call", "teardown")
+_RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")
 
 #: Attribute of a synthesized report (crash, kill, timeout) with one line on what happened.
 NOTE_ATTR = "distrank_note"
@@ -77,7 +79,8 @@ def _short(report: TestReport) -> str:
         return str(longrepr[2]).removeprefix("Skipped: ")
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:
-        return str(crash.message).splitlines()[0] if crash.message else ""
+        first = str(crash.message).splitlines()[0] if crash.message else ""
+        return _RANK_TAG.sub("", first)  # the merged report's own tag, if merged already
     text = str(longrepr or "").strip().splitlines()
     return text[-1] if text else ""
 
@@ -310,3 +313,33 @@ def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) ->
     if teardown:
         out.append(merge_phase(teardown, world_size, stories))
     return out
+
+
+def annotate(
+    merged: Sequence[TestReport],
+    per_rank: Mapping[int, Sequence[TestReport]],
+    world_size: int,
+    pids: Sequence[int],
+    rerun: str,
+) -> None:
+    """Per-rank junit properties on the last report; the rerun command under every failure.
+
+    junitxml writes a teardown report's ``user_properties`` as ``<property>`` elements of the
+    testcase: one per rank, with what it did, how long it took and its process id.
+    """
+    if merged:
+        properties = []
+        for rank in range(world_size):
+            reports = per_rank.get(rank, ())
+            seconds = sum(r.duration for r in reports)
+            pid = pids[rank] if rank < len(pids) else "?"
+            properties.append(
+                (
+                    f"distrank {label(rank, world_size)}",
+                    f"{rank_story(reports)}; {seconds:.3f} s; pid {pid}",
+                )
+            )
+        merged[-1].user_properties = [*merged[-1].user_properties, *properties]
+    for report in merged:
+        if report.failed and isinstance(report.longrepr, ExceptionRepr):
+            report.longrepr.addsection("distrank: rerun just this test", rerun)

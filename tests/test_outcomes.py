@@ -305,3 +305,49 @@ def test_controller_fixtures_are_torn_down_after_a_distributed_test(
             "controller failed"
         ]
     )
+
+
+def test_junitxml_has_one_property_per_rank(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(3)
+        def test_bad(rank):
+            assert rank != 2
+        """
+    )
+    run_pytest("--junitxml=out.xml").assert_outcomes(failed=1)
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    props = {p.get("name"): p.get("value", "") for p in root.iter("property")}
+    assert sorted(props) == ["distrank rank 0/3", "distrank rank 1/3", "distrank rank 2/3"]
+    assert props["distrank rank 0/3"].startswith("passed; ")
+    assert props["distrank rank 2/3"].startswith("failed in call: assert 2 != 2; ")
+    pids = {value.rsplit("pid ", 1)[1] for value in props.values()}
+    assert len(pids) == 3 and all(pid.isdigit() for pid in pids)
+
+
+def test_failure_report_ends_with_a_rerun_command(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("x", ["a b"])
+        def test_bad(rank, x):
+            assert rank == 0
+        """
+    )
+    result = run_pytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*- distrank: rerun just this test -*",
+            "cd * && pytest -p distrank 'test_failure_report_ends_with_a_rerun_command.py::"
+            "test_bad[[]a b[]]'",
+        ]
+    )
