@@ -171,15 +171,24 @@ def _table(
 ) -> list[str]:
     bad = [r for r, s in stories.items() if not s.startswith(("passed", "skipped", "xfail"))]
     failed = len([r for r in bad if r not in collateral])
-    killed = f", {len(collateral)} killed after it" if collateral else ""
-    lines = [
-        f"distrank: {failed} of {world_size} ranks failed{killed}; root cause: "
-        f"{label(root, world_size)}\n"
-    ]
+    if failed:
+        killed = f", {len(collateral)} killed after it" if collateral else ""
+        head = (
+            f"{failed} of {world_size} ranks failed{killed}; root cause: {label(root, world_size)}"
+        )
+        mark_root = "  <- root cause"
+    else:
+        # Nobody failed on its own: ranks were killed after a peer skipped (see their rows).
+        head = (
+            f"no rank failed on its own; {len(collateral)} of {world_size} killed after the "
+            "grace period"
+        )
+        mark_root = "  <- shown first"
+    lines = [f"distrank: {head}\n"]
     width = len(label(world_size - 1, world_size))
     for rank in range(world_size):
         story = stories.get(rank, "no report")
-        mark = "  <- root cause" if rank == root else ""
+        mark = mark_root if rank == root else ""
         lines.append(f"  {label(rank, world_size):<{width}}  {story}{mark}\n")
     lines.append(f"---------- traceback of {label(root, world_size)} ----------\n")
     return lines

@@ -215,7 +215,7 @@ class Pool:
         deadline = started + timeout if timeout > 0 else None
         result = TestRun({r.rank: [] for r in self.ranks})
         failed_at: float | None = None
-        first_failed: int | None = None
+        trigger = ""  # what started the grace period, e.g. "rank 0 failed"
         finishing = 0.0  # extra time for ranks that failed and are still tearing down
         while True:
             pending = [r for r in self.ranks if not r.done]
@@ -238,7 +238,11 @@ class Pool:
                     new = [deserialize(d) for d in message.reports]
                     result.reports[rank.rank].extend(new)
                     if failed_at is None and any(rep.failed for rep in new):
-                        failed_at, first_failed = time.monotonic(), rank.rank
+                        failed_at, trigger = time.monotonic(), f"rank {rank.rank} failed"
+                    elif failed_at is None and any(_plain_skip(rep) for rep in new):
+                        # A rank skipped while its peers go on: if they wait for it in a
+                        # collective, only the grace period saves them (PITFALLS 8).
+                        failed_at, trigger = time.monotonic(), f"rank {rank.rank} skipped"
                     if message.done:
                         rank.done = True
                         if not message.pg_healthy and self.broken is None:
@@ -253,7 +257,7 @@ class Pool:
                 status = "stopped serving" if isinstance(message, Fatal) else "crashed"
                 self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
                 if failed_at is None:
-                    failed_at, first_failed = time.monotonic(), rank.rank
+                    failed_at, trigger = time.monotonic(), f"rank {rank.rank} {status}"
         hung = [r for r in self.ranks if not r.done]
         if hung:
             self._hung_reports(
@@ -265,7 +269,7 @@ class Pool:
                 timeout,
                 timeout_source,
                 failed_at,
-                first_failed,
+                trigger,
             )
         result.broken = self.broken
         return result
@@ -336,7 +340,7 @@ class Pool:
         timeout: float,
         timeout_source: str,
         failed_at: float | None,
-        first_failed: int | None,
+        trigger: str,
     ) -> None:
         stacks = self.dump_stacks(hung)
         self.kill()
@@ -348,7 +352,7 @@ class Pool:
         if failed_at is None:
             why = f"rank(s) {names} timed out after {timeout:g} s in {test.nodeid}"
         elif victims:
-            why = f"rank(s) {names} killed after rank {first_failed} failed in {test.nodeid}"
+            why = f"rank(s) {names} killed after {trigger} in {test.nodeid}"
         else:
             why = f"rank(s) {names} killed while tearing down after failing {test.nodeid}"
         self.broken = self.broken or why
@@ -366,8 +370,8 @@ class Pool:
             where = where_blocked(stacks[rank.rank], test_file)
             if failed_at is not None:
                 after = now - failed_at
-                note = f"killed {after:.1f} s after rank {first_failed} failed; {where}"
-                crash = f"killed in {when}: rank {first_failed} failed first"
+                note = f"killed {after:.1f} s after {trigger}; {where}"
+                crash = f"killed in {when}: {trigger} first"
                 collateral = True
             else:
                 note = f"timed out in {when} after {timeout:g} s; {where}"
@@ -450,6 +454,11 @@ class Pool:
             r.process.join(max(0.0, deadline - time.monotonic()))
         self.kill()
         return errors
+
+
+def _plain_skip(report: TestReport) -> bool:
+    """A skip (not an xfail): the rank will not take part in this test's collectives."""
+    return report.skipped and not hasattr(report, "wasxfail")
 
 
 def _size(path: str) -> int:

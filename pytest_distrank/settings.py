@@ -136,8 +136,8 @@ FAILURE_GRACE = Option(
     "--distrank-failure-grace",
     "DISTRANK_FAILURE_GRACE",
     "5",
-    "Seconds the other ranks get to finish after one rank failed or crashed, before their "
-    "stacks are dumped and the pool is killed (default: 5).",
+    "Seconds the other ranks get to finish after one rank failed, crashed or skipped, before "
+    "their stacks are dumped and the pool is killed (default: 5).",
     parse_seconds,
 )
 

@@ -458,3 +458,40 @@ def test_rank_setup_hook_failure_shows_its_traceback(
             "ValueError: seed table missing on rank 1",
         ]
     )
+
+
+def test_skip_on_some_ranks_then_a_collective_fails_after_the_grace(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.fixture
+def data(rank):
+    if rank == 1:
+        pytest.skip("no data on rank 1")
+
+@pytest.mark.world_size(2)
+def test_partial_skip(data, rank):
+    dist.barrier()
+
+@pytest.mark.world_size(2)
+def test_partial_skip_alone(rank):
+    if rank == 1:
+        pytest.skip("odd one out")
+""",
+    )
+    started = time.monotonic()
+    result = run_pytest("-ra", "--distrank-failure-grace=1", "--distrank-timeout=120")
+    assert time.monotonic() - started < 60  # the grace period, not the 120 s deadline
+    result.assert_outcomes(failed=1, skipped=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "distrank: no rank failed on its own; 1 of 2 killed after the grace period",
+            "  rank 0/2  killed * s after rank 1 skipped; blocked in barrier at *  <- shown first",
+            "  rank 1/2  skipped in setup: no data on rank 1",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["SKIPPED [[]1[]] *: skipped on rank 1 of 2 (rank 0 did not): odd one out"]
+    )
