@@ -268,14 +268,18 @@ class WorkerPlugin:
 
     def _flush(self, done: bool, pg_healthy: bool = True) -> None:
         assert self.ctx is not None
-        message = Reports(self.cfg.rank, self.ctx.test.index, tuple(self.pending), done, pg_healthy)
-        self.pending = []
+        pending, self.pending = self.pending, []
+        index = self.ctx.test.index
         try:
-            _send(self.conn, message)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # unpicklable property
-            note = f"rank {self.cfg.rank}: its reports could not be sent: {exc!r}"
-            _send(self.conn, Reports(self.cfg.rank, self.ctx.test.index, (), done, pg_healthy))
-            print(note, file=sys.stderr)
+            _send(self.conn, Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
+        except (pickle.PicklingError, TypeError, AttributeError):
+            # Reports are plain data except what tests put in user_properties (record_property
+            # accepts any object): send those as their repr.
+            for data in pending:
+                data["user_properties"] = [
+                    (str(name), repr(value)) for name, value in data.get("user_properties", [])
+                ]
+            _send(self.conn, Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:

@@ -351,3 +351,21 @@ def test_failure_report_ends_with_a_rerun_command(
             "test_bad[[]a b[]]'",
         ]
     )
+
+
+def test_unpicklable_user_property_is_sent_as_its_repr(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import threading, pytest
+
+        @pytest.mark.world_size(2)
+        def test_prop(rank, record_property):
+            record_property("lock", threading.Lock())
+        """
+    )
+    run_pytest("--junitxml=out.xml").assert_outcomes(passed=1)
+    root = ET.parse(pytester.path / "out.xml").getroot()
+    values = [p.get("value", "") for p in root.iter("property") if p.get("name") == "lock"]
+    assert values and all("lock" in v for v in values)
