@@ -53,6 +53,8 @@ PRELOAD = [
 START_TIMEOUT = 120.0
 #: A path: the controller writes its numbers there as JSON at the end of the session.
 STATS_ENV = "DISTRANK_STATS_FILE"
+#: Under -s: at most this many bytes of each rank's output are echoed per test.
+ECHO_LIMIT = 1024 * 1024
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
 
@@ -289,6 +291,8 @@ class Controller:
         except BaseException:
             self._retire(key, pool, "interrupted", graceful=False)
             raise
+        if getattr(self.config.option, "capture", "fd") == "no":
+            self._echo_rank_output(pool)
         if run.broken:
             self._retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None:
@@ -302,6 +306,20 @@ class Controller:
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         return merged
+
+    def _echo_rank_output(self, pool: Pool) -> None:
+        """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.
+
+        Shown when the test ends (not live), each line prefixed with its rank, so that the
+        output of N ranks stays readable.
+        """
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        for rank, text in pool.output_of_last_test(ECHO_LIMIT).items():
+            tag = f"[rank {rank}/{pool.key.world_size}] "
+            for line in text.splitlines():
+                reporter.write_line(tag + line)
 
     def _missing_message(self, item: pytest.Item, pool: Pool, missing: list[int]) -> str:
         errors = sorted({e for r in pool.ready if r.rank in missing for e in r.collect_errors})

@@ -393,6 +393,10 @@ class Pool:
             )
             result.reports[rank.rank].append(report)
 
+    def output_of_last_test(self, limit: int) -> dict[int, str]:
+        """What each rank wrote to its log (fds 1 and 2) since the last test started."""
+        return {r.rank: read_from(r.log_path, r.log_offset, limit) for r in self.ranks}
+
     # -- stacks, kill, stop --------------------------------------------------------------------
 
     def dump_stacks(self, ranks: list[Rank]) -> dict[int, str]:

@@ -369,3 +369,28 @@ def test_unpicklable_user_property_is_sent_as_its_repr(
     root = ET.parse(pytester.path / "out.xml").getroot()
     values = [p.get("value", "") for p in root.iter("property") if p.get("name") == "lock"]
     assert values and all("lock" in v for v in values)
+
+
+def test_capture_no_shows_every_ranks_output_labelled(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import sys, pytest
+
+        @pytest.mark.world_size(2)
+        def test_talk(rank):
+            print(f"hello from rank {rank}")
+            print(f"problem on rank {rank}", file=sys.stderr)
+        """
+    )
+    result = run_pytest("-s")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines_random(
+        [
+            "[[]rank 0/2[]] hello from rank 0",
+            "[[]rank 1/2[]] hello from rank 1",
+            "[[]rank 0/2[]] problem on rank 0",
+            "[[]rank 1/2[]] problem on rank 1",
+        ]
+    )
