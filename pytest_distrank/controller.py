@@ -70,20 +70,31 @@ class Planned:
     skip: str | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class PoolStart:
+    """One pool start: seconds to ready (fork server wait and forks, then ranks getting ready)."""
+
+    world_size: int
+    start_seconds: float
+    fork_seconds: float
+    ready_seconds: float
+    #: It replaced a pool of the same key that a fault killed.
+    after_fault: bool
+
+
 @dataclasses.dataclass
 class Stats:
     tests: int = 0
     pools_started: dict[int, int] = dataclasses.field(default_factory=dict)
-    start_seconds: list[float] = dataclasses.field(default_factory=list)
     replaced: list[str] = dataclasses.field(default_factory=list)
     #: One entry per pool start: world size, seconds to ready, whether it replaced a killed pool.
-    pools: list[dict[str, object]] = dataclasses.field(default_factory=list)
+    pools: list[PoolStart] = dataclasses.field(default_factory=list)
 
     def dump(self, path: str) -> None:
         """Write the numbers as JSON (``DISTRANK_STATS_FILE``; bench/ and tests read it)."""
         data = {
             "tests": self.tests,
-            "pools": self.pools,
+            "pools": [dataclasses.asdict(p) for p in self.pools],
             "replaced": self.replaced,
             "test_seconds": self.test_seconds,
         }
@@ -107,6 +118,8 @@ class Controller:
         self.pool_files: dict[PoolKey, set[str]] = {}
         self.pools: dict[PoolKey, Pool] = {}
         self.stopping: list[Pool] = []
+        #: Teardown errors of pools collected before the session's end, shown at its end.
+        self.stop_errors: list[str] = []
         #: Pools that failed to start: later tests of the key error at once with the same story.
         self.failed_starts: dict[PoolKey, str] = {}
         self.killed_keys: set[PoolKey] = set()
@@ -424,15 +437,14 @@ class Controller:
                 self.stats.pools_started.get(key.world_size, 0) + 1
             )
             pool.start(timeout)
-        self.stats.start_seconds.append(pool.start_seconds)
         self.stats.pools.append(
-            {
-                "world_size": key.world_size,
-                "start_seconds": pool.start_seconds,
-                "fork_seconds": pool.fork_seconds,
-                "ready_seconds": pool.ready_seconds,
-                "after_fault": key in self.killed_keys,
-            }
+            PoolStart(
+                world_size=key.world_size,
+                start_seconds=pool.start_seconds,
+                fork_seconds=pool.fork_seconds,
+                ready_seconds=pool.ready_seconds,
+                after_fault=key in self.killed_keys,
+            )
         )
         return pool
 
@@ -468,10 +480,19 @@ class Controller:
             self.stats.replaced.append(f"{key.describe()}: {reason}")
             self.killed_keys.add(key)
         if graceful:
+            # Pools asked to stop earlier have had a whole test to exit: collect them now, so
+            # that finished processes do not hold pipes until the session ends.
+            self.stop_errors.extend(self._collect_stopping())
             pool.request_stop()
             self.stopping.append(pool)
         else:
             pool.kill()
+
+    def _collect_stopping(self) -> list[str]:
+        errors: list[str] = []
+        while self.stopping:
+            errors.extend(self.stopping.pop(0).finish_stop(STOP_TIMEOUT))
+        return errors
 
     # -- session end ---------------------------------------------------------------------------
 
@@ -489,9 +510,7 @@ class Controller:
         for pool in pools:
             pool.request_stop()
         self.stopping.extend(pools)
-        errors: list[str] = []
-        while self.stopping:
-            errors.extend(self.stopping.pop(0).finish_stop(STOP_TIMEOUT))
+        errors = [*self.stop_errors, *self._collect_stopping()]
         if errors:
             reporter = self.config.pluginmanager.getplugin("terminalreporter")
             if reporter is not None:

@@ -22,7 +22,7 @@ from typing import Any
 from _pytest.reports import TestReport
 
 from .merge import synthesized_failure
-from .protocol import Fatal, Phase, RankConfig, Ready, Reports, RunTest, Shutdown, Stopped
+from .protocol import Fatal, FromRank, Phase, RankConfig, Ready, Reports, RunTest, Shutdown, Stopped
 from .stacks import format_stack, read_from, signal_name, tail, trim_fault_dump, where_blocked
 from .worker import DUMP_SIGNAL, rank_main
 
@@ -61,12 +61,10 @@ class Rank:
     process: Any
     conn: Connection
     log_path: str
+    #: Kept apart from ``process``: it stays readable after the process object is closed.
+    pid: int
     log_offset: int = 0
     done: bool = False
-
-    @property
-    def pid(self) -> int:
-        return int(self.process.pid)
 
 
 @dataclasses.dataclass
@@ -97,7 +95,7 @@ class Pool:
         self.ranks: list[Rank] = []
         self.ready: list[Ready] = []
         self.broken: str | None = None
-        self.tests_run = 0
+        self.closed = False
         self.started_at = 0.0
         self.start_seconds = 0.0
         self.fork_seconds = 0.0
@@ -121,7 +119,7 @@ class Pool:
             )
             process.start()
             child_conn.close()
-            self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path))
+            self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid))
         forked_at = time.monotonic()
         #: Waiting for the fork server (its first start imports torch) and forking the ranks.
         self.fork_seconds = forked_at - self.started_at
@@ -144,8 +142,9 @@ class Pool:
                     del pending[rank.rank]
                     continue
                 self.broken = "start-up failed"
+                story = self._startup_failure(rank, message)
                 self.kill()
-                raise PoolStartError(self._startup_failure(rank, message))
+                raise PoolStartError(story)
         self.start_seconds = time.monotonic() - self.started_at
         #: From the last fork to every rank ready: their pytest sessions, collection, the group.
         self.ready_seconds = time.monotonic() - forked_at
@@ -163,24 +162,27 @@ class Pool:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def _wait(self, ranks: list[Rank], deadline: float | None) -> list[tuple[Rank, object]]:
+    def _wait(
+        self, ranks: list[Rank], deadline: float | None
+    ) -> list[tuple[Rank, FromRank | None]]:
         """Messages from ``ranks`` (or ``None`` for a rank that died), or [] at the deadline."""
         by_obj: dict[Any, Rank] = {}
         for r in ranks:
             by_obj[r.conn] = r
             by_obj[r.process.sentinel] = r
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        out: list[tuple[Rank, object]] = []
+        out: list[tuple[Rank, FromRank | None]] = []
+        drained: set[int] = set()
         for obj in wait(list(by_obj), timeout):
             rank = by_obj[obj]
-            if any(r is rank for r, _ in out):
-                continue
-            out.extend((rank, m) for m in self._drain(rank))
+            if rank.rank not in drained:  # its pipe and its sentinel may both be ready
+                drained.add(rank.rank)
+                out.extend((rank, m) for m in self._drain(rank))
         return out
 
-    def _drain(self, rank: Rank) -> list[object]:
+    def _drain(self, rank: Rank) -> list[FromRank | None]:
         """Every message the rank has sent; ``None`` last if the rank is gone."""
-        messages: list[object] = []
+        messages: list[FromRank | None] = []
         try:
             while rank.conn.poll():
                 messages.append(rank.conn.recv())
@@ -205,7 +207,6 @@ class Pool:
         grace: float,
     ) -> TestRun:
         """Run one test on every rank; a crash or hang becomes a synthesized failed report."""
-        self.tests_run += 1
         for r in self.ranks:
             r.done = False
             with contextlib.suppress(OSError):
@@ -423,7 +424,13 @@ class Pool:
         }
 
     def kill(self) -> None:
-        """SIGKILL every rank and whatever it started (each rank leads its process group)."""
+        """SIGKILL every rank and whatever it started (each rank leads its process group).
+
+        Then release the pipes and sentinels: a session that replaces pools thousands of times
+        (``--distrank-isolate``) must not run out of file descriptors. Idempotent.
+        """
+        if self.closed:
+            return
         for r in self.ranks:
             if r.process.exitcode is None:
                 with contextlib.suppress(OSError):
@@ -433,6 +440,9 @@ class Pool:
         for r in self.ranks:
             r.process.join(5)
             r.conn.close()
+            with contextlib.suppress(ValueError):  # still running after SIGKILL and 5 s
+                r.process.close()
+        self.closed = True
 
     def request_stop(self) -> None:
         """Ask every rank to tear down and exit; :meth:`finish_stop` collects them."""
@@ -443,6 +453,8 @@ class Pool:
     def finish_stop(self, timeout: float) -> list[str]:
         """Wait for the ranks to stop; return teardown errors; kill what does not stop."""
         errors: list[str] = []
+        if self.closed:
+            return errors
         deadline = time.monotonic() + timeout
         pending = [r for r in self.ranks if r.process.exitcode is None and not r.conn.closed]
         while pending:

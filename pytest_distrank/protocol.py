@@ -119,5 +119,4 @@ class Stopped:
     errors: tuple[str, ...] = ()
 
 
-ToRank = RunTest | Shutdown
 FromRank = Ready | Reports | Fatal | Stopped

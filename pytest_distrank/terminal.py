@@ -32,8 +32,9 @@ def summary_lines(controller: Controller) -> list[str]:
     )
     tests = "1 distributed test" if stats.tests == 1 else f"{stats.tests} distributed tests"
     lines = [f"{tests}; pools started: {sizes or 'none'}"]
-    if stats.start_seconds:
-        lines.append(f"pool start: median {statistics.median(stats.start_seconds):.2f} s")
+    starts = [pool.start_seconds for pool in stats.pools]
+    if starts:
+        lines.append(f"pool start: median {statistics.median(starts):.2f} s")
     if stats.test_seconds:
         median_ms = statistics.median(stats.test_seconds) * 1000
         lines.append(f"per-test wall time in the controller: median {median_ms:.1f} ms")

@@ -176,11 +176,11 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         else:
             exit_code = pytest.main(list(cfg.pytest_args), plugins=[plugin])
         if not plugin.served:
-            _send(conn, Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
+            conn.send(Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3
     except BaseException:
         with contextlib.suppress(BaseException):
-            _send(conn, Fatal(cfg.rank, traceback.format_exc()))
+            conn.send(Fatal(cfg.rank, traceback.format_exc()))
         code = 2
     finally:
         with contextlib.suppress(BaseException):
@@ -195,10 +195,6 @@ def _early_exit_message(cfg: RankConfig, exit_code: object) -> str:
         f"its pytest session ended before serving tests (exit code {exit_code}); "
         "typically a conftest.py or plugin that fails only inside ranks."
     )
-
-
-def _send(conn: Connection, message: object) -> None:
-    conn.send(message)
 
 
 class WorkerPlugin:
@@ -271,7 +267,7 @@ class WorkerPlugin:
         pending, self.pending = self.pending, []
         index = self.ctx.test.index
         try:
-            _send(self.conn, Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
+            self.conn.send(Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
         except (pickle.PicklingError, TypeError, AttributeError):
             # Reports are plain data except what tests put in user_properties (record_property
             # accepts any object): send those as their repr.
@@ -279,7 +275,7 @@ class WorkerPlugin:
                 data["user_properties"] = [
                     (str(name), repr(value)) for name, value in data.get("user_properties", [])
                 ]
-            _send(self.conn, Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
+            self.conn.send(Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -296,11 +292,11 @@ class WorkerPlugin:
             )
         except BaseException:
             self.served = True  # the Fatal below says it all
-            _send(self.conn, Fatal(self.cfg.rank, "start-up failed:\n" + traceback.format_exc()))
+            self.conn.send(Fatal(self.cfg.rank, "start-up failed:\n" + traceback.format_exc()))
             raise
         self.served = True
         self._phase(Phase.IDLE)
-        _send(self.conn, Ready(self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors)))
+        self.conn.send(Ready(self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors)))
         while True:
             try:
                 message = self.conn.recv()
@@ -332,7 +328,7 @@ class WorkerPlugin:
             session._setupstate.teardown_exact(None)
         except BaseException as exc:
             errors.append("".join(traceback.format_exception(exc)))
-        _send(self.conn, Stopped(self.cfg.rank, tuple(errors)))
+        self.conn.send(Stopped(self.cfg.rank, tuple(errors)))
 
 
 def _teardown_unneeded(item: pytest.Item) -> None:
