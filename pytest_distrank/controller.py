@@ -11,19 +11,14 @@ GPUs, a bad marker, a rank fixture in an ordinary test) are raised from a tryfir
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
-import json
-import multiprocessing
 import os
 import re
 import shlex
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,28 +30,17 @@ from .fixtures import misuse_message, rank_fixtures_used
 from .markers import DistSpec, MarkerError, min_gpus, spec_of
 from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
-from .protocol import RankConfig, RunTest
-from .rankargs import rank_pytest_args
+from .poolset import PoolSet
+from .protocol import RunTest
 from .requirements import gpu_skip_reason, skip_reason
 from .settings import Settings, item_timeout
 
-#: Modules the fork server imports once, so that every rank starts with them in memory. The last
-#: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
-PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "pytest",
-    "pytest_distrank.plugin",
-    "pytest_distrank.preload",
-]
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
 #: A path: the controller writes its numbers there as JSON at the end of the session.
 STATS_ENV = "DISTRANK_STATS_FILE"
 #: Under -s: at most this many bytes of each rank's output are echoed per test.
 ECHO_LIMIT = 1024 * 1024
-#: How long ranks get to tear down and exit at the end of the session.
-STOP_TIMEOUT = 10.0
 
 
 @dataclasses.dataclass
@@ -68,39 +52,6 @@ class Planned:
     next_nodeid: str | None = None
     error: str | None = None
     skip: str | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolStart:
-    """One pool start: seconds to ready (fork server wait and forks, then ranks getting ready)."""
-
-    world_size: int
-    start_seconds: float
-    fork_seconds: float
-    ready_seconds: float
-    #: It replaced a pool of the same key that a fault killed.
-    after_fault: bool
-
-
-@dataclasses.dataclass
-class Stats:
-    tests: int = 0
-    pools_started: dict[int, int] = dataclasses.field(default_factory=dict)
-    replaced: list[str] = dataclasses.field(default_factory=list)
-    #: One entry per pool start: world size, seconds to ready, whether it replaced a killed pool.
-    pools: list[PoolStart] = dataclasses.field(default_factory=list)
-
-    def dump(self, path: str) -> None:
-        """Write the numbers as JSON (``DISTRANK_STATS_FILE``; bench/ and tests read it)."""
-        data = {
-            "tests": self.tests,
-            "pools": [dataclasses.asdict(p) for p in self.pools],
-            "replaced": self.replaced,
-            "test_seconds": self.test_seconds,
-        }
-        Path(path).write_text(json.dumps(data, indent=1))
-
-    test_seconds: list[float] = dataclasses.field(default_factory=list)
 
 
 def _keyword_safe(name: str) -> str:
@@ -116,19 +67,12 @@ class Controller:
         self.plan: dict[str, Planned] | None = None
         self.pool_nodeids: dict[PoolKey, list[str]] = {}
         self.pool_files: dict[PoolKey, set[str]] = {}
-        self.pools: dict[PoolKey, Pool] = {}
-        self.stopping: list[Pool] = []
-        #: Teardown errors of pools collected before the session's end, shown at its end.
-        self.stop_errors: list[str] = []
         #: Pools that failed to start: later tests of the key error at once with the same story.
         self.failed_starts: dict[PoolKey, str] = {}
-        self.killed_keys: set[PoolKey] = set()
-        self.stats = Stats()
-        self.next_pool_id = 0
+        self.pools = PoolSet(config, settings)
+        self.stats = self.pools.stats
         self.next_test_index = 0
         self.isolated = 0
-        self._context: Any = None
-        self._workdir: Path | None = None
         self._old_sigterm: Any = None
 
     # -- planning ------------------------------------------------------------------------------
@@ -167,12 +111,12 @@ class Controller:
         """Start the fork server now: its import of torch (~1.5 s of CPU) then runs beside the
         controller's own work (collection, which typically imports torch too) instead of after.
         """
-        if self._context is not None or self.settings.start_method.value != "forkserver":
+        if self.pools.fork_server_started or self.settings.start_method.value != "forkserver":
             return
         if self.config.option.collectonly:
             return
-        with self._capture_suspended():
-            self._mp_context()
+        with self.pools.capture_suspended():
+            self.pools.mp_context()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collect_file(self, file_path: Path) -> None:
@@ -181,7 +125,7 @@ class Controller:
         A cheap look at the text, before the import; a false positive costs only an idle
         process.
         """
-        if self._context is None and file_path.suffix == ".py":
+        if not self.pools.fork_server_started and file_path.suffix == ".py":
             try:
                 text = file_path.read_bytes()
             except OSError:
@@ -289,7 +233,7 @@ class Controller:
             index=index,
             nodeid=item.nodeid,
             next_nodeid=next_nodeid,
-            shared_dir=str(self.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
+            shared_dir=str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
         )
         try:
             run = pool.run(
@@ -302,14 +246,14 @@ class Controller:
                 self.settings.failure_grace.value,
             )
         except BaseException:
-            self._retire(key, pool, "interrupted", graceful=False)
+            self.pools.retire(key, pool, "interrupted", graceful=False)
             raise
         if getattr(self.config.option, "capture", "fd") == "no":
             self._echo_rank_output(pool)
         if run.broken:
-            self._retire(key, pool, run.broken, graceful=False)
+            self.pools.retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None:
-            self._retire(key, pool, None, graceful=True)
+            self.pools.retire(key, pool, None, graceful=True)
         merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
             item=item, reports=run.reports
         )
@@ -384,147 +328,31 @@ class Controller:
 
     # -- pools ---------------------------------------------------------------------------------
 
-    @property
-    def workdir(self) -> Path:
-        if self._workdir is None:
-            factory = getattr(self.config, "_tmp_path_factory", None)
-            if factory is not None:
-                base = factory.getbasetemp()
-                self._workdir = Path(tempfile.mkdtemp(prefix="distrank-", dir=base))
-            else:
-                self._workdir = Path(tempfile.mkdtemp(prefix="distrank-"))
-        return self._workdir
-
     def _pool_for(self, key: PoolKey, item: pytest.Item) -> Pool:
-        pool = self.pools.get(key)
-        if pool is not None:
-            return pool
-        pool = self._new_pool(key, item)
-        self.pools[key] = pool
-        return pool
-
-    def _new_pool(self, key: PoolKey, item: pytest.Item) -> Pool:
+        """The pool that runs ``item``: its pool's files and tests, or (isolated) its own."""
         shared_key = dataclasses.replace(key, isolated=0)
         nodeids = [item.nodeid] if key.isolated else self.pool_nodeids[shared_key]
         files = sorted({str(item.path)} if key.isolated else self.pool_files[shared_key])
-        self.next_pool_id += 1
-        pool_id = self.next_pool_id
-        configs = [
-            RankConfig(
-                rank=rank,
-                world_size=key.world_size,
-                local_rank=rank,
-                backend=key.backend,
-                init_process_group=key.init_process_group,
-                pool_id=pool_id,
-                store_path=str(self.workdir / f"pool{pool_id}.store"),
-                pytest_args=tuple(
-                    rank_pytest_args(
-                        self.config, files, self.workdir / f"pool{pool_id}-rank{rank}-tmp"
-                    )
-                ),
-                env=dict(os.environ),
-                log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
-                nodeids=tuple(nodeids),
-            )
-            for rank in range(key.world_size)
-        ]
         timeout = max(START_TIMEOUT, item_timeout(item, self.settings.timeout).value)
-        with self._capture_suspended():
-            context, parent_pid = self._mp_context()
-            pool = Pool(key, pool_id, context, configs, parent_pid)
-            self.stats.pools_started[key.world_size] = (
-                self.stats.pools_started.get(key.world_size, 0) + 1
-            )
-            pool.start(timeout)
-        self.stats.pools.append(
-            PoolStart(
-                world_size=key.world_size,
-                start_seconds=pool.start_seconds,
-                fork_seconds=pool.fork_seconds,
-                ready_seconds=pool.ready_seconds,
-                after_fault=key in self.killed_keys,
-            )
-        )
-        return pool
-
-    def _mp_context(self) -> tuple[Any, int]:
-        method = self.settings.start_method.value
-        if self._context is None:
-            self._context = multiprocessing.get_context(method)
-            if method == "forkserver":
-                extra = [m for m in self.settings.preload.value if m not in PRELOAD]
-                # preload (the heap freeze) stays last.
-                self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
-        if method == "forkserver":
-            from multiprocessing import forkserver
-
-            forkserver.ensure_running()
-            return self._context, int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
-        return self._context, os.getpid()
-
-    @contextlib.contextmanager
-    def _capture_suspended(self) -> Iterator[None]:
-        """The fork server inherits fds 1 and 2: start it while pytest's capture is off."""
-        capman = self.config.pluginmanager.getplugin("capturemanager")
-        if capman is None:
-            yield
-            return
-        with capman.global_and_fixture_disabled():
-            yield
-
-    def _retire(self, key: PoolKey, pool: Pool, reason: str | None, graceful: bool) -> None:
-        if self.pools.get(key) is pool:
-            del self.pools[key]
-        if reason is not None:
-            self.stats.replaced.append(f"{key.describe()}: {reason}")
-            self.killed_keys.add(key)
-        if graceful:
-            # Pools asked to stop earlier have had a whole test to exit: collect them now, so
-            # that finished processes do not hold pipes until the session ends.
-            self.stop_errors.extend(self._collect_stopping())
-            pool.request_stop()
-            self.stopping.append(pool)
-        else:
-            pool.kill()
-
-    def _collect_stopping(self) -> list[str]:
-        errors: list[str] = []
-        while self.stopping:
-            errors.extend(self.stopping.pop(0).finish_stop(STOP_TIMEOUT))
-        return errors
+        return self.pools.get(key, nodeids, files, timeout)
 
     # -- session end ---------------------------------------------------------------------------
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        self.shutdown()
+        errors = self.pools.stop_all()
+        reporter = self.config.pluginmanager.getplugin("terminalreporter")
+        if errors and reporter is not None:
+            reporter.write_sep("=", "distrank: errors tearing down fixtures at session end")
+            for error in errors:
+                reporter.write_line(error)
         stats_file = os.environ.get(STATS_ENV)
         if stats_file:
             self.stats.dump(stats_file)
 
-    def shutdown(self) -> list[str]:
-        """Stop every pool: ask all first, then collect them (stopping is not serial)."""
-        pools = list(self.pools.values())
-        self.pools.clear()
-        for pool in pools:
-            pool.request_stop()
-        self.stopping.extend(pools)
-        errors = [*self.stop_errors, *self._collect_stopping()]
-        if errors:
-            reporter = self.config.pluginmanager.getplugin("terminalreporter")
-            if reporter is not None:
-                reporter.write_sep("=", "distrank: errors tearing down fixtures at session end")
-                for error in errors:
-                    reporter.write_line(error)
-        return errors
-
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        for pool in [*self.pools.values(), *self.stopping]:
-            pool.kill()
-        self.pools.clear()
-        self.stopping.clear()
+        self.pools.kill_all()
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
         if "torch" in sys.modules:
