@@ -27,12 +27,13 @@ from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
 from .fixtures import misuse_message, rank_fixtures_used
+from .gpus import GpuUnavailable
 from .markers import DistSpec, MarkerError, min_gpus, spec_of
 from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
 from .poolset import PoolSet
 from .protocol import RunTest
-from .requirements import gpu_skip_reason, skip_reason
+from .requirements import gpu_skip_reason, gpus_needed, skip_reason
 from .settings import Settings, item_timeout
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
@@ -97,7 +98,9 @@ class Controller:
             plan[item.nodeid] = entry
             if entry.skip:
                 continue
-            entry.key = PoolKey(spec.world_size, spec.backend, spec.init_process_group)
+            entry.key = PoolKey(
+                spec.world_size, spec.backend, spec.init_process_group, gpus=gpus_needed(spec)
+            )
             previous = last.get(entry.key)
             if previous is not None:
                 previous.next_nodeid = item.nodeid
@@ -219,6 +222,8 @@ class Controller:
             )
         try:
             pool = self._pool_for(key, item)
+        except GpuUnavailable as exc:
+            return self._skip_reports(item, f"GPU lease: {exc}")
         except PoolStartError as exc:
             message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
             self.failed_starts[key] = message
@@ -300,6 +305,13 @@ class Controller:
         setup = synthesized_failure(
             item.nodeid, item.location, "setup", first_line, message, note="error in setup"
         )
+        teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
+        return [setup, teardown]
+
+    def _skip_reports(self, item: pytest.Item, reason: str) -> list[TestReport]:
+        lineno = item.location[1]
+        longrepr = (str(item.path), (lineno or 0) + 1, f"Skipped: {reason}")
+        setup = TestReport(item.nodeid, item.location, {}, "skipped", longrepr, "setup")
         teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
         return [setup, teardown]
 

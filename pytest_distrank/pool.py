@@ -21,6 +21,7 @@ from typing import Any
 
 from _pytest.reports import TestReport
 
+from .gpus import GpuLease
 from .merge import synthesized_failure
 from .protocol import Fatal, FromRank, Phase, RankConfig, Ready, Reports, RunTest, Shutdown, Stopped
 from .stacks import format_stack, read_from, signal_name, tail, trim_fault_dump, where_blocked
@@ -45,10 +46,13 @@ class PoolKey:
     init_process_group: bool
     #: Non-zero under --distrank-isolate: a pool of its own for one test.
     isolated: int = 0
+    #: GPUs the pool leases for its lifetime (gpus.py); 0 for CPU-only pools.
+    gpus: int = 0
 
     def describe(self) -> str:
         init = "" if self.init_process_group else ", init_process_group=False"
-        return f"world_size={self.world_size}, backend={self.backend}{init}"
+        gpus = f", {self.gpus} GPU{'s' if self.gpus > 1 else ''}" if self.gpus else ""
+        return f"world_size={self.world_size}, backend={self.backend}{init}{gpus}"
 
 
 class PoolStartError(Exception):
@@ -100,6 +104,8 @@ class Pool:
         self.start_seconds = 0.0
         self.fork_seconds = 0.0
         self.ready_seconds = 0.0
+        #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
+        self.lease: GpuLease | None = None
 
     @property
     def pids(self) -> list[int]:
@@ -442,6 +448,8 @@ class Pool:
             r.conn.close()
             with contextlib.suppress(ValueError):  # still running after SIGKILL and 5 s
                 r.process.close()
+        if self.lease is not None:
+            self.lease.release()
         self.closed = True
 
     def request_stop(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey
 from .protocol import RankConfig
 from .rankargs import rank_pytest_args
@@ -58,6 +59,8 @@ class Stats:
     #: One entry per pool start: world size, seconds to ready, whether it replaced a killed pool.
     pools: list[PoolStart] = dataclasses.field(default_factory=list)
     test_seconds: list[float] = dataclasses.field(default_factory=list)
+    #: Seconds pools spent waiting for GPUs that other pytest processes held.
+    gpu_wait_seconds: float = 0.0
 
     def dump(self, path: str) -> None:
         """Write the numbers as JSON (``DISTRANK_STATS_FILE``; bench/ and tests read it)."""
@@ -66,6 +69,7 @@ class Stats:
             "pools": [dataclasses.asdict(p) for p in self.pools],
             "replaced": self.replaced,
             "test_seconds": self.test_seconds,
+            "gpu_wait_seconds": self.gpu_wait_seconds,
         }
         Path(path).write_text(json.dumps(data, indent=1))
 
@@ -82,6 +86,8 @@ class PoolSet:
         #: Teardown errors of pools collected before the session's end, shown at its end.
         self.stop_errors: list[str] = []
         self.killed_keys: set[PoolKey] = set()
+        #: Keys whose GPU lease timed out once; they do not wait again.
+        self.gpu_starved: set[PoolKey] = set()
         self.stats = Stats()
         self.next_pool_id = 0
         self._context: Any = None
@@ -109,6 +115,10 @@ class PoolSet:
         return pool
 
     def _start(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:
+        gpu_lease = self._lease(key)
+        env = dict(os.environ)
+        if gpu_lease is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
         self.next_pool_id += 1
         pool_id = self.next_pool_id
         configs = [
@@ -125,18 +135,28 @@ class PoolSet:
                         self.config, files, self.workdir / f"pool{pool_id}-rank{rank}-tmp"
                     )
                 ),
-                env=dict(os.environ),
+                env=env,
                 log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),
             )
             for rank in range(key.world_size)
         ]
         with self.capture_suspended():
-            context, parent_pid = self.mp_context()
-            pool = Pool(key, pool_id, context, configs, parent_pid)
+            try:
+                context, parent_pid = self.mp_context()
+                pool = Pool(key, pool_id, context, configs, parent_pid)
+            except BaseException:
+                if gpu_lease is not None:
+                    gpu_lease.release()
+                raise
+            pool.lease = gpu_lease
             started = self.stats.pools_started
             started[key.world_size] = started.get(key.world_size, 0) + 1
-            pool.start(timeout)
+            try:
+                pool.start(timeout)
+            except BaseException:
+                pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
+                raise
         self.stats.pools.append(
             PoolStart(
                 world_size=key.world_size,
@@ -147,6 +167,29 @@ class PoolSet:
             )
         )
         return pool
+
+    def _lease(self, key: PoolKey) -> GpuLease | None:
+        """Lease the pool's GPUs, waiting for other pytest processes; raise GpuUnavailable.
+
+        A key that waited in vain once does not wait again: its later tests take what is free
+        at that moment or are skipped at once.
+        """
+        if key.gpus == 0:
+            return None
+        shared_key = dataclasses.replace(key, isolated=0)
+        wait = self.settings.gpu_wait
+        seconds = 0.0 if shared_key in self.gpu_starved else wait.value
+        try:
+            gpu_lease = lease(key.gpus, self.settings.gpu_lock_dir.value, seconds)
+        except GpuUnavailable as exc:
+            self.gpu_starved.add(shared_key)
+            again = "; this pool waited in vain before, not again" if wait.value > seconds else ""
+            raise GpuUnavailable(
+                f"{exc}\n(--distrank-gpu-wait: {wait.value:g} s, from {wait.source}{again}). "
+                "Free GPUs or raise --distrank-gpu-wait; a lease ends with its pytest process."
+            ) from None
+        self.stats.gpu_wait_seconds += gpu_lease.waited
+        return gpu_lease
 
     def mp_context(self) -> tuple[Any, int]:
         """The multiprocessing context ranks start from, and the pid that will be their parent.

@@ -93,6 +93,12 @@ def skip_reason(spec: DistSpec) -> str | None:
     return gpu_skip_reason(spec.min_gpus)
 
 
+def gpus_needed(spec: DistSpec) -> int:
+    """GPUs a pool of this test leases: one per rank for nccl, at least ``requires_gpus(n)``."""
+    per_rank = spec.needs_nccl or "nccl" in _backends_of(spec.backend)
+    return max(spec.min_gpus, spec.world_size if per_rank else 0)
+
+
 def gpu_skip_reason(min_gpus: int) -> str | None:
     """The reason a ``requires_gpus(n)`` test is skipped, or None."""
     if min_gpus <= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tempfile
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -162,6 +163,35 @@ PRELOAD = Option(
     parse_modules,
 )
 
+
+def parse_path(text: str) -> str:
+    """A folder; ``~`` is expanded. Empty means the default."""
+    value = os.path.expanduser(text.strip())
+    if not value:
+        raise ValueError("expected a folder path")
+    return value
+
+
+GPU_LOCK_DIR = Option(
+    "distrank_gpu_lock_dir",
+    "--distrank-gpu-lock-dir",
+    "DISTRANK_GPU_LOCK_DIR",
+    os.path.join(tempfile.gettempdir(), "pytest-distrank-gpu-locks"),
+    "Folder of the GPU lease lock files, one per GPU. Every pytest process (xdist workers, "
+    "concurrent sessions) that points at the same folder gets GPUs disjoint from the others' "
+    "(default: pytest-distrank-gpu-locks in the system temp folder).",
+    parse_path,
+)
+GPU_WAIT = Option(
+    "distrank_gpu_wait",
+    "--distrank-gpu-wait",
+    "DISTRANK_GPU_WAIT",
+    "600",
+    "Seconds a pool that needs GPUs waits for other pytest processes to release enough of "
+    "them; after that its test is skipped (default: 600; 0 to skip at once).",
+    parse_seconds,
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
     BACKEND,
@@ -170,6 +200,8 @@ OPTIONS: tuple[Option[Any], ...] = (
     TIMEOUT,
     FAILURE_GRACE,
     PRELOAD,
+    GPU_LOCK_DIR,
+    GPU_WAIT,
 )
 
 
@@ -223,6 +255,8 @@ class Settings:
     timeout: Value[float]
     failure_grace: Value[float]
     preload: Value[tuple[str, ...]]
+    gpu_lock_dir: Value[str]
+    gpu_wait: Value[float]
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -234,6 +268,8 @@ class Settings:
             timeout=_resolve_timeout(config),
             failure_grace=resolve(config, FAILURE_GRACE),
             preload=resolve(config, PRELOAD),
+            gpu_lock_dir=resolve(config, GPU_LOCK_DIR),
+            gpu_wait=resolve(config, GPU_WAIT),
         )
 
 

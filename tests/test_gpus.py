@@ -1,0 +1,225 @@
+"""GPU leasing on a machine without GPUs, through the DISTRANK_FAKE_GPU_COUNT seam.
+
+Unit tests of gpus.lease in this process, and end-to-end runs: two concurrent sessions get
+disjoint GPUs, a pool that cannot get GPUs is skipped after --distrank-gpu-wait, a lease held by a
+dead process is taken over, an outer CUDA_VISIBLE_DEVICES is respected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_distrank import gpus
+
+from .conftest import TAG_ENV, RunPytest, wait_gone
+
+#: A test that records the GPUs its rank sees, then waits until the other session recorded its.
+RECORD = """
+import os, pathlib, time, pytest
+
+@pytest.mark.world_size(1)
+@pytest.mark.requires_gpus(2)
+def test_lease(rank):
+    seen = pathlib.Path(os.environ["SEEN_DIR"])
+    (seen / os.environ["SESSION"]).write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+    deadline = time.monotonic() + 60
+    while len(list(seen.iterdir())) < int(os.environ["SESSIONS"]):
+        assert time.monotonic() < deadline, "the other session never ran its test"
+        time.sleep(0.05)
+"""
+
+#: Holds the locks of GPUs 0..N-1 like a pool would, until killed.
+HOLDER = """
+import sys, time
+from pytest_distrank import gpus
+lease = gpus.lease(int(sys.argv[2]), sys.argv[1], wait=0)
+print("holding", lease.cuda_visible_devices, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Four fake GPUs and a private lock folder (this test's only)."""
+    lock_dir = tmp_path / "locks"
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "4")
+    monkeypatch.setenv("DISTRANK_GPU_LOCK_DIR", str(lock_dir))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return lock_dir
+
+
+# -- unit: gpus.lease -------------------------------------------------------------------------
+
+
+def test_leases_in_one_process_are_disjoint(fake_gpus: Path) -> None:
+    first = gpus.lease(3, str(fake_gpus), wait=0)
+    second = gpus.lease(1, str(fake_gpus), wait=0)
+    assert first.ids == ("0", "1", "2")
+    assert second.ids == ("3",)
+    with pytest.raises(gpus.GpuUnavailable, match=r"could not lease 1 of the 4 visible GPUs"):
+        gpus.lease(1, str(fake_gpus), wait=0)
+    first.release()
+    assert gpus.lease(2, str(fake_gpus), wait=0).ids == ("0", "1")
+
+
+def test_busy_message_names_the_holder(fake_gpus: Path) -> None:
+    held = gpus.lease(4, str(fake_gpus), wait=0)
+    with pytest.raises(gpus.GpuUnavailable) as excinfo:
+        gpus.lease(2, str(fake_gpus), wait=0.3)
+    message = str(excinfo.value)
+    assert "within 0.3 s: 4 are held by other pytest processes" in message
+    assert f"GPU 0: pid {os.getpid()} on " in message
+    held.release()
+
+
+def test_outer_cuda_visible_devices_names_the_gpus(
+    fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,GPU-ab12")
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "3")
+    assert gpus.visible_gpu_ids() == ["5", "7", "GPU-ab12"]
+    lease = gpus.lease(3, str(fake_gpus), wait=0)
+    assert lease.cuda_visible_devices == "5,7,GPU-ab12"
+    assert gpus.lock_path(str(fake_gpus), "GPU-ab12").name == "gpu-GPU-ab12.lock"
+    lease.release()
+
+
+# -- end to end -------------------------------------------------------------------------------
+
+
+def _session(pytester: pytest.Pytester, name: str, *args: str) -> subprocess.Popen[str]:
+    env = {**os.environ, "SESSION": name}
+    return subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-p", "distrank", "-q", *args],
+        cwd=pytester.path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_concurrent_sessions_get_disjoint_gpus(
+    pytester: pytest.Pytester, fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = pytester.mkdir("seen")
+    monkeypatch.setenv("SEEN_DIR", str(seen))
+    monkeypatch.setenv("SESSIONS", "2")
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
+    pytester.makepyfile(test_record=RECORD)
+    sessions = [_session(pytester, name) for name in ("a", "b")]
+    try:
+        outputs = [s.communicate(timeout=150)[0] for s in sessions]
+    finally:
+        for s in sessions:
+            s.kill()
+        assert not wait_gone(tag, 15)
+    for output in outputs:
+        assert "1 passed" in output, output
+    leases = {p.name: set(p.read_text().split(",")) for p in seen.iterdir()}
+    assert len(leases["a"]) == len(leases["b"]) == 2
+    assert not leases["a"] & leases["b"], leases
+
+
+@contextlib.contextmanager
+def _hold(lock_dir: Path, count: int) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``count`` GPUs; SIGKILLed at the end (or earlier by the test)."""
+    with subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(HOLDER), str(lock_dir), str(count)],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        try:
+            assert holder.stdout is not None
+            assert holder.stdout.readline().startswith("holding")
+            yield holder
+        finally:
+            holder.kill()
+
+
+def test_gpu_wait_expiry_skips_with_holder_and_option(
+    pytester: pytest.Pytester, run_pytest: RunPytest, fake_gpus: Path
+) -> None:
+    pytester.makepyfile(
+        test_wait="""
+        import pytest
+
+        @pytest.mark.world_size(1)
+        @pytest.mark.requires_gpus(2)
+        def test_needs_two(rank):
+            pass
+
+        @pytest.mark.world_size(1)
+        @pytest.mark.requires_gpus(2)
+        def test_again(rank):
+            pass
+        """
+    )
+    with _hold(fake_gpus, 3) as holder:
+        result = run_pytest("-rs", "--distrank-gpu-wait=0.5")
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED [[]1[]] test_wait.py:*: GPU lease: could not lease 2 of the 4 visible GPUs "
+            "within 0.5 s: 3 are held by other pytest processes*",
+            f"  GPU 0: pid {holder.pid} on *",
+            "*(--distrank-gpu-wait: 0.5 s, from --distrank-gpu-wait=0.5 (command line)). Free*",
+            "*this pool waited in vain before, not again*",
+        ]
+    )
+
+
+def test_lease_of_a_killed_process_is_taken_over(
+    pytester: pytest.Pytester, run_pytest: RunPytest, fake_gpus: Path
+) -> None:
+    pytester.makepyfile(
+        test_take="""
+        import os, pytest
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.requires_gpus(4)
+        def test_all_four(rank):
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+        """
+    )
+    with _hold(fake_gpus, 4) as holder:
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        result = run_pytest("--distrank-gpu-wait=0")
+    result.assert_outcomes(passed=1)
+
+
+def test_ranks_see_their_lease_within_the_outer_devices(
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    fake_gpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,3,4")
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "3")
+    pytester.makepyfile(
+        test_outer="""
+        import os, pytest
+
+        @pytest.mark.world_size(1)
+        @pytest.mark.requires_gpus(2)
+        def test_two(rank):
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,3"
+
+        @pytest.mark.world_size(2)
+        def test_cpu_pool_leaves_devices_alone(rank):
+            assert os.environ["CUDA_VISIBLE_DEVICES"] == "6,3,4"
+        """
+    )
+    run_pytest().assert_outcomes(passed=2)
