@@ -19,6 +19,7 @@ import shlex
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,8 @@ class Controller:
         self.pool_files: dict[PoolKey, set[str]] = {}
         #: Pools that failed to start: later tests of the key error at once with the same story.
         self.failed_starts: dict[PoolKey, str] = {}
+        #: Teardown errors of the ranks' remaining fixtures when the pools stopped.
+        self.stop_errors: list[str] = []
         self.pools = PoolSet(config, settings)
         self.stats = self.pools.stats
         self.next_test_index = 0
@@ -350,9 +353,20 @@ class Controller:
 
     # -- session end ---------------------------------------------------------------------------
 
+    @pytest.hookimpl(wrapper=True, trylast=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Iterator[None]:
+        """Stop the pools as soon as the last test ran, inside the other plugins' wrappers.
+
+        pytest-cov combines coverage data when the test loop returns: by then every rank has
+        stopped and saved its own data file (see rankargs.coverage_settings).
+        """
+        result = yield
+        self.stop_errors.extend(self.pools.stop_all())
+        return result
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        errors = self.pools.stop_all()
+        errors = [*self.stop_errors, *self.pools.stop_all()]
         reporter = self.config.pluginmanager.getplugin("terminalreporter")
         if errors and reporter is not None:
             reporter.write_sep("=", "distrank: errors tearing down fixtures at session end")

@@ -23,7 +23,7 @@ import pytest
 from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey
 from .protocol import RankConfig
-from .rankargs import rank_pytest_args
+from .rankargs import coverage_settings, rank_pytest_args
 from .settings import Settings
 
 #: Modules the fork server imports once, so that every rank starts with them in memory. The last
@@ -121,6 +121,7 @@ class PoolSet:
             env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
         self.next_pool_id += 1
         pool_id = self.next_pool_id
+        coverage = coverage_settings(self.config)
         configs = [
             RankConfig(
                 rank=rank,
@@ -138,6 +139,7 @@ class PoolSet:
                 env=env,
                 log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),
+                coverage=coverage,
             )
             for rank in range(key.world_size)
         ]

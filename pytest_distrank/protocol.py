@@ -54,6 +54,9 @@ class RankConfig:
     env: dict[str, str]
     log_path: str
     nodeids: tuple[str, ...]
+    #: pytest-cov is measuring the controller: the rank measures itself with these settings
+    #: (``coverage.Coverage`` keyword arguments, plus ``topdir``) and saves a parallel data file.
+    coverage: dict[str, Any] | None = None
 
 
 # controller -> rank

@@ -9,7 +9,9 @@ options that change how a test runs or how its failure reads (capture, import mo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,3 +64,29 @@ def rank_pytest_args(config: pytest.Config, files: list[str], basetemp: Path) ->
             args += ["-o", override]
     args += ["-o", "addopts="]
     return args
+
+
+def coverage_settings(config: pytest.Config) -> dict[str, Any] | None:
+    """What a rank needs to measure coverage like the controller's pytest-cov, or None.
+
+    pytest-cov measures only the process it runs in. Each rank starts its own
+    ``coverage.Coverage`` with the controller's source, branch and config file, and saves a
+    parallel data file (``.coverage.<host>.<pid>.<random>``) beside the controller's, where
+    pytest-cov combines it into the report. Works the same under xdist (the controller is then a
+    worker whose data the xdist controller combines).
+    """
+    plugin = config.pluginmanager.get_plugin("_cov")
+    controller = getattr(plugin, "cov_controller", None)
+    cov = getattr(controller, "cov", None)
+    if controller is None or cov is None:
+        return None
+    topdir = str(getattr(controller, "topdir", os.getcwd()))
+    return {
+        "source": controller.cov_source,
+        "branch": controller.cov_branch,
+        # Relative, as pytest-cov passes it (coverage treats ".coveragerc" as optional); the
+        # rank builds its Coverage in topdir.
+        "config_file": controller.cov_config,
+        "data_file": os.path.join(topdir, cov.config.data_file),
+        "topdir": topdir,
+    }

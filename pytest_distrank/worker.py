@@ -166,6 +166,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
+        plugin.coverage = _start_coverage(cfg.coverage)
         profile_dir = os.environ.get(PROFILE_ENV)
         if profile_dir:  # a developer's tool: where does a rank's time go?
             import cProfile
@@ -210,6 +211,8 @@ class WorkerPlugin:
         self.collect_errors: list[str] = []
         self.config: pytest.Config | None = None
         self.ctx: RankContext | None = None
+        #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
+        self.coverage: Any = None
 
     def _phase(self, phase: Phase) -> None:
         self.phases[self.cfg.rank] = int(phase)
@@ -328,7 +331,42 @@ class WorkerPlugin:
             session._setupstate.teardown_exact(None)
         except BaseException as exc:
             errors.append("".join(traceback.format_exception(exc)))
+        if self.coverage is not None:
+            # Saved before Stopped: the controller's pytest-cov combines the data files as soon
+            # as the pools have stopped.
+            try:
+                self.coverage.stop()
+                self.coverage.save()
+            except Exception as exc:
+                errors.append(f"saving coverage data failed: {exc!r}")
         self.conn.send(Stopped(self.cfg.rank, tuple(errors)))
+
+
+def _start_coverage(settings: dict[str, Any] | None) -> Any:
+    """Measure this rank like the controller's pytest-cov does (see rankargs.coverage_settings).
+
+    Started before the rank's pytest session, so conftest files and test modules imported in
+    the rank count. Modules the fork server preloaded were imported before: their import-time
+    lines are not measured here (the controller imports them too).
+    """
+    if not settings:
+        return None
+    import coverage
+
+    options = dict(settings)
+    topdir = options.pop("topdir")
+    cwd = os.getcwd()
+    os.chdir(topdir)  # relative source and config paths mean what they mean to pytest-cov
+    try:
+        cov = coverage.Coverage(data_suffix=True, **options)
+    finally:
+        os.chdir(cwd)
+    cov.set_option(
+        "run:disable_warnings",
+        ["no-data-collected", "module-not-measured", "module-not-imported"],
+    )
+    cov.start()
+    return cov
 
 
 def _teardown_unneeded(item: pytest.Item) -> None:

@@ -52,3 +52,39 @@ def test_keyword_marker_and_last_failed_selection(
     result = run_pytest("--lf")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*"])
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+def test_coverage_counts_lines_run_only_in_ranks(
+    pytester: pytest.Pytester, run_pytest: RunPytest, start_method: str
+) -> None:
+    pytester.makepyfile(
+        **{
+            "mypkg/__init__.py": """
+            def pick(rank):
+                if rank == 1:
+                    return "one"
+                return "other"
+            """,
+            "test_cov.py": """
+            import pytest
+            import mypkg
+
+            @pytest.mark.world_size(2)
+            def test_pick(rank):
+                assert mypkg.pick(rank) == ("one" if rank == 1 else "other")
+            """,
+        }
+    )
+    result = run_pytest(
+        f"--distrank-start-method={start_method}",
+        "--cov=mypkg",
+        "--cov-branch",
+        "--cov-report=term-missing",
+        "-p",
+        "pytest_cov",
+    )
+    result.assert_outcomes(passed=1)
+    # Lines 3 and 4 run only in ranks (line 3 only on rank 1); without the ranks' data they would
+    # be listed as missing.
+    result.stdout.fnmatch_lines(["mypkg*__init__.py * 4 * 0 * 2 * 0 * 100%*"])
