@@ -56,6 +56,19 @@ class Planned:
     skip: str | None = None
 
 
+def _rerun_policy(item: pytest.Item) -> tuple[int, float]:
+    """pytest-rerunfailures' rerun count and delay for ``item``; ``(0, 0.0)`` without it.
+
+    Its own ``pytest_runtest_protocol`` would run the test in this process; a distributed test
+    is rerun here instead, on all its ranks as one unit.
+    """
+    plugin = item.config.pluginmanager.get_plugin("rerunfailures")
+    if plugin is None or not hasattr(plugin, "get_reruns_count"):
+        return 0, 0.0
+    count = plugin.get_reruns_count(item) or 0
+    return int(count), float(plugin.get_reruns_delay(item) or 0) if count else 0.0
+
+
 def _keyword_safe(name: str) -> str:
     return re.sub(r"[^\w.-]+", "_", name)[:60]
 
@@ -201,18 +214,31 @@ class Controller:
         if entry is None or entry.key is None:
             return None  # an ordinary test, or one the setup hook above skips or errors
         ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        started = time.monotonic()
-        reports = self._execute(item, entry)
-        self.stats.tests += 1
-        self.stats.test_seconds.append(time.monotonic() - started)
-        reports = self._teardown_controller_side(item, nextitem, reports)
-        for report in reports:
-            ihook.pytest_runtest_logreport(report=report)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        reruns, delay = _rerun_policy(item)
+        for attempt in range(reruns + 1):
+            last = attempt == reruns
+            ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+            started = time.monotonic()
+            reports = self._execute(item, entry, keep_pool=not last)
+            self.stats.tests += attempt == 0
+            self.stats.test_seconds.append(time.monotonic() - started)
+            rerun = not last and any(report.failed for report in reports)
+            if not rerun:
+                reports = self._teardown_controller_side(item, nextitem, reports)
+            for report in reports:
+                if reruns:
+                    report.rerun = attempt  # type: ignore[attr-defined]
+                    if rerun and report.failed:
+                        report.outcome = "rerun"  # type: ignore[assignment]
+                ihook.pytest_runtest_logreport(report=report)
+            ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            if not rerun:
+                break
+            time.sleep(delay)
         return True
 
-    def _execute(self, item: pytest.Item, entry: Planned) -> list[TestReport]:
+    def _execute(self, item: pytest.Item, entry: Planned, keep_pool: bool) -> list[TestReport]:
+        """Run the test on its pool; ``keep_pool``: it may run again next (a rerun)."""
         assert entry.key is not None and entry.spec is not None
         key, next_nodeid = entry.key, entry.next_nodeid
         if self.settings.isolate.value:
@@ -260,7 +286,7 @@ class Controller:
             self._echo_rank_output(pool)
         if run.broken:
             self.pools.retire(key, pool, run.broken, graceful=False)
-        elif next_nodeid is None:
+        elif next_nodeid is None and not keep_pool:
             self.pools.retire(key, pool, None, graceful=True)
         merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
             item=item, reports=run.reports

@@ -88,3 +88,40 @@ def test_coverage_counts_lines_run_only_in_ranks(
     # Lines 3 and 4 run only in ranks (line 3 only on rank 1); without the ranks' data they would
     # be listed as missing.
     result.stdout.fnmatch_lines(["mypkg*__init__.py * 4 * 0 * 2 * 0 * 100%*"])
+
+
+FLAKY = """
+import pathlib, pytest, torch, torch.distributed as dist
+
+@pytest.mark.world_size(2)
+def test_flaky(rank, pg):
+    marker = pathlib.Path("attempted-once")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    dist.barrier()
+    if rank == 1 and not marker.exists():
+        marker.write_text("")
+        raise AssertionError("rank 1 fails the first attempt")
+    assert t.item() == 2
+
+@pytest.mark.world_size(2)
+def test_always_fails(rank):
+    assert rank == 0, "rank 1 always fails"
+"""
+
+
+def test_reruns_rerun_a_distributed_test_on_all_ranks(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(test_flaky=FLAKY)
+    result = run_pytest("-p", "rerunfailures", "--reruns=2", "-rfR")
+    assert result.parseoutcomes() == {"passed": 1, "failed": 1, "rerun": 3}
+    result.stdout.fnmatch_lines(["test_flaky.py R.RRF*"])
+    result.stdout.fnmatch_lines(
+        ["RERUN test_flaky.py::test_flaky", "PASSED test_flaky.py::test_flaky"]
+    )
+    result.stdout.fnmatch_lines(
+        ["FAILED test_flaky.py::test_always_fails - *[[]rank 1/2[]] AssertionError: rank 1 alw*"]
+    )
+    # Both attempts of test_flaky ran on the same warm pool.
+    result.stdout.fnmatch_lines(["*pools started: 1 at world size 2"])
