@@ -50,6 +50,10 @@ if TYPE_CHECKING:
 
 #: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
+#: Plugins that act on the whole test in the controller and must not act again in a rank:
+#: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
+#: its peers' collectives.
+CONTROLLER_ONLY_PLUGINS = ("rerunfailures",)
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
@@ -220,6 +224,10 @@ class WorkerPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         self.config = config
+        for name in CONTROLLER_ONLY_PLUGINS:
+            # Configured (its markers are known) but never called: the controller owns it.
+            if config.pluginmanager.get_plugin(name) is not None:
+                config.pluginmanager.unregister(name=name)
         # The rank's own terminal report (progress letters, its session summary) goes to a file
         # beside the rank's log, so that the log holds only what the test itself wrote and
         # faulthandler's dumps: the excerpts shown for a crash stay readable.

@@ -54,9 +54,16 @@ def test_keyword_marker_and_last_failed_selection(
     result.stdout.fnmatch_lines(["run-last-failure: rerun previous 1 failure*"])
 
 
-@pytest.mark.parametrize("start_method", ["forkserver", "spawn"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        pytest.param(["--distrank-start-method=forkserver"], id="forkserver"),
+        pytest.param(["--distrank-start-method=spawn"], id="spawn"),
+        pytest.param(["-n", "2"], id="xdist"),
+    ],
+)
 def test_coverage_counts_lines_run_only_in_ranks(
-    pytester: pytest.Pytester, run_pytest: RunPytest, start_method: str
+    pytester: pytest.Pytester, run_pytest: RunPytest, how: list[str]
 ) -> None:
     pytester.makepyfile(
         **{
@@ -77,7 +84,7 @@ def test_coverage_counts_lines_run_only_in_ranks(
         }
     )
     result = run_pytest(
-        f"--distrank-start-method={start_method}",
+        *how,
         "--cov=mypkg",
         "--cov-branch",
         "--cov-report=term-missing",
@@ -107,6 +114,17 @@ def test_flaky(rank, pg):
 @pytest.mark.world_size(2)
 def test_always_fails(rank):
     assert rank == 0, "rank 1 always fails"
+
+@pytest.mark.flaky(reruns=1)
+@pytest.mark.world_size(2)
+def test_marked(rank):
+    if rank == 0:
+        with open("rank0-attempts", "a") as f:
+            f.write("x")
+    marker = pathlib.Path("marked-once")
+    if rank == 1 and not marker.exists():
+        marker.write_text("")
+        raise AssertionError("rank 1 fails the first attempt")
 """
 
 
@@ -115,8 +133,10 @@ def test_reruns_rerun_a_distributed_test_on_all_ranks(
 ) -> None:
     pytester.makepyfile(test_flaky=FLAKY)
     result = run_pytest("-p", "rerunfailures", "--reruns=2", "-rfR")
-    assert result.parseoutcomes() == {"passed": 1, "failed": 1, "rerun": 3}
-    result.stdout.fnmatch_lines(["test_flaky.py R.RRF*"])
+    assert result.parseoutcomes() == {"passed": 2, "failed": 1, "rerun": 4}
+    result.stdout.fnmatch_lines(["test_flaky.py R.RRFR.*"])
+    # flaky(reruns=1) reran the test on both ranks, not on rank 1 alone.
+    assert (pytester.path / "rank0-attempts").read_text() == "xx"
     result.stdout.fnmatch_lines(
         ["RERUN test_flaky.py::test_flaky", "PASSED test_flaky.py::test_flaky"]
     )
