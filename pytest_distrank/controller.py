@@ -35,7 +35,7 @@ from .pool import Pool, PoolKey, PoolStartError
 from .poolset import PoolSet
 from .protocol import RunTest
 from .requirements import gpu_skip_reason, gpus_needed, skip_reason
-from .settings import Settings, item_timeout
+from .settings import Settings, Value, item_timeout
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
@@ -54,6 +54,8 @@ class Planned:
     next_nodeid: str | None = None
     error: str | None = None
     skip: str | None = None
+    #: The test's deadline and where it came from (see settings.item_timeout).
+    timeout: Value[float] | None = None
 
 
 def _rerun_policy(item: pytest.Item) -> tuple[int, float]:
@@ -105,12 +107,14 @@ class Controller:
         for item in session.items:
             try:
                 spec = self._spec(item)
-            except MarkerError as exc:
+                if spec is not None:
+                    timeout = item_timeout(item, self.settings.timeout)
+            except (MarkerError, ValueError) as exc:
                 plan[item.nodeid] = Planned(None, error=f"{item.nodeid}: {exc}")
                 continue
             if spec is None:
                 continue
-            entry = Planned(spec, skip=skip_reason(spec))
+            entry = Planned(spec, skip=skip_reason(spec), timeout=timeout)
             plan[item.nodeid] = entry
             if entry.skip:
                 continue
@@ -260,7 +264,8 @@ class Controller:
         missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
         if missing:
             return self._error_reports(item, self._missing_message(item, pool, missing))
-        timeout = item_timeout(item, self.settings.timeout)
+        timeout = entry.timeout
+        assert timeout is not None
         self.next_test_index += 1
         index = self.next_test_index
         test = RunTest(
@@ -374,7 +379,8 @@ class Controller:
         shared_key = dataclasses.replace(key, isolated=0)
         nodeids = [item.nodeid] if key.isolated else self.pool_nodeids[shared_key]
         files = sorted({str(item.path)} if key.isolated else self.pool_files[shared_key])
-        timeout = max(START_TIMEOUT, item_timeout(item, self.settings.timeout).value)
+        deadline = self._get_plan(item.session)[item.nodeid].timeout
+        timeout = max(START_TIMEOUT, deadline.value if deadline is not None else 0.0)
         return self.pools.get(key, nodeids, files, timeout)
 
     # -- session end ---------------------------------------------------------------------------

@@ -246,3 +246,27 @@ def test_own_fixtures_and_params_with_rank_names_are_not_misuse(
         """
     )
     run_pytest().assert_outcomes(passed=2)
+
+
+def test_bad_timeout_marker_is_an_error_of_that_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        test_bad_timeout="""
+        import pytest
+
+        @pytest.mark.timeout(-1)
+        @pytest.mark.world_size(2)
+        def test_negative(rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_fine(rank):
+            pass
+        """
+    )
+    result = run_pytest()
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_bad_timeout.py::test_negative: @pytest.mark.timeout(-1): expected a number of*"]
+    )
