@@ -1,7 +1,7 @@
 """The rank side: one rank process of a pool, serving "run this test" from the controller.
 
 Runs in each rank process (started by the fork server, or spawned). Depends on nothing else of
-the plugin except :mod:`protocol`. A rank process:
+the plugin except :mod:`protocol` and the rank-only :mod:`ranklogs`. A rank process:
 
 1. detaches from the fork server (so it dies with the controller, PITFALLS 1), moves into its
    own process group (Ctrl-C is the controller's to handle), sends its output to a per-rank log;
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._io import TerminalWriter
 
+from . import ranklogs
 from .protocol import (
     Fatal,
     Phase,
@@ -169,6 +170,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.close(null)
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
+        ranklogs.install()  # pytest's log capture without its per-phase handler churn
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
         plugin.coverage = _start_coverage(cfg.coverage)
         profile_dir = os.environ.get(PROFILE_ENV)

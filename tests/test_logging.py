@@ -1,0 +1,67 @@
+"""End-to-end: log capture inside ranks (caplog, "Captured log" sections) works as in pytest.
+
+Ranks replace pytest's per-phase handler attachment with relays (pytest_distrank/ranklogs.py);
+these tests pin down that records from propagating and non-propagating loggers, torch's
+included, still reach caplog and the report sections in every phase.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import RunPytest
+
+LOGS = """
+import logging, pytest
+
+quiet = logging.getLogger("mylib.quiet")
+quiet.propagate = False
+loud = logging.getLogger("mylib.loud")
+
+@pytest.fixture
+def noisy():
+    quiet.warning("setup from quiet")
+    yield
+    quiet.warning("teardown from quiet")
+
+@pytest.mark.world_size(2)
+def test_caplog_sees_every_logger(rank, caplog, noisy):
+    caplog.set_level(logging.INFO)
+    quiet.info("quiet on rank %d", rank)
+    loud.info("loud on rank %d", rank)
+    logging.getLogger("torch.distributed").warning("torch.distributed on rank %d", rank)
+    assert not logging.getLogger("torch.distributed").propagate
+    assert [r.getMessage() for r in caplog.records] == [
+        f"quiet on rank {rank}", f"loud on rank {rank}", f"torch.distributed on rank {rank}"
+    ]
+    assert [r.getMessage() for r in caplog.get_records("setup")] == ["setup from quiet"]
+
+@pytest.mark.world_size(2)
+def test_later_logger_and_levels(rank, caplog):
+    late = logging.getLogger("mylib.late")
+    late.propagate = False
+    late.warning("late in call")  # created during the phase: pytest misses it too
+    caplog.set_level(logging.ERROR, logger="mylib.quiet")
+    quiet.warning("below the level")
+    quiet.error("at the level")
+    assert [r.getMessage() for r in caplog.records] == ["at the level"]
+
+@pytest.mark.world_size(2)
+def test_next_phase_covers_the_later_logger(rank, caplog):
+    logging.getLogger("mylib.late").warning("late, one test later")
+    assert [r.getMessage() for r in caplog.records] == ["late, one test later"]
+
+@pytest.mark.world_size(2)
+def test_fails_with_log_section(rank):
+    quiet.warning("quiet says hi from rank %d", rank)
+    assert rank == 0
+"""
+
+
+def test_log_capture_in_ranks(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+    pytester.makepyfile(test_logs=LOGS)
+    result = run_pytest("-p", "no:randomly")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*Captured log call*", "WARNING  mylib.quiet:test_logs.py:* quiet says hi from rank 1"]
+    )
