@@ -69,18 +69,22 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
+def _gpus(n: int) -> str:
+    return "1 GPU" if n == 1 else f"{n} GPUs"
+
+
 def skip_reason(spec: DistSpec) -> str | None:
     """Why this distributed test cannot run on this machine, or None when it can."""
     backends = _backends_of(spec.backend)
     if spec.needs_nccl:
         if not backend_available("nccl"):
             return (
-                f"requires_nccl: needs NCCL and {spec.world_size} GPUs, but this torch build "
+                f"requires_nccl: needs NCCL and {_gpus(spec.world_size)}, but this torch build "
                 f"(torch {_torch_version()}) has no NCCL"
             )
         found = visible_gpu_count()
         if found < spec.world_size:
-            return f"requires_nccl: needs NCCL and {spec.world_size} GPUs, found {found}"
+            return f"requires_nccl: needs NCCL and {_gpus(spec.world_size)}, found {found}"
     for name in backends:
         if not backend_available(name):
             return (
@@ -89,7 +93,7 @@ def skip_reason(spec: DistSpec) -> str | None:
     if "nccl" in backends and not spec.needs_nccl:
         found = visible_gpu_count()
         if found < spec.world_size:
-            return f"backend 'nccl' needs {spec.world_size} GPUs (one per rank), found {found}"
+            return f"backend 'nccl' needs {_gpus(spec.world_size)} (one per rank), found {found}"
     return gpu_skip_reason(spec.min_gpus)
 
 
@@ -105,6 +109,5 @@ def gpu_skip_reason(min_gpus: int) -> str | None:
         return None
     found = visible_gpu_count()
     if found < min_gpus:
-        gpus = "1 GPU" if min_gpus == 1 else f"{min_gpus} GPUs"
-        return f"requires_gpus({min_gpus}): needs {gpus}, found {found}"
+        return f"requires_gpus({min_gpus}): needs {_gpus(min_gpus)}, found {found}"
     return None
