@@ -356,3 +356,31 @@ def test_preload_option_imports_modules_in_the_fork_server(
     bad = run_pytest("--distrank-preload=heavy,no-such-module")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*'no-such-module' is not a module name*"])
+
+
+def test_isolated_pools_release_their_file_descriptors(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    # Ordinary tests run in the pytest process: the first and the last one count its open fds.
+    pytester.makepyfile(
+        test_fds="""
+        import os, pytest
+
+        counts = []
+
+        def test_a_first():
+            counts.append(len(os.listdir("/proc/self/fd")))
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(12))
+        def test_isolated(rank, i):
+            pass
+
+        def test_z_last():
+            grown = len(os.listdir("/proc/self/fd")) - counts[0]
+            # The fork server and the last pool (still stopping) hold a few; 12 pools that
+            # leaked their pipes and sentinels would hold dozens.
+            assert grown <= 12, f"{grown} more fds open after 12 isolated pools"
+        """
+    )
+    run_pytest("--distrank-isolate", "-p", "no:randomly").assert_outcomes(passed=14)
