@@ -27,14 +27,13 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
-from .fixtures import misuse_message, rank_fixtures_used
 from .gpus import GpuUnavailable
-from .markers import DistSpec, MarkerError, min_gpus, spec_of
+from .markers import DistSpec, MarkerError, spec_of
 from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
 from .poolset import PoolSet
 from .protocol import RunTest
-from .requirements import gpu_skip_reason, gpus_needed, skip_reason
+from .requirements import check_ordinary_test, gpus_needed, skip_reason
 from .settings import Settings, Value, item_timeout
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
@@ -166,27 +165,12 @@ class Controller:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         entry = self._get_plan(item.session).get(item.nodeid)
         if entry is None:
-            used = rank_fixtures_used(item)
-            if used:
-                pytest.fail(misuse_message(item.nodeid, used), pytrace=False)
-            self._ordinary_requirements(item)
+            check_ordinary_test(item)
             return
         if entry.error:
             pytest.fail(entry.error, pytrace=False)
         if entry.skip:
             raise pytest.skip.Exception(entry.skip, _use_item_location=True)
-
-    def _ordinary_requirements(self, item: pytest.Item) -> None:
-        """``requires_gpus``/``requires_nccl`` on a test that runs in this process."""
-        try:
-            gpus = min_gpus(item)
-        except MarkerError as exc:
-            pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
-        reason = gpu_skip_reason(gpus)
-        if item.get_closest_marker("requires_nccl") is not None:
-            reason = skip_reason(DistSpec(1, "nccl", False, True, gpus))
-        if reason:
-            raise pytest.skip.Exception(reason, _use_item_location=True)
 
     # -- pytest-timeout ------------------------------------------------------------------------
 

@@ -48,6 +48,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(fixtures, "distrank-fixtures")
     if _in_rank(config):
         return
+    from .launch_env import launch_of
+
+    launch = launch_of(config)
+    if launch is not None:  # launcher mode: this process is one rank of a launched world
+        from .launch import start_launched
+
+        start_launched(config, launch)
+        return
     from .controller import Controller
 
     controller = Controller(config, Settings.from_config(config))

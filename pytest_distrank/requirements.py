@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import os
 
-from .markers import DistSpec
+import pytest
+
+from .markers import DistSpec, MarkerError, min_gpus
 
 FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
 
@@ -111,3 +113,22 @@ def gpu_skip_reason(min_gpus: int) -> str | None:
     if found < min_gpus:
         return f"requires_gpus({min_gpus}): needs {_gpus(min_gpus)}, found {found}"
     return None
+
+
+def check_ordinary_test(item: pytest.Item) -> None:
+    """Before an ordinary test (no ``world_size``) runs in this process: a rank fixture is an
+    error naming the marker to add; ``requires_gpus``/``requires_nccl`` may skip it."""
+    from .fixtures import misuse_message, rank_fixtures_used
+
+    used = rank_fixtures_used(item)
+    if used:
+        pytest.fail(misuse_message(item.nodeid, used), pytrace=False)
+    try:
+        gpus = min_gpus(item)
+    except MarkerError as exc:
+        pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
+    reason = gpu_skip_reason(gpus)
+    if item.get_closest_marker("requires_nccl") is not None:
+        reason = skip_reason(DistSpec(1, "nccl", False, True, gpus))
+    if reason:
+        raise pytest.skip.Exception(reason, _use_item_location=True)

@@ -192,6 +192,28 @@ GPU_WAIT = Option(
     parse_seconds,
 )
 
+LAUNCHERS = ("auto", "off", "torchrun", "slurm", "mpi")
+
+
+def parse_launcher(text: str) -> str:
+    value = text.strip().lower()
+    if value not in LAUNCHERS:
+        raise ValueError(f"expected one of {', '.join(LAUNCHERS)}")
+    return value
+
+
+LAUNCHER = Option(
+    "distrank_launcher",
+    "--distrank-launcher",
+    "DISTRANK_LAUNCHER",
+    "auto",
+    "Launcher mode: when pytest runs inside a launched world (torchrun, srun, mpirun), each "
+    "pytest process is one rank and rank 0 prints the one report. 'auto' (default) detects it "
+    "from the environment (torchrun's variables win over Slurm's, Slurm's over MPI's); "
+    "'torchrun', 'slurm' or 'mpi' insist on one; 'off' ignores the launcher's variables.",
+    parse_launcher,
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
     BACKEND,
@@ -202,6 +224,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     PRELOAD,
     GPU_LOCK_DIR,
     GPU_WAIT,
+    LAUNCHER,
 )
 
 

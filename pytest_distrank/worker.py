@@ -268,7 +268,7 @@ class WorkerPlugin:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
-        report.sections = [(title, _cap(content)) for title, content in report.sections]
+        report.sections = [(title, cap_section(content)) for title, content in report.sections]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.pending.append(data)
         if report.failed:
@@ -326,7 +326,7 @@ class WorkerPlugin:
         item = items[message.nodeid]
         nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
         self.ctx.test = message
-        _teardown_unneeded(item)
+        teardown_unneeded(item)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             _master_store(self.ctx, f"test{message.index}/")
@@ -379,7 +379,7 @@ def _start_coverage(settings: dict[str, Any] | None) -> Any:
     return cov
 
 
-def _teardown_unneeded(item: pytest.Item) -> None:
+def teardown_unneeded(item: pytest.Item) -> None:
     """Close modules and classes the previous test left set up that this one does not need.
 
     The controller names each test's successor in its pool, so pytest's own teardown normally
@@ -401,7 +401,7 @@ def _teardown_unneeded(item: pytest.Item) -> None:
         )
 
 
-def _cap(content: str) -> str:
+def cap_section(content: str) -> str:
     """Keep the head and tail of a huge captured section (tens of MB help nobody)."""
     if len(content) <= SECTION_LIMIT:
         return content

@@ -1,0 +1,430 @@
+"""Launcher mode: pytest inside a launched world (torchrun, srun, mpirun), one rank per process.
+
+Runs in every pytest process of the launched world: plugin.py's configure gate registers
+:class:`LaunchPlugin` instead of the Controller when :func:`launch_env.launch_of` finds a launched
+world. The plugin starts no rank processes of its own. Every rank:
+
+1. connects to the control store at MASTER_ADDR:MASTER_PORT (:mod:`launch_channel`), agrees on a
+   run id, and (ranks other than 0) sends its terminal report to a per-rank log file;
+2. collects as pytest always does, sends its ordered node ids to rank 0, and gets back rank 0's
+   plan: for every test, run on all ranks / rank 0 only / skip / error (or, when the ranks
+   collected different tests, an error naming the ranks and node ids, and no test runs);
+3. runs the tests of the launched world size in lock-step with the same fixtures as spawn mode,
+   and sends its phase reports to rank 0, which merges them (:func:`merge.merge_test`) and
+   replays one report per phase; ranks other than 0 wait for rank 0's verdict on the previous
+   test before they start the next one;
+4. exits with rank 0's exit code, all ranks together.
+
+A watchdog thread in every rank (:mod:`launch_watchdog`) enforces the deadline and the failure
+grace while the main thread may be stuck in a C++ collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Generator
+from pathlib import Path
+from typing import IO, Any, TextIO, cast
+
+import pytest
+from _pytest._io import TerminalWriter
+from _pytest.reports import CollectReport, TestReport
+from _pytest.runner import runtestprotocol
+
+from . import __version__
+from .launch_channel import Channel, ChannelError
+from .launch_env import Launch, rerun_command
+from .launch_gather import Current, gather, publish_early
+from .launch_life import adopt_exit_code, leave, lost, open_rank, park
+from .launch_plan import Step, apply_on_rank0, exchange, next_shared
+from .launch_rank import deserialize, ensure_group, group_healthy, serialize
+from .launch_report import not_run_reports, setup_error_report
+from .merge import annotate, merge_test
+from .protocol import RunTest
+from .settings import Settings, item_timeout
+from .worker import RankContext, teardown_unneeded
+
+PLUGIN_NAME = "distrank-launch"
+
+
+def start_launched(config: pytest.Config, launch: Launch) -> None:
+    """The configure gate found a launched world (:func:`launch_env.launch_of`): become a rank."""
+    plugin = LaunchPlugin(config, launch, Settings.from_config(config))
+    config.pluginmanager.register(plugin, PLUGIN_NAME)
+    plugin.start()
+
+
+class LaunchPlugin:
+    """The pytest plugin object of one rank of a launched world."""
+
+    def __init__(self, config: pytest.Config, launch: Launch, settings: Settings) -> None:
+        self.config = config
+        self.launch = launch
+        self.settings = settings
+        self.rank = launch.rank
+        self.world_size = launch.world_size
+        self.channel: Channel | None = None
+        self.root = Path()
+        self.log_path = ""
+        self.log_stream: IO[str] | None = None
+        self.session: pytest.Session | None = None
+        self.steps: tuple[Step, ...] = ()
+        self.index_of: dict[int, int] = {}
+        self.items: list[pytest.Item] = []
+        self.pids: tuple[int, ...] = ()
+        self.logs: dict[int, str] = {}
+        self.index = -1
+        self.current: Current | None = None
+        self.gen = 0
+        self.inits = 0
+        self.group_key: tuple[str, int] | None = None
+        self.ctx: RankContext | None = None
+        #: Why the run stopped early: the remaining tests are not run (None while it goes on).
+        self.ended: str | None = None
+        #: A rank was left stuck: the world is broken, fixtures are not torn down at the end.
+        self.aborted = False
+        self.collect_error: str | None = None
+        self.exit_code: int | None = None
+        self.lock = threading.Lock()
+        self.exiting = False
+        self.terminated = False
+        self.main_ident = threading.get_ident()
+        self.distributed_tests = 0
+        self.watchdog: Any = None
+
+    # -- start ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        open_rank(self)
+
+    def on_sigterm(self, signum: int, frame: object) -> None:
+        self.terminated = True
+        raise KeyboardInterrupt(
+            f"pytest-distrank: {self.launch.label()} got SIGTERM: the launcher is stopping this "
+            "rank (typically because another rank exited or crashed; the launcher's output says "
+            "which)"
+        )
+
+    def log(self, text: str) -> None:
+        """A line in this rank's own report (its log file; rank 0: stderr)."""
+        stream = self.log_stream if self.log_stream is not None else sys.stderr
+        with contextlib.suppress(OSError, ValueError):
+            stream.write(text.rstrip("\n") + "\n")
+            stream.flush()
+
+    # -- header and summary --------------------------------------------------------------------
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        s = self.settings
+        timeout = f"{s.timeout.value:g} s" if s.timeout.value else "none"
+        lines = [
+            f"distrank: {__version__}, {self.launch.describe()}, backend {s.backend.value}, "
+            f"timeout {timeout} ({s.timeout.source})"
+        ]
+        if self.world_size > 1:
+            lines.append(
+                f"distrank: rank 0 reports for all {self.world_size} ranks; the others log to "
+                f"{self.root}{os.sep}rank<N>.log on their nodes"
+            )
+        return lines
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        if self.rank != 0 or not self.distributed_tests:
+            return
+        terminalreporter.write_sep("-", "distrank")
+        tests = (
+            "1 distributed test"
+            if self.distributed_tests == 1
+            else (f"{self.distributed_tests} distributed tests")
+        )
+        terminalreporter.write_line(
+            f"{tests} on {self.world_size} ranks ({self.launch.launcher}); logs of the other "
+            f"ranks: {', '.join(f'rank {r}: {p}' for r, p in sorted(self.logs.items()) if r)}"
+        )
+        if self.ended:
+            terminalreporter.write_line(f"run ended early: {self.ended}")
+
+    # -- collection and plan -------------------------------------------------------------------
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.session = session
+        self.items = list(session.items)
+        plan = exchange(self, session)
+        self.pids, self.logs = plan.pids, plan.logs
+        if plan.error:
+            self.collect_error = plan.error
+            self.ended = "the ranks did not collect the same tests"
+            report = CollectReport("", "failed", plan.error, [])
+            session.ihook.pytest_collectreport(report=report)
+            return
+        self.steps = plan.steps
+        self.index_of = {id(item): i for i, item in enumerate(self.items)}
+
+    def _step_of(self, item: pytest.Item) -> Step:
+        index = self.index_of.get(id(item))
+        return self.steps[index] if index is not None else Step("rank0")
+
+    # -- running -------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> None:
+        if self.collect_error is not None:
+            raise session.Interrupted(
+                "the ranks of the launched world did not collect the same tests (see above)"
+            )
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_timeout_set_timer(self, item: pytest.Item) -> bool | None:
+        """The watchdog owns a distributed test's deadline (settings.item_timeout)."""
+        return True if self._step_of(item).kind == "all" else None
+
+    @pytest.hookimpl(optionalhook=True, tryfirst=True)
+    def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
+        return True if self._step_of(item).kind == "all" else None
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> bool | None:
+        index = self.index_of.get(id(item))
+        if index is None:
+            return None if self.rank == 0 else True
+        step = self.steps[index]
+        try:
+            if self.rank == 0:
+                self.index = index
+                if self.ended is not None:
+                    self._log_not_run(item, self.ended)
+                elif step.kind == "all":
+                    self._run_rank0(item, index)
+                else:
+                    teardown_unneeded(item)
+                    return None  # pytest's own protocol; pytest_runtest_setup applies the step
+                return True
+            if step.kind == "all" and self.ended is None and self._await_turn(index):
+                self._run_peer(item, index)
+            return True
+        except ChannelError as exc:
+            self._lost(exc)
+            return True
+
+    def _await_turn(self, index: int) -> bool:
+        """Ranks other than 0: wait for rank 0's verdict on the test before this one."""
+        assert self.channel is not None and self.session is not None
+        if index == 0:
+            return True
+        key = f"verdict/{index - 1}"
+        found = self.channel.wait_any([key, "stopped", "exit"], None, watch_rank0=True)
+        if found == "exit":
+            verdict: dict[str, Any] = {"action": "stop", "reason": "rank 0 ended the session"}
+        else:
+            assert found is not None
+            verdict = self.channel.get(found)
+        if verdict["action"] != "continue":
+            self.ended = str(verdict["reason"])
+            self.aborted = verdict["action"] == "abort"
+            self.session.shouldstop = f"distrank: {self.ended}"
+            self.log(f"distrank: {self.launch.label()}: rank 0 stopped the run: {self.ended}")
+            return False
+        self.gen = int(verdict["gen"])
+        return True
+
+    def _start(self, item: pytest.Item, index: int) -> Current:
+        try:
+            timeout = item_timeout(item, self.settings.timeout)
+        except ValueError:
+            timeout = self.settings.timeout
+        now = time.monotonic()
+        deadline = now + timeout.value if timeout.value > 0 else None
+        cur = Current(index, item, now, deadline, timeout)
+        self.current = cur
+        self.distributed_tests += 1
+        return cur
+
+    def _run_here(self, cur: Current) -> bool:
+        """This rank's part: the process group for the test's backend, then pytest's protocol
+        (reports reach ``cur.reports`` through the makereport wrapper, not the terminal)."""
+        item = cur.item
+        step = self.steps[cur.index]
+        try:
+            ensure_group(self, step.backend)
+        except Exception:
+            message = (
+                f"{self.launch.label()}: could not initialise the process group (backend "
+                f"{step.backend}) for {item.nodeid}:\n{traceback.format_exc()}"
+            )
+            cur.reports.append(setup_error_report(item.nodeid, item.location, message, time.time()))
+            publish_early(self, cur, cur.reports[-1])
+            return False
+        assert self.ctx is not None
+        following = next_shared(self.steps, self.items, cur.index)
+        shared = self.root / "shared" / f"{cur.index}-{_safe(item.name)}"
+        self.ctx.test = RunTest(
+            cur.index, item.nodeid, following.nodeid if following else None, str(shared)
+        )
+        runtestprotocol(item, log=False, nextitem=following)
+        return True
+
+    def _run_rank0(self, item: pytest.Item, index: int) -> None:
+        assert self.channel is not None
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        cur = self._start(item, index)
+        ran = self._run_here(cur)
+        with self.lock:
+            cur.done = True
+            taken = cur.taken_over
+        if taken:
+            park()  # the watchdog reports this test and ends the run; it exits the process
+        healthy = ran and group_healthy(self)
+        per_rank, stuck, peers_healthy = gather(self, cur)
+        if not (healthy and peers_healthy):
+            self.gen += 1  # every rank re-initialises its group before the next test
+        merged = self.merge(cur, per_rank)
+        self.current = None
+        for report in merged:
+            ihook.pytest_runtest_logreport(report=report)
+        if stuck:
+            ranks = ", ".join(str(r) for r in stuck)
+            self.aborted = True
+            self.ended = (
+                f"{item.nodeid} left rank(s) {ranks} stuck ({cur.trigger or 'timeout'}); a rank "
+                "stuck in a collective cannot be interrupted, so the launched world stops here"
+            )
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+    def _run_peer(self, item: pytest.Item, index: int) -> None:
+        assert self.channel is not None
+        cur = self._start(item, index)
+        ran = self._run_here(cur)
+        with self.lock:
+            cur.done = True
+            taken = cur.taken_over
+        if taken:
+            park()  # the watchdog is leaving with rank 0's exit code
+        healthy = ran and group_healthy(self)
+        data = [self.serialize(r) for r in cur.reports]
+        self.channel.put(f"report/{index}/{self.rank}", {"reports": data, "healthy": healthy})
+        self.channel.add(f"done/{index}", 1)
+        self.current = None
+        self.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
+        for report in cur.reports:
+            if report.failed and self.log_stream is not None:
+                report.toterminal(TerminalWriter(cast(TextIO, self.log_stream)))
+
+    def merge(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> list[TestReport]:
+        item = cur.item
+        merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
+            item=item, reports=per_rank
+        )
+        if merged is None:
+            merged = merge_test(per_rank, self.world_size)
+        rerun = f"cd {shlex.quote(str(self.config.rootpath))} && "
+        rerun += rerun_command(self.launch, item.nodeid)
+        annotate(merged, per_rank, self.world_size, self.pids, rerun)
+        return merged
+
+    def _log_not_run(self, item: pytest.Item, reason: str) -> None:
+        ihook = item.ihook
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for report in not_run_reports(item.nodeid, item.location, reason):
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
+    def log_not_run_after(self, index: int, reason: str) -> None:
+        for item in self.items[index + 1 :]:
+            self.index = self.index_of[id(item)]
+            self._log_not_run(item, reason)
+
+    # -- per-phase hooks -----------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        cur = self.current
+        if cur is not None and cur.item is item:
+            cur.when = "setup"
+            return
+        if self.rank == 0:
+            apply_on_rank0(item, self._step_of(item))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        cur = self.current
+        if cur is not None and cur.item is item:
+            cur.when = "call"
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        cur = self.current
+        if cur is not None and cur.item is item:
+            cur.when = "teardown"
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, TestReport, TestReport]:
+        report = yield
+        cur = self.current
+        if cur is not None and cur.item is item:
+            cur.reports.append(report)
+            if report.failed or (report.skipped and not hasattr(report, "wasxfail")):
+                with contextlib.suppress(ChannelError):
+                    publish_early(self, cur, report)
+        return report
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
+        """Rank 0: the verdict on this test, which the other ranks wait for."""
+        if self.rank != 0 or self.channel is None or self.session is None:
+            return
+        session = self.session
+        if self.ended is not None:
+            verdict = {"action": "abort", "reason": self.ended, "gen": self.gen}
+        elif session.shouldfail or session.shouldstop:
+            reason = str(session.shouldfail or session.shouldstop)
+            verdict = {"action": "stop", "reason": reason, "gen": self.gen}
+        else:
+            verdict = {"action": "continue", "reason": "", "gen": self.gen}
+        try:
+            if verdict["action"] != "continue" and not self.channel.has("stopped"):
+                self.channel.put("stopped", verdict)
+            self.channel.put(f"verdict/{self.index}", verdict)
+        except ChannelError as exc:
+            self._lost(exc)
+
+    # -- reports on the wire -------------------------------------------------------------------
+
+    def serialize(self, report: TestReport) -> dict[str, Any]:
+        return serialize(self.config, report)
+
+    def deserialize(self, data: dict[str, Any]) -> TestReport:
+        return deserialize(self.config, data)
+
+    # -- the end -------------------------------------------------------------------------------
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """Rank 0 publishes the exit code; the others adopt it.
+
+        After a rank was left stuck, fixtures still set up are not torn down: their teardown may
+        wait in a collective on the stuck (or gone) rank, with no deadline left to end it.
+        """
+        self.current = None
+        adopt_exit_code(self, session, exitstatus)
+        if self.aborted:
+            session._setupstate.stack.clear()
+
+    def leave(self, code: int, from_watchdog: bool = False) -> None:
+        leave(self, code, from_watchdog)
+
+    def _lost(self, exc: ChannelError) -> None:
+        lost(self, exc)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:60]

@@ -1,0 +1,170 @@
+"""Launcher mode, after collection: do all ranks have the same tests, and what runs where.
+
+Runs in every rank of a launched world, in :func:`pytest_collection_finish` of
+:class:`launch.LaunchPlugin`. Every rank sends its ordered node ids to rank 0; rank 0 compares
+them and, when they agree, decides for every test (:func:`decide`) whether all ranks run it, rank
+0 alone runs it (no ``world_size`` marker), or rank 0 reports it skipped or errored without
+running it. Its decisions travel back as the plan, so that every rank makes the same ones
+(a GPU count read on one node only, say, can never split the ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .launch_channel import ChannelError
+from .launch_report import collection_mismatch, missing_collection
+from .markers import MarkerError, spec_of
+from .requirements import check_ordinary_test, skip_reason
+from .settings import item_timeout
+
+if TYPE_CHECKING:
+    from .launch import LaunchPlugin
+
+#: Bound on the other ranks' collection, counted from rank 0's.
+COLLECT_TIMEOUT = 120.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """Rank 0's decision for one test: ``all`` ranks run it, ``rank0`` only, ``skip``, ``error``."""
+
+    kind: str
+    reason: str = ""
+    backend: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The plan every rank follows; ``error`` says why no test runs."""
+
+    error: str | None
+    steps: tuple[Step, ...]
+    #: Process ids of the ranks, by rank (for junit's per-rank properties).
+    pids: tuple[int, ...]
+    #: Where each rank logs, ``host:path``, by rank.
+    logs: dict[int, str]
+
+
+def exchange(plugin: LaunchPlugin, session: pytest.Session) -> Plan:
+    """Send this rank's node ids to rank 0 and get the plan back (rank 0: make it)."""
+    channel = plugin.channel
+    assert channel is not None
+    nodeids = [item.nodeid for item in session.items]
+    mine = {
+        "nodeids": nodeids,
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "log": plugin.log_path,
+    }
+    try:
+        channel.put(f"collect/{plugin.rank}", mine)
+        if plugin.rank == 0:
+            data = _make(plugin, session, nodeids)
+            channel.put("plan", data)
+        else:
+            until = time.monotonic() + 2 * COLLECT_TIMEOUT
+            if channel.wait_any(["plan"], until, watch_rank0=True) is None:
+                raise ChannelError(f"rank 0 sent no plan within {2 * COLLECT_TIMEOUT:.0f} s")
+            data = channel.get("plan")
+    except ChannelError as exc:
+        return Plan(f"pytest-distrank: {plugin.launch.label()}: {exc}", (), (), {})
+    return Plan(
+        error=data["error"],
+        steps=tuple(Step(**s) for s in data["steps"]),
+        pids=tuple(int(p) for p in data["pids"]),
+        logs={int(r): str(p) for r, p in data["logs"].items()},
+    )
+
+
+def _make(plugin: LaunchPlugin, session: pytest.Session, nodeids: list[str]) -> dict[str, Any]:
+    channel = plugin.channel
+    assert channel is not None
+    deadline = time.monotonic() + COLLECT_TIMEOUT
+    collected: dict[int, list[str]] = {0: nodeids}
+    pids = {0: os.getpid()}
+    logs = {0: "(rank 0 prints the report)"}
+    missing = []
+    for rank in range(1, plugin.world_size):
+        key = f"collect/{rank}"
+        if channel.wait_any([key], deadline) is None:
+            missing.append(rank)
+            continue
+        data = channel.take(key)
+        collected[rank] = list(data["nodeids"])
+        pids[rank] = int(data["pid"])
+        logs[rank] = f"{data['host']}:{data['log']}"
+    who = f"{plugin.world_size} ranks, {plugin.launch.launcher}"
+    if missing:
+        error: str | None = missing_collection(missing, COLLECT_TIMEOUT, logs)
+    else:
+        error = collection_mismatch(collected, who)
+    steps = [] if error else [dataclasses.asdict(decide(plugin, item)) for item in session.items]
+    return {
+        "error": error,
+        "steps": steps,
+        "pids": [pids.get(r, 0) for r in range(plugin.world_size)],
+        "logs": logs,
+    }
+
+
+def decide(plugin: LaunchPlugin, item: pytest.Item) -> Step:
+    """Rank 0's decision for one test (see :class:`Step`)."""
+    ws = plugin.world_size
+    launcher = plugin.launch.launcher
+    size = plugin.settings.world_size
+    # A bare world_size() means the launched size, unless the user set a default size.
+    default = ws if size.source == "default" else size.value
+    try:
+        spec = spec_of(item, default, plugin.settings.backend.value)
+        item_timeout(item, plugin.settings.timeout)
+    except (MarkerError, ValueError) as exc:
+        return Step("error", f"{item.nodeid}: {exc}")
+    if spec is None:
+        return Step("rank0")
+    if spec.world_size != ws:
+        ranks = "rank" if ws == 1 else "ranks"
+        return Step(
+            "skip",
+            f"needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
+            f"({launcher})",
+        )
+    if not spec.init_process_group:
+        return Step(
+            "skip",
+            "world_size(..., init_process_group=False) does not run in launcher mode: the "
+            "launcher's MASTER_ADDR:MASTER_PORT store is shared by the whole run; use the pg "
+            "fixture, or run this test without a launcher",
+        )
+    # GPUs are counted per node: a rank needs one on its own machine.
+    local = dataclasses.replace(spec, world_size=plugin.launch.local_world_size or ws)
+    reason = skip_reason(local)
+    if reason:
+        return Step("skip", reason)
+    return Step("all", backend=spec.backend)
+
+
+def apply_on_rank0(item: pytest.Item, step: Step) -> None:
+    """Rank 0, in ``pytest_runtest_setup`` of a test the other ranks do not run."""
+    if step.kind == "error":
+        pytest.fail(step.reason, pytrace=False)
+    if step.kind == "skip":
+        raise pytest.skip.Exception(step.reason, _use_item_location=True)
+    check_ordinary_test(item)
+
+
+def next_shared(
+    steps: tuple[Step, ...], items: list[pytest.Item], index: int
+) -> pytest.Item | None:
+    """The next test that all ranks run: module and class fixtures stay set up for it, and are
+    torn down the same way on every rank (PITFALLS 7)."""
+    for later in range(index + 1, len(items)):
+        if steps[later].kind == "all":
+            return items[later]
+    return None

@@ -1,0 +1,228 @@
+"""Launcher mode's watchdog: one daemon thread per rank that keeps every wait bounded.
+
+Runs in every rank of a launched world, beside the main thread. The main thread may be stuck in
+a C++ collective, where no Python signal handler runs and nothing can interrupt it; this thread
+does not need it:
+
+- rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
+- while a distributed test runs, rank 0 watches the deadline and the other ranks' early failures.
+  When the deadline passes, or the failure grace is over, and its own main thread is still in
+  the test, it finishes the session itself: it reports the test (rank 0's own stuck or
+  timed-out report, synthesized from its stack, merged with the peers' reports or stacks), reports
+  the remaining tests as not run, lets the terminal summary and junitxml be written
+  (``pytest_sessionfinish``, ``pytest_unconfigure``), publishes the exit code and exits;
+- the other ranks publish their stacks (and their reports so far) when their deadline passes or
+  when rank 0 asks (``abort/<test>``), then wait for rank 0's exit code and exit with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING
+
+import pytest
+from _pytest.reports import TestReport
+
+from .launch_channel import LOST_EXIT, ChannelError, dump_threads
+from .launch_gather import FINISH_WAIT, Current, gather, poll_early
+from .launch_report import Stuck, fill_passed, stuck_report
+from .stacks import where_blocked
+
+if TYPE_CHECKING:
+    from .launch import LaunchPlugin
+
+TICK = 0.05
+HEARTBEAT_EVERY = 1.0
+#: Bound on waiting for rank 0's exit code after this rank was left stuck.
+EXIT_WAIT = 60.0
+
+
+class Watchdog(threading.Thread):
+    """The rank's watchdog thread (daemonic: it never keeps the process alive)."""
+
+    def __init__(self, plugin: LaunchPlugin) -> None:
+        super().__init__(name="distrank-watchdog", daemon=True)
+        self.plugin = plugin
+        self._stopped = threading.Event()
+        self._beat_at = 0.0
+        self._complained = False
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def run(self) -> None:
+        while not self._stopped.wait(TICK):
+            try:
+                self.tick()
+            except ChannelError as exc:
+                if self._stopped.is_set():
+                    return
+                if self.plugin.rank != 0:
+                    self.plugin._lost(exc)
+                self._complain(f"control channel error: {exc}")
+            except Exception:
+                self._complain(traceback.format_exc())
+
+    def _complain(self, text: str) -> None:
+        if not self._complained:
+            self._complained = True
+            self.plugin.log(f"distrank: {self.plugin.launch.label()}: watchdog: {text}")
+
+    def tick(self) -> None:
+        plugin = self.plugin
+        assert plugin.channel is not None
+        now = time.monotonic()
+        if plugin.rank == 0 and now - self._beat_at >= HEARTBEAT_EVERY:
+            plugin.channel.add("heartbeat", 1)
+            self._beat_at = now
+        cur = plugin.current
+        if cur is None or cur.done:
+            return
+        if plugin.rank == 0:
+            poll_early(plugin, cur)
+            grace = plugin.settings.failure_grace.value
+            extra = FINISH_WAIT if 0 in cur.failed_ranks else 0.0
+            late = cur.deadline is not None and now >= cur.deadline
+            if late or (cur.failed_at is not None and now >= cur.failed_at + grace + extra):
+                self._take_over(cur)
+            return
+        late = cur.deadline is not None and now >= cur.deadline
+        abort = plugin.channel.has(f"abort/{cur.index}")
+        if (late or abort) and not cur.stack_sent:
+            self._send_stack(cur, "its deadline passed" if late else "rank 0 asked")
+        if abort or plugin.channel.has("exit"):
+            self._leave_stuck(cur)
+
+    # -- ranks other than 0 --------------------------------------------------------------------
+
+    def _send_stack(self, cur: Current, why: str) -> None:
+        plugin = self.plugin
+        assert plugin.channel is not None
+        dump = dump_threads(plugin.main_ident)
+        plugin.log(
+            f"distrank: {plugin.launch.label()}: stacks in {cur.when} of {cur.item.nodeid} "
+            f"({why}):\n{dump}"
+        )
+        reports = [plugin.serialize(r) for r in list(cur.reports)]
+        plugin.channel.put(
+            f"stack/{cur.index}/{plugin.rank}", {"dump": dump, "when": cur.when, "reports": reports}
+        )
+        cur.stack_sent = True
+
+    def _leave_stuck(self, cur: Current) -> None:
+        plugin = self.plugin
+        assert plugin.channel is not None
+        with plugin.lock:
+            if cur.done:
+                return  # the main thread finished after all; rank 0's verdict reaches it
+            cur.taken_over = True
+        where = where_blocked(dump_threads(plugin.main_ident), str(cur.item.path))
+        plugin.log(
+            f"distrank: {plugin.launch.label()}: rank 0 ended the run while this rank was still "
+            f"in {cur.when} of {cur.item.nodeid} ({where}); leaving with rank 0's exit code"
+        )
+        code = LOST_EXIT
+        with contextlib.suppress(ChannelError):
+            until = time.monotonic() + EXIT_WAIT
+            if plugin.channel.wait_any(["exit"], until, watch_rank0=True) == "exit":
+                code = int(plugin.channel.get("exit"))
+        plugin.exit_code = code
+        plugin.leave(code, from_watchdog=True)
+
+    # -- rank 0 --------------------------------------------------------------------------------
+
+    def _take_over(self, cur: Current) -> None:
+        """Rank 0's main thread is stuck in the test: report it and end the session from here."""
+        plugin = self.plugin
+        with plugin.lock:
+            if cur.done or cur.taken_over:
+                return
+            cur.taken_over = True
+        code = 1
+        try:
+            own = self._own_reports(cur)
+            per_rank, stuck, _ = gather(plugin, cur, own)
+            merged = plugin.merge(cur, per_rank)
+            ranks = ", ".join(str(r) for r in [0, *stuck])
+            plugin.aborted = True
+            plugin.ended = (
+                f"{cur.item.nodeid} left rank(s) {ranks} stuck ({cur.trigger or 'timeout'}); a "
+                "rank stuck in a collective cannot be interrupted, so the launched world stops "
+                "here"
+            )
+            plugin.current = None
+            ihook = cur.item.ihook
+            for report in merged:
+                ihook.pytest_runtest_logreport(report=report)
+            ihook.pytest_runtest_logfinish(nodeid=cur.item.nodeid, location=cur.item.location)
+            plugin.log_not_run_after(cur.index, plugin.ended)
+            code = self._finish_session()
+        except BaseException:
+            plugin.log(
+                f"pytest-distrank: {plugin.launch.label()}: error while ending the run from the "
+                f"watchdog:\n{traceback.format_exc()}"
+            )
+        plugin.exit_code = code
+        plugin.leave(code, from_watchdog=True)
+
+    def _own_reports(self, cur: Current) -> list[TestReport]:
+        plugin = self.plugin
+        item = cur.item
+        reports = list(cur.reports)
+        out, err = self._suspend_capture()
+        if any(r.failed for r in reports):
+            return reports  # rank 0's own failure is the story; it was stuck cleaning up
+        fill_passed(reports, item.nodeid, item.location, cur.when)
+        now = time.monotonic()
+        mine_first = cur.trigger.startswith("rank 0 ")
+        dump = dump_threads(plugin.main_ident)
+        with contextlib.suppress(OSError), open(plugin.log_path, "a", encoding="utf-8") as log:
+            log.write(f"stacks of all threads in {cur.when} of {item.nodeid}:\n{dump}\n")
+        info = Stuck(
+            when=cur.when,
+            dump=dump,
+            log=plugin.log_path,
+            after_failure=None if cur.failed_at is None or mine_first else now - cur.failed_at,
+            trigger=cur.trigger,
+            timeout=cur.timeout.value,
+            timeout_source=cur.timeout.source,
+        )
+        report = stuck_report(
+            item.nodeid, item.location, str(item.path), 0, plugin.world_size, info, time.time()
+        )
+        for name, text in (("stdout", out), ("stderr", err)):
+            if text:
+                report.sections.append((f"Captured {name} {cur.when}", text))
+        reports.append(report)
+        return reports
+
+    def _suspend_capture(self) -> tuple[str, str]:
+        """Give the terminal back (the stuck test's capture is active) and read its output."""
+        capman = self.plugin.config.pluginmanager.getplugin("capturemanager")
+        if capman is None:
+            return "", ""
+        with contextlib.suppress(Exception):
+            capman.suspend_global_capture(in_=True)
+            out, err = capman.read_global_capture()
+            return str(out), str(err)
+        return "", ""
+
+    def _finish_session(self) -> int:
+        """What pytest does after its test loop: session finish (summary, junitxml), unconfigure.
+
+        Fixture teardown is skipped: fixtures set up for the stuck test may themselves wait on
+        the stuck group, and the main thread is still inside the test.
+        """
+        plugin = self.plugin
+        session = plugin.session
+        assert session is not None
+        code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
+        session.exitstatus = code
+        session._setupstate.stack.clear()
+        plugin.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
+        with contextlib.suppress(Exception):
+            plugin.config._ensure_unconfigure()
+        return int(session.exitstatus)
