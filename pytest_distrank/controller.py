@@ -346,7 +346,9 @@ class Controller:
         )
         if call.excinfo is None:
             return reports
-        report = item.ihook.pytest_runtest_makereport(item=item, call=call)
+        # Built directly, not through pytest_runtest_makereport: plugins' makereport hooks expect
+        # their own runtest_protocol to have run for the item (pytest-rerunfailures does).
+        report = TestReport.from_item_and_call(item, call)
         last = reports[-1] if reports and reports[-1].when == "teardown" else None
         if last is None or last.passed:
             return [*(reports[:-1] if last is not None else reports), report]
