@@ -19,9 +19,9 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import pytest
 from _pytest.reports import TestReport
@@ -32,7 +32,7 @@ from .markers import DistSpec, MarkerError, spec_of
 from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
 from .poolset import PoolSet
-from .protocol import RunTest
+from .protocol import PassedPhase, RunTest
 from .requirements import check_ordinary_test, gpus_needed, skip_reason
 from .settings import Settings, Value, item_timeout
 
@@ -68,6 +68,19 @@ def _rerun_policy(item: pytest.Item) -> tuple[int, float]:
         return 0, 0.0
     count = plugin.get_reruns_count(item) or 0
     return int(count), float(plugin.get_reruns_delay(item) or 0) if count else 0.0
+
+
+def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
+    """The TestReport a rank's pytest made for a plain passing phase (protocol.compact_passed),
+    built from this process's item as ``TestReport.from_item_and_call`` builds it."""
+    outcome, when, duration, start, stop = data
+    if outcome != "passed" or when not in ("setup", "call", "teardown"):
+        raise ValueError(f"not a passing phase: {data!r}")
+    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
+    phase = cast(Literal["setup", "call", "teardown"], when)
+    return TestReport(
+        item.nodeid, item.location, keywords, "passed", None, phase, (), duration, start, stop, []
+    )
 
 
 def _keyword_safe(name: str) -> str:
@@ -263,7 +276,7 @@ class Controller:
                 test,
                 item.location,
                 str(item.path),
-                self._deserialize,
+                self._deserializer(item),
                 timeout.value,
                 timeout.source,
                 self.settings.failure_grace.value,
@@ -313,10 +326,18 @@ class Controller:
             text += "\nCollection errors in the ranks:\n" + "\n".join(errors)
         return text
 
-    def _deserialize(self, data: dict[str, Any]) -> TestReport:
-        report = self.config.hook.pytest_report_from_serializable(config=self.config, data=data)
-        assert isinstance(report, TestReport)
-        return report
+    def _deserializer(self, item: pytest.Item) -> Callable[[Any], TestReport]:
+        """Rebuild a rank's report: pytest's own hook, or (a plain pass) from the item."""
+        hook = self.config.hook
+
+        def deserialize(data: dict[str, Any] | PassedPhase) -> TestReport:
+            if isinstance(data, tuple):
+                return rebuild_passed(item, data)
+            report = hook.pytest_report_from_serializable(config=self.config, data=data)
+            assert isinstance(report, TestReport)
+            return report
+
+        return deserialize
 
     def _error_reports(self, item: pytest.Item, message: str) -> list[TestReport]:
         first_line = message.splitlines()[0]

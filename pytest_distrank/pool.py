@@ -28,7 +28,7 @@ from .stacks import format_stack, read_from, signal_name, tail, trim_fault_dump,
 from .worker import DUMP_SIGNAL, rank_main
 
 Location = tuple[str, int | None, str]
-Deserialize = Callable[[dict[str, Any]], TestReport]
+Deserialize = Callable[[Any], TestReport]
 
 #: After the grace period: how long ranks that failed themselves get to finish their teardown
 #: when no other rank is left waiting (only then; a peer stuck in a collective is not kept).

@@ -36,6 +36,7 @@ from _pytest._io import TerminalWriter
 from . import ranklogs
 from .protocol import (
     Fatal,
+    PassedPhase,
     Phase,
     RankConfig,
     Ready,
@@ -43,6 +44,7 @@ from .protocol import (
     RunTest,
     Shutdown,
     Stopped,
+    compact_passed,
 )
 
 if TYPE_CHECKING:
@@ -213,7 +215,7 @@ class WorkerPlugin:
         self.phases = phases
         self.log_fd = log_fd
         self.served = False
-        self.pending: list[dict[str, Any]] = []
+        self.pending: list[dict[str, Any] | PassedPhase] = []
         self.collect_errors: list[str] = []
         self.config: pytest.Config | None = None
         self.ctx: RankContext | None = None
@@ -268,6 +270,10 @@ class WorkerPlugin:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
+        compact = compact_passed(report)
+        if compact is not None:
+            self.pending.append(compact)
+            return
         report.sections = [(title, cap_section(content)) for title, content in report.sections]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.pending.append(data)
@@ -285,6 +291,8 @@ class WorkerPlugin:
             # Reports are plain data except what tests put in user_properties (record_property
             # accepts any object): send those as their repr.
             for data in pending:
+                if not isinstance(data, dict):
+                    continue
                 data["user_properties"] = [
                     (str(name), repr(value)) for name, value in data.get("user_properties", [])
                 ]

@@ -1,0 +1,60 @@
+"""Unit tests: a plain passing phase report travels compact and comes back as pytest made it."""
+
+from __future__ import annotations
+
+import pytest
+from _pytest.reports import TestReport
+from _pytest.runner import CallInfo
+
+from pytest_distrank.controller import rebuild_passed
+from pytest_distrank.protocol import compact_passed
+
+
+@pytest.fixture
+def item(pytester: pytest.Pytester) -> pytest.Item:
+    items = pytester.getitems(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("x", [1])
+        def test_one(x):
+            pass
+        """
+    )
+    return items[0]
+
+
+def _report(item: pytest.Item, when: str, func: object = lambda: None) -> TestReport:
+    call = CallInfo.from_call(func, when)  # type: ignore[arg-type]
+    return TestReport.from_item_and_call(item, call)
+
+
+@pytest.mark.parametrize("when", ["setup", "call", "teardown"])
+def test_a_passing_phase_round_trips(item: pytest.Item, when: str) -> None:
+    report = _report(item, when)
+    compact = compact_passed(report)
+    assert compact is not None and compact[:2] == ("passed", when)
+    rebuilt = rebuild_passed(item, compact)
+    assert rebuilt._to_json() == report._to_json()
+
+
+def test_anything_more_than_a_plain_pass_travels_in_full(item: pytest.Item) -> None:
+    def fail() -> None:
+        raise AssertionError("no")
+
+    assert compact_passed(_report(item, "call", fail)) is None
+    with_output = _report(item, "call")
+    with_output.sections.append(("Captured stdout call", "hello"))
+    assert compact_passed(with_output) is None
+    with_property = _report(item, "call")
+    with_property.user_properties.append(("k", "v"))
+    assert compact_passed(with_property) is None
+    with_plugin_attribute = _report(item, "call")
+    with_plugin_attribute.extras = ["an image"]  # type: ignore[attr-defined]
+    assert compact_passed(with_plugin_attribute) is None
+
+
+def test_rebuild_refuses_what_is_not_a_pass(item: pytest.Item) -> None:
+    with pytest.raises(ValueError, match="not a passing phase"):
+        rebuild_passed(item, ("failed", "call", 0.0, 0.0, 0.0))
