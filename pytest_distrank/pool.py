@@ -178,27 +178,30 @@ class Pool:
             by_obj[r.process.sentinel] = r
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         out: list[tuple[Rank, FromRank | None]] = []
-        drained: set[int] = set()
-        for obj in wait(list(by_obj), timeout):
+        ready = wait(list(by_obj), timeout)
+        seen: set[int] = set()
+        for obj in ready:
             rank = by_obj[obj]
-            if rank.rank not in drained:  # its pipe and its sentinel may both be ready
-                drained.add(rank.rank)
-                out.extend((rank, m) for m in self._drain(rank))
+            if rank.rank not in seen:  # its pipe and its sentinel may both be ready
+                seen.add(rank.rank)
+                readable = any(o is rank.conn for o in ready)
+                out.extend((rank, m) for m in self._receive(rank, readable))
         return out
 
-    def _drain(self, rank: Rank) -> list[FromRank | None]:
-        """Every message the rank has sent; ``None`` last if the rank is gone."""
-        messages: list[FromRank | None] = []
+    def _receive(self, rank: Rank, readable: bool) -> list[FromRank | None]:
+        """One message from the rank, or ``[None]`` if it is gone.
+
+        One per call: a rank with more messages queued is ready again at the next wait, so no
+        extra ``poll()`` (a selector of its own each time) is spent looking for them.
+        """
         try:
-            while rank.conn.poll():
-                messages.append(rank.conn.recv())
+            if readable or rank.conn.poll():
+                message: FromRank = rank.conn.recv()
+                return [message]
         except (EOFError, OSError):
             rank.process.join(5)
-            messages.append(None)
-            return messages
-        if not messages and not rank.process.is_alive():
-            messages.append(None)
-        return messages
+            return [None]
+        return [] if rank.process.is_alive() else [None]
 
     # -- running a test ------------------------------------------------------------------------
 
