@@ -157,6 +157,7 @@ class PoolSet:
                 log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),
                 coverage=coverage,
+                files=tuple(files),
             )
             for rank in range(key.world_size)
         ]

@@ -57,6 +57,8 @@ class RankConfig:
     #: pytest-cov is measuring the controller: the rank measures itself with these settings
     #: (``coverage.Coverage`` keyword arguments, plus ``topdir``) and saves a parallel data file.
     coverage: dict[str, Any] | None = None
+    #: The pool's test files (absolute): the only files the rank's collection looks at.
+    files: tuple[str, ...] = ()
 
 
 # controller -> rank

@@ -38,6 +38,19 @@ def test_ranks_collect_only_the_files_of_their_pool(
 ) -> None:
     for i in range(50):
         pytester.makepyfile(**{f"test_unrelated_{i}": f"def test_plain():\n    assert {i} >= 0\n"})
+    # Every file a rank's collection looks at (pytest makes a collector for each file beside an
+    # argument unless it is ignored).
+    pytester.makeconftest(
+        """
+        import os
+
+        def pytest_collect_file(file_path, parent):
+            rank = os.environ.get("DISTRANK_RANK")
+            if rank is not None:
+                with open(f"looked-at-rank{rank}.txt", "a") as f:
+                    f.write(file_path.name + "\\n")
+        """
+    )
     pytester.makepyfile(
         test_dist="""
         import pytest
@@ -54,3 +67,6 @@ def test_ranks_collect_only_the_files_of_their_pool(
         text = log.read_text()
         assert "collected 1 item" in text, text
         assert "test_unrelated" not in text
+    for rank in (0, 1):
+        looked_at = set((pytester.path / f"looked-at-rank{rank}.txt").read_text().split())
+        assert looked_at <= {"test_dist.py", "conftest.py"}, sorted(looked_at)
