@@ -266,6 +266,10 @@ def detect(
         for launcher in LAUNCHER_NAMES:
             scheme = _scheme_of(env, launcher, auto=True)
             if scheme is not None:
+                if env[scheme.size].strip() == "1":
+                    # One process (``srun -n1 pytest``, a CI job on a Slurm node): nothing to
+                    # run in lock-step with; the usual mode starts pools of any size.
+                    return None
                 return _build(env, scheme, chosen)
         return None
     if requested not in LAUNCHER_NAMES:

@@ -96,6 +96,16 @@ def test_slurm_auto_needs_an_srun_step_but_an_explicit_choice_does_not() -> None
     assert launch is not None and launch.world_size == 8
 
 
+def test_a_world_of_one_process_is_the_usual_mode_under_auto() -> None:
+    # srun -n1 pytest (no MASTER_ADDR needed), torchrun --nproc-per-node=1, mpirun -n 1.
+    one_task = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_LOCALID": "0"}
+    one_task["SLURM_STEP_ID"] = "3"
+    assert detect(one_task) is None
+    assert detect({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", **RDZV}) is None
+    launch = detect({**one_task, **RDZV}, "slurm", "--distrank-launcher=slurm (command line)")
+    assert launch is not None and launch.world_size == 1
+
+
 @pytest.mark.parametrize(
     ("env", "local_size"),
     [
