@@ -245,13 +245,15 @@ class Controller:
         if self.settings.isolate.value:
             self.isolated += 1
             key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
+        timeout = entry.timeout
+        assert timeout is not None
         failed_start = self.failed_starts.get(key)
         if failed_start is not None:
             return self._error_reports(
                 item, failed_start + "\n(from an earlier start; not retried)"
             )
         try:
-            pool = self._pool_for(key, item)
+            pool = self._pool_for(key, item, timeout.value)
         except GpuUnavailable as exc:
             return self._skip_reports(item, f"GPU lease: {exc}")
         except PoolStartError as exc:
@@ -261,8 +263,6 @@ class Controller:
         missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
         if missing:
             return self._error_reports(item, self._missing_message(item, pool, missing))
-        timeout = entry.timeout
-        assert timeout is not None
         self.next_test_index += 1
         index = self.next_test_index
         test = RunTest(
@@ -381,14 +381,15 @@ class Controller:
 
     # -- pools ---------------------------------------------------------------------------------
 
-    def _pool_for(self, key: PoolKey, item: pytest.Item) -> Pool:
+    def _pool_for(self, key: PoolKey, item: pytest.Item, test_timeout: float) -> Pool:
         """The pool that runs ``item``: its pool's files and tests, or (isolated) its own."""
+        pool = self.pools.live.get(key)
+        if pool is not None:  # the common case: nothing to compute per test
+            return pool
         shared_key = dataclasses.replace(key, isolated=0)
         nodeids = [item.nodeid] if key.isolated else self.pool_nodeids[shared_key]
         files = sorted({str(item.path)} if key.isolated else self.pool_files[shared_key])
-        deadline = self._get_plan(item.session)[item.nodeid].timeout
-        timeout = max(START_TIMEOUT, deadline.value if deadline is not None else 0.0)
-        return self.pools.get(key, nodeids, files, timeout)
+        return self.pools.get(key, nodeids, files, max(START_TIMEOUT, test_timeout))
 
     # -- session end ---------------------------------------------------------------------------
 
