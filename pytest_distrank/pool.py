@@ -21,20 +21,41 @@ from typing import Any
 
 from _pytest.reports import TestReport
 
+from .endgame import (
+    AFTER_TEARDOWN,
+    BEFORE_SETUP,
+    DUMP_WAIT,
+    LATE,
+    LATE_REASON,
+    NOT_RECEIVED,
+    Endgame,
+    Position,
+    Unfinished,
+    clamp_wait,
+    fill_passed,
+    is_subtest,
+    unfinished_report,
+)
 from .gpus import GpuLease
 from .merge import synthesized_failure
-from .protocol import Fatal, FromRank, Phase, RankConfig, Ready, Reports, RunTest, Shutdown, Stopped
-from .stacks import format_stack, read_from, signal_name, tail, trim_fault_dump, where_blocked
+from .protocol import (
+    Fatal,
+    FromRank,
+    Phase,
+    RankConfig,
+    Ready,
+    Reports,
+    RunTest,
+    Shutdown,
+    Stopped,
+    phase_slots,
+)
+from .stacks import read_from, signal_name, tail, trim_fault_dump, where_blocked
 from .worker import DUMP_SIGNAL, rank_main
 
 Location = tuple[str, int | None, str]
 Deserialize = Callable[[Any], TestReport]
 
-#: After the grace period: how long ranks that failed themselves get to finish their teardown
-#: when no other rank is left waiting (only then; a peer stuck in a collective is not kept).
-FINISH_WAIT = 5.0
-#: How long the ranks get to write their stacks after the dump signal.
-DUMP_WAIT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +89,6 @@ class Rank:
     #: Kept apart from ``process``: it stays readable after the process object is closed.
     pid: int
     log_offset: int = 0
-    done: bool = False
 
 
 @dataclasses.dataclass
@@ -95,7 +115,8 @@ class Pool:
         self.context = context
         self.configs = configs
         self.parent_pid = parent_pid
-        self.phases = context.RawArray("i", key.world_size)
+        #: Per rank: its phase and the index of the test it is in (protocol.phase_slots).
+        self.phases = context.RawArray("i", 2 * key.world_size)
         self.ranks: list[Rank] = []
         self.ready: list[Ready] = []
         self.broken: str | None = None
@@ -132,7 +153,8 @@ class Pool:
         deadline = self.started_at + timeout if timeout > 0 else None
         pending = {r.rank: r for r in self.ranks}
         while pending:
-            ready = self._wait(list(pending.values()), deadline)
+            left = None if deadline is None else deadline - time.monotonic()
+            ready = self._wait(list(pending.values()), left)
             if not ready:
                 self.broken = "did not start in time"
                 stacks = self.dump_stacks(list(pending.values()))
@@ -169,16 +191,15 @@ class Pool:
     # -- waiting -------------------------------------------------------------------------------
 
     def _wait(
-        self, ranks: list[Rank], deadline: float | None
+        self, ranks: list[Rank], timeout: float | None
     ) -> list[tuple[Rank, FromRank | None]]:
-        """Messages from ``ranks`` (or ``None`` for a rank that died), or [] at the deadline."""
+        """Messages from ``ranks`` (or ``None`` for a rank that died), or [] after ``timeout``."""
         by_obj: dict[Any, Rank] = {}
         for r in ranks:
             by_obj[r.conn] = r
             by_obj[r.process.sentinel] = r
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         out: list[tuple[Rank, FromRank | None]] = []
-        ready = wait(list(by_obj), timeout)
+        ready = wait(list(by_obj), clamp_wait(timeout))
         seen: set[int] = set()
         for obj in ready:
             rank = by_obj[obj]
@@ -215,96 +236,79 @@ class Pool:
         timeout_source: str,
         grace: float,
     ) -> TestRun:
-        """Run one test on every rank; a crash or hang becomes a synthesized failed report."""
+        """Run one test on every rank; a crash or hang becomes a synthesized failed report.
+
+        When the test is over is :class:`~endgame.Endgame`'s rule: a rank finished only when its
+        last reports for this test arrived.
+        """
         for r in self.ranks:
-            r.done = False
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
             r.conn.send(test)
-        started = time.monotonic()
-        deadline = started + timeout if timeout > 0 else None
+        game = Endgame(
+            frozenset(r.rank for r in self.ranks),
+            time.monotonic(),
+            timeout,
+            grace,
+            timeout_source=timeout_source,
+        )
         result = TestRun({r.rank: [] for r in self.ranks})
-        failed_at: float | None = None
-        trigger = ""  # what started the grace period, e.g. "rank 0 failed"
-        finishing = 0.0  # extra time for ranks that failed and are still tearing down
-        while True:
-            pending = [r for r in self.ranks if not r.done]
-            if not pending:
+        while game.pending:
+            if game.expired(time.monotonic()):
                 break
-            until = deadline
-            if failed_at is not None:
-                until = min(until or float("inf"), failed_at + grace + finishing)
-            events = self._wait(pending, until)
-            if not events:
-                own = all(any(rep.failed for rep in result.reports[r.rank]) for r in pending)
-                if failed_at is not None and own and not finishing:
-                    # Only ranks that failed themselves are left, finishing their teardown: no
-                    # peer is stuck waiting for them, so give them a moment before killing.
-                    finishing = FINISH_WAIT
-                    continue
-                break
-            for rank, message in events:
-                if isinstance(message, Reports):
-                    new = [deserialize(d) for d in message.reports]
-                    result.reports[rank.rank].extend(new)
-                    if failed_at is None and any(rep.failed for rep in new):
-                        failed_at, trigger = time.monotonic(), f"rank {rank.rank} failed"
-                    elif failed_at is None and any(_plain_skip(rep) for rep in new):
-                        # A rank skipped while its peers go on: if they wait for it in a
-                        # collective, only the grace period saves them (PITFALLS 8).
-                        failed_at, trigger = time.monotonic(), f"rank {rank.rank} skipped"
-                    if message.done:
-                        rank.done = True
-                        if not message.pg_healthy and self.broken is None:
-                            self.broken = f"{test.nodeid} left the default process group destroyed"
-                    continue
-                if rank.done:
-                    continue
-                rank.done = True
-                result.reports[rank.rank].extend(
-                    self._crash_reports(rank, message, test, location, test_file, result)
-                )
-                status = "stopped serving" if isinstance(message, Fatal) else "crashed"
-                self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
-                if failed_at is None:
-                    failed_at, trigger = time.monotonic(), f"rank {rank.rank} {status}"
-        hung = [r for r in self.ranks if not r.done]
-        if hung:
-            self._hung_reports(
-                hung,
-                test,
-                location,
-                test_file,
-                result,
-                timeout,
-                timeout_source,
-                failed_at,
-                trigger,
-            )
+            pending = [r for r in self.ranks if r.rank in game.pending]
+            for rank, message in self._wait(pending, game.seconds_left(time.monotonic())):
+                self._take(rank, message, game, test, location, test_file, deserialize, result)
+        if game.pending:
+            self._unfinished(game, test, location, test_file, deserialize, result)
         result.broken = self.broken
         return result
 
-    def _phase_of(self, rank: Rank) -> Phase:
-        try:
-            return Phase(self.phases[rank.rank])
-        except ValueError:
-            return Phase.CALL
-
-    def _fill_passed(
-        self, rank: Rank, when: str, test: RunTest, location: Location, result: TestRun
+    def _take(
+        self,
+        rank: Rank,
+        message: FromRank | None,
+        game: Endgame,
+        test: RunTest,
+        location: Location,
+        test_file: str,
+        deserialize: Deserialize,
+        result: TestRun,
     ) -> None:
-        """Passing reports are batched, so a rank that died in call passed setup: say so."""
-        reports = result.reports[rank.rank]
-        have = {r.when for r in reports}
-        if any(not r.passed for r in reports if r.when == "setup"):
-            return  # no call phase after a failed or skipped setup
-        for earlier in ("setup", "call", "teardown"):
-            if earlier == when:
-                break
-            if earlier not in have:
-                result.reports[rank.rank].append(
-                    TestReport(test.nodeid, location, {}, "passed", None, earlier)
-                )
+        """Account for one message (or the death) of a rank during ``test``."""
+        if rank.rank not in game.pending:
+            return
+        now = time.monotonic()
+        if isinstance(message, Reports):
+            new = [deserialize(d) for d in message.reports]
+            result.reports[rank.rank].extend(new)
+            game.note_reports(rank.rank, new, now)
+            if message.done:
+                game.note_finished(rank.rank)
+                if not message.pg_healthy and self.broken is None:
+                    self.broken = f"{test.nodeid} left the default process group destroyed"
+            return
+        result.reports[rank.rank].extend(
+            self._crash_reports(rank, message, test, location, test_file, result)
+        )
+        status = "stopped serving" if isinstance(message, Fatal) else "crashed"
+        self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
+        game.note_lost(rank.rank, status, now)
+
+    def position(self, rank: Rank, test: RunTest) -> Position:
+        """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""
+        phase_slot, index_slot = phase_slots(rank.rank)
+        if self.phases[index_slot] != test.index:
+            return NOT_RECEIVED
+        try:
+            phase = Phase(self.phases[phase_slot])
+        except ValueError:
+            return Position.in_phase("call")
+        if phase is Phase.RECEIVED:
+            return BEFORE_SETUP
+        if phase in (Phase.FINISHED, Phase.IDLE, Phase.STOPPING):
+            return AFTER_TEARDOWN
+        return Position.in_phase(phase.when)
 
     def _crash_reports(
         self,
@@ -315,93 +319,96 @@ class Pool:
         test_file: str,
         result: TestRun,
     ) -> list[TestReport]:
-        when = self._phase_of(rank).when
-        self._fill_passed(rank, when, test, location, result)
+        pos = self.position(rank, test)
+        fill_passed(result.reports[rank.rank], test.nodeid, location, pos.when)
         ws = self.key.world_size
         if isinstance(message, Fatal):
             text = message.message
-            crash = f"stopped serving in {when}: its pytest session failed"
-            note = f"error in {when}: the rank's pytest session failed"
+            first = next((line for line in text.splitlines() if line.strip()), "")
+            crash = f"stopped serving {pos.at}: {first.strip() or 'its pytest session ended'}"
+            note = crash
         else:
             rank.process.join(5)
             status = signal_name(rank.process.exitcode)
             output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), test_file)
-            crash = f"crashed in {when} with {status}"
+            crash = f"crashed {pos.at} with {status}"
             text = f"rank {rank.rank}/{ws} {crash}.\n"
             if output.strip():
                 text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
             else:
                 text += "It wrote nothing since the test started.\n"
             text += f"Its whole log: {rank.log_path}"
-            note = f"crashed in {when} with {status}"
+            note = crash
         return [
             synthesized_failure(
-                test.nodeid, location, when, crash, text, note=note, stop=time.time()
+                test.nodeid, location, pos.when, crash, text, note=note, stop=time.time()
             )
         ]
 
-    def _hung_reports(
+    def _unfinished(
         self,
-        hung: list[Rank],
+        game: Endgame,
         test: RunTest,
         location: Location,
         test_file: str,
+        deserialize: Deserialize,
         result: TestRun,
-        timeout: float,
-        timeout_source: str,
-        failed_at: float | None,
-        trigger: str,
     ) -> None:
-        stacks = self.dump_stacks(hung)
-        self.kill()
+        """Ranks the rule gave up on: take their stacks, kill the pool, report where they were.
+
+        Reports that arrive while the stacks are written still count: a rank that sends its last
+        reports for the test then has finished it, on evidence.
+        """
+        stuck = [r for r in self.ranks if r.rank in game.pending]
+        positions = {r.rank: self.position(r, test) for r in stuck}  # before the dump
+        stacks = self.dump_stacks(stuck)
+        for rank, message in self._wait(stuck, 0.0):
+            self._take(rank, message, game, test, location, test_file, deserialize, result)
+        # Ranks whose last reports came while their stacks were written: within the grace period
+        # they finished on evidence; after the deadline they finished too late (a timeout).
+        late = [r for r in stuck if r.rank not in game.pending and game.failed_at is None]
+        stuck = [r for r in stuck if r.rank in game.pending]
+        silent = {r.rank: _why_silent(r.pid) for r in stuck if not stacks[r.rank]}
+        if stuck:
+            self.kill()
+        for rank in late:
+            stuck.append(rank)
+            positions[rank.rank] = LATE
+            stacks[rank.rank] = ""
+            silent[rank.rank] = LATE_REASON
+        if not stuck:
+            return
         now = time.monotonic()
-        ws = self.key.world_size
-        failed_before = {r.rank for r in hung if any(x.failed for x in result.reports[r.rank])}
-        victims = [r.rank for r in hung if r.rank not in failed_before]
-        names = ", ".join(str(r) for r in victims or sorted(failed_before))
-        if failed_at is None:
-            why = f"rank(s) {names} timed out after {timeout:g} s in {test.nodeid}"
+        self_failed = {r.rank for r in stuck if _failed_itself(result.reports[r.rank])}
+        victims = [r.rank for r in stuck if r.rank not in self_failed]
+        names = ", ".join(str(r) for r in victims or sorted(self_failed))
+        if game.failed_at is None:
+            why = f"rank(s) {names} timed out after {game.timeout:g} s in {test.nodeid}"
         elif victims:
-            why = f"rank(s) {names} killed after {trigger} in {test.nodeid}"
+            why = f"rank(s) {names} killed after {game.trigger} in {test.nodeid}"
         else:
             why = f"rank(s) {names} killed while tearing down after failing {test.nodeid}"
-        self.broken = self.broken or why
-        for rank in hung:
-            phase = self._phase_of(rank)
-            if phase in (Phase.IDLE, Phase.STOPPING):
-                # It had finished the test and was about to say so: nothing was lost.
-                self._fill_passed(rank, "end", test, location, result)
-                continue
-            when = phase.when
-            self._fill_passed(rank, when, test, location, result)
-            if any(r.failed for r in result.reports[rank.rank]):
+        if any(r not in late for r in stuck):
+            self.broken = self.broken or why
+        for rank in stuck:
+            pos = positions[rank.rank]
+            fill_passed(result.reports[rank.rank], test.nodeid, location, pos.when)
+            if rank.rank in self_failed:
                 # Its own failure is already reported; it was killed while cleaning up after it.
                 continue
-            where = where_blocked(stacks[rank.rank], test_file)
-            if failed_at is not None:
-                after = now - failed_at
-                note = f"killed {after:.1f} s after {trigger}; {where}"
-                crash = f"killed in {when}: {trigger} first"
-                collateral = True
-            else:
-                note = f"timed out in {when} after {timeout:g} s; {where}"
-                crash = (
-                    f"Timeout: still in {when} after {timeout:g} s (timeout from {timeout_source})"
+            dump, why_silent = stacks[rank.rank], silent.get(rank.rank, "")
+            info = Unfinished(pos, dump, rank.log_path, "killed", game, now, why_silent)
+            result.reports[rank.rank].append(
+                unfinished_report(
+                    test.nodeid,
+                    location,
+                    test_file,
+                    rank.rank,
+                    self.key.world_size,
+                    info,
+                    time.time(),
                 )
-                collateral = False
-            stack = format_stack(stacks[rank.rank], test_file, rank.log_path)
-            text = f"rank {rank.rank}/{ws}: {crash}\n{where}\n{stack}"
-            report = synthesized_failure(
-                test.nodeid,
-                location,
-                when,
-                crash,
-                text,
-                note=note,
-                collateral=collateral,
-                stop=time.time(),
             )
-            result.reports[rank.rank].append(report)
 
     def output_of_last_test(self, limit: int) -> dict[int, str]:
         """What each rank wrote to its log (fds 1 and 2) since the last test started."""
@@ -469,7 +476,7 @@ class Pool:
         deadline = time.monotonic() + timeout
         pending = [r for r in self.ranks if r.process.exitcode is None and not r.conn.closed]
         while pending:
-            events = self._wait(pending, deadline)
+            events = self._wait(pending, deadline - time.monotonic())
             if not events:
                 break
             for rank, message in events:
@@ -483,9 +490,27 @@ class Pool:
         return errors
 
 
-def _plain_skip(report: TestReport) -> bool:
-    """A skip (not an xfail): the rank will not take part in this test's collectives."""
-    return report.skipped and not hasattr(report, "wasxfail")
+def _failed_itself(reports: list[TestReport]) -> bool:
+    return any(r.failed and not is_subtest(r) for r in reports)
+
+
+def _why_silent(pid: int) -> str:
+    """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
+    if state in ("T", "t"):
+        return (
+            "no stack: the rank was stopped (SIGSTOP, SIGTSTP or a debugger) and could not "
+            "answer the dump signal"
+        )
+    if state == "Z":
+        return "no stack: the rank had exited"
+    if state == "D":
+        return "no stack: the rank was in uninterruptible sleep (disk or driver I/O)"
+    return ""
 
 
 def _size(path: str) -> int:

@@ -7,8 +7,10 @@ Messages travel over one duplex ``multiprocessing`` connection per rank, which d
 (length-prefixed pickles). Reports inside messages are the plain dicts produced by pytest's own
 ``pytest_report_to_serializable`` hook, exactly as pytest-xdist ships them.
 
-Phases a rank announces through the pool's shared phase array (one int per rank), so that the
-controller can say what a rank was doing when it crashed or hung without a message per phase.
+Phases a rank announces through the pool's shared phase array (two ints per rank: the phase and
+the index of the test it belongs to), so that the controller can say what a rank was doing when it
+crashed or hung without a message per phase. A phase is never evidence that a rank *finished* a
+test (see :mod:`endgame`): only its reports for that test are.
 """
 
 from __future__ import annotations
@@ -27,13 +29,17 @@ class Phase(enum.IntEnum):
     CALL = 3
     TEARDOWN = 4
     STOPPING = 5
+    #: The rank took the test from its pipe; its setup has not begun.
+    RECEIVED = 6
+    #: The test's protocol returned; its last reports are being sent.
+    FINISHED = 7
 
     @property
     def when(self) -> str:
         """The pytest phase name (``setup``/``call``/``teardown``) this phase reports under."""
         if self is Phase.CALL:
             return "call"
-        if self is Phase.TEARDOWN:
+        if self in (Phase.TEARDOWN, Phase.FINISHED):
             return "teardown"
         return "setup"
 
@@ -164,3 +170,8 @@ class Stopped:
 
 
 FromRank = Ready | Reports | Fatal | Stopped
+
+
+def phase_slots(rank: int) -> tuple[int, int]:
+    """Indices of ``rank``'s phase and test index in the pool's shared phase array."""
+    return 2 * rank, 2 * rank + 1

@@ -46,6 +46,7 @@ from .protocol import (
     Shutdown,
     Stopped,
     compact_passed,
+    phase_slots,
 )
 
 if TYPE_CHECKING:
@@ -225,8 +226,11 @@ class WorkerPlugin:
         #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
         self.coverage: Any = None
 
-    def _phase(self, phase: Phase) -> None:
-        self.phases[self.cfg.rank] = int(phase)
+    def _phase(self, phase: Phase, index: int | None = None) -> None:
+        phase_slot, index_slot = phase_slots(self.cfg.rank)
+        if index is not None:
+            self.phases[index_slot] = index  # first: the phase below belongs to this test
+        self.phases[phase_slot] = int(phase)
 
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -291,6 +295,8 @@ class WorkerPlugin:
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
+        if report.when == "teardown":
+            self._phase(Phase.FINISHED)  # what runs now is protocol wrappers, then the send
         compact = compact_passed(report)
         if compact is not None:
             self.pending.append(compact)
@@ -355,13 +361,15 @@ class WorkerPlugin:
         item = items[message.nodeid]
         nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
         self.ctx.test = message
+        self._phase(Phase.RECEIVED, message.index)
         teardown_unneeded(item)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             _master_store(self.ctx, f"test{message.index}/")
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
-        self._phase(Phase.IDLE)
+        self._phase(Phase.FINISHED)
         self._flush(done=True, pg_healthy=_group_healthy(self.ctx))
+        self._phase(Phase.IDLE)
 
     def _stop(self, session: pytest.Session) -> None:
         self._phase(Phase.STOPPING)

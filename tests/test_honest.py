@@ -1,0 +1,111 @@
+"""End-to-end: a PASS rests on evidence from every rank, and reports belong to their test.
+
+The honest-outcomes issue (#11), items 1-4: a rank killed before its setup began or after its
+teardown is not a pass; reports sent from a forked process are not credited to any test; a
+collective one rank left unmatched fails the test that left it; a rank that died between tests
+does not end the session. Each case is followed by healthy tests on a working pool.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import RunPytest
+
+HEADER = "import os, signal, sys, time, pytest, torch, torch.distributed as dist\n"
+
+HEALTHY = """
+
+@pytest.mark.world_size(2)
+def test_zz_healthy(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+"""
+
+#: A conftest whose protocol wrapper blocks rank 1 before (or after) a test named "sleepy".
+SLEEPY_CONFTEST = """
+import os, time, pytest
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    if os.environ.get("RANK") == "1" and "sleepy_before" in item.name:
+        time.sleep(600)
+    result = yield
+    if os.environ.get("RANK") == "1" and "sleepy_after" in item.name:
+        time.sleep(600)
+    return result
+"""
+
+
+def test_rank_stuck_before_its_setup_is_not_a_pass(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeconftest(SLEEPY_CONFTEST)
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(4)
+def test_sleepy_before(rank):
+    assert rank == 0
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra")
+    # Its setup never ran on rank 1: an error at setup, as pytest reports a setup that failed.
+    result.assert_outcomes(errors=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 0/2  passed",
+            "  rank 1/2  timed out before its setup began after 4 s; blocked in "
+            "pytest_runtest_protocol at conftest.py:*",
+            "ERROR *::test_sleepy_before - [[]rank 1/2[]] Timeout: its setup had not begun "
+            "after 4 s (timeout from @pytest.mark.timeout(4))",
+        ]
+    )
+    assert result.ret == 1
+
+
+def test_rank_stuck_after_its_teardown_is_not_a_pass(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeconftest(SLEEPY_CONFTEST)
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(4)
+def test_sleepy_after(rank):
+    pass
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra")
+    # Setup and call passed on both ranks; the error is reported at teardown, as pytest does.
+    result.assert_outcomes(errors=1, passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 1/2  timed out after its teardown, before its reports were sent after 4 s; "
+            "blocked in pytest_runtest_protocol at conftest.py:*",
+        ]
+    )
+
+
+def test_a_tiny_deadline_fails_every_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTRANK_TIMEOUT", "1e-9")
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_one(rank):
+    pass
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["FAILED *::test_one - *Timeout: * 1e-09 s *"])
+    assert "passed" not in result.stdout.lines[-1]
