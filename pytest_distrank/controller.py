@@ -385,7 +385,11 @@ class Controller:
         """The pool that runs ``item``: its pool's files and tests, or (isolated) its own."""
         pool = self.pools.live.get(key)
         if pool is not None:  # the common case: nothing to compute per test
-            return pool
+            problem = pool.check_idle()
+            if problem is None:
+                return pool
+            # A rank died or spoke while idle: the pool is unfit, this test gets a new one.
+            self.pools.retire(key, pool, problem, graceful=False)
         shared_key = dataclasses.replace(key, isolated=0)
         nodeids = [item.nodeid] if key.isolated else self.pool_nodeids[shared_key]
         files = sorted({str(item.path)} if key.isolated else self.pool_files[shared_key])

@@ -125,6 +125,8 @@ class Pool:
         self.start_seconds = 0.0
         self.fork_seconds = 0.0
         self.ready_seconds = 0.0
+        #: The test it ran last (named when a rank dies between tests).
+        self.last_test: RunTest | None = None
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
         self.lease: GpuLease | None = None
 
@@ -222,7 +224,46 @@ class Pool:
         except (EOFError, OSError):
             rank.process.join(5)
             return [None]
+        except Exception as exc:  # a garbled pipe: two processes wrote to it at once
+            text = f"sent a message the controller could not read ({exc!r}); a process forked "
+            text += "by the test writing to the rank's pipe?"
+            return [Fatal(rank.rank, text)]
         return [] if rank.process.is_alive() else [None]
+
+    def check_idle(self) -> str | None:
+        """Before a test is sent: is every rank alive and silent, as an idle rank must be?
+
+        A rank that died between tests (an alarm left running, a daemon thread calling
+        ``os._exit``, NCCL's watchdog, the OOM killer) or that sent something after its last
+        test ended (reports from a process that test forked) makes the pool unfit. Returns what
+        happened, naming the rank and the test it last ran, or None. One ``select`` per test.
+        """
+        after = f"after {self.last_test.nodeid}" if self.last_test else "before its first test"
+        by_obj: dict[Any, Rank] = {}
+        for r in self.ranks:
+            by_obj[r.conn] = r
+            by_obj[r.process.sentinel] = r
+        ready = wait(list(by_obj), 0)
+        for obj in ready:
+            rank = by_obj[obj]
+            tag = f"rank {rank.rank}/{self.key.world_size} (pid {rank.pid})"
+            if obj is rank.conn:
+                try:
+                    message = rank.conn.recv()
+                except Exception:
+                    message = None
+                if isinstance(message, Reports):
+                    return (
+                        f"{tag} sent reports for {message.nodeid} from pid {message.pid} "
+                        f"{after} had ended: a process forked by that test? "
+                        "Its outcome may be wrong"
+                    )
+                if message is not None:
+                    return f"{tag} sent {type(message).__name__} while idle, {after}"
+            rank.process.join(1)
+            status = signal_name(rank.process.exitcode)
+            return f"{tag} died while idle ({status}), {after}"
+        return None
 
     # -- running a test ------------------------------------------------------------------------
 
@@ -241,6 +282,7 @@ class Pool:
         When the test is over is :class:`~endgame.Endgame`'s rule: a rank finished only when its
         last reports for this test arrived.
         """
+        self.last_test = test
         for r in self.ranks:
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
@@ -261,8 +303,28 @@ class Pool:
                 self._take(rank, message, game, test, location, test_file, deserialize, result)
         if game.pending:
             self._unfinished(game, test, location, test_file, deserialize, result)
+        if not self.closed:
+            self._strays(test, location, result)
         result.broken = self.broken
         return result
+
+    def _strays(self, test: RunTest, location: Location, result: TestRun) -> None:
+        """What finished ranks sent after their last reports: it belongs to no test.
+
+        Reports of this test from another pid (a process the test forked) fail it; a rank that
+        died right after finishing makes the pool unfit. One ``select`` per test.
+        """
+        for rank, message in self._wait(self.ranks, 0.0):
+            if isinstance(message, Reports) and not self._is_own(rank, message, test):
+                result.reports[rank.rank].append(
+                    self._foreign_report(rank, message, test, location)
+                )
+                self.broken = self.broken or f"rank {rank.rank} sent foreign reports"
+            elif message is None:
+                status = signal_name(rank.process.exitcode)
+                self.broken = self.broken or (
+                    f"rank {rank.rank} died ({status}) right after {test.nodeid}"
+                )
 
     def _take(
         self,
@@ -279,6 +341,12 @@ class Pool:
         if rank.rank not in game.pending:
             return
         now = time.monotonic()
+        if isinstance(message, Reports) and not self._is_own(rank, message, test):
+            self.broken = self.broken or f"rank {rank.rank} sent foreign reports in {test.nodeid}"
+            report = self._foreign_report(rank, message, test, location)
+            result.reports[rank.rank].append(report)
+            game.note_reports(rank.rank, [report], now)
+            return  # the rank's own reports may still come; its peers get the grace period
         if isinstance(message, Reports):
             new = [deserialize(d) for d in message.reports]
             result.reports[rank.rank].extend(new)
@@ -294,6 +362,47 @@ class Pool:
         status = "stopped serving" if isinstance(message, Fatal) else "crashed"
         self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
         game.note_lost(rank.rank, status, now)
+
+    @staticmethod
+    def _is_own(rank: Rank, message: Reports, test: RunTest) -> bool:
+        """Reports of this very test, from the rank process itself."""
+        return (
+            message.pid == rank.pid
+            and message.index == test.index
+            and message.nodeid == test.nodeid
+        )
+
+    def _foreign_report(
+        self, rank: Rank, message: Reports, test: RunTest, location: Location
+    ) -> TestReport:
+        """A failure for reports that do not belong to ``test`` from ``rank``'s process."""
+        tag = f"rank {rank.rank}/{self.key.world_size}"
+        if message.pid != rank.pid:
+            crash = (
+                f"{tag} sent reports from pid {message.pid}, not its own ({rank.pid}): "
+                "a process forked by the test?"
+            )
+            more = (
+                "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
+                "into pytest runs the rest of the test again and sends its reports down the "
+                "rank's pipe. End such a child with os._exit() (or use subprocess or the "
+                "'spawn' start method); the rank's pool was replaced."
+            )
+        else:
+            crash = (
+                f"{tag} sent reports for test #{message.index} ({message.nodeid}) while "
+                f"test #{test.index} was running"
+            )
+            more = "The rank's pipe is out of step with the controller; the pool was replaced."
+        return synthesized_failure(
+            test.nodeid,
+            location,
+            "call",
+            crash,
+            f"{crash}\n{more}",
+            note=crash.removeprefix(f"{tag} "),
+            stop=time.time(),
+        )
 
     def position(self, rank: Rank, test: RunTest) -> Position:
         """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""

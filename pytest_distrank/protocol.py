@@ -145,7 +145,13 @@ class Reports:
     """
 
     rank: int
+    #: The test these reports belong to (RunTest.index and .nodeid): the controller credits
+    #: them to no other test.
     index: int
+    nodeid: str
+    #: ``os.getpid()`` of the sender at send time: a process the test forked, returning into
+    #: the rank's pytest, sends from another pid (the controller then fails the test).
+    pid: int
     #: pytest's serialized reports (``pytest_report_to_serializable``), or PassedPhase tuples.
     reports: tuple[dict[str, Any] | PassedPhase, ...]
     done: bool

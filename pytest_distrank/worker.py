@@ -217,6 +217,8 @@ class WorkerPlugin:
         self.phases = phases
         self.log_fd = log_fd
         self.served = False
+        #: The rank's own pid; a process forked by a test has another.
+        self.pid = os.getpid()
         self.files = frozenset(cfg.files)
         self.real_files = frozenset(os.path.realpath(f) for f in cfg.files)
         self.pending: list[dict[str, Any] | PassedPhase] = []
@@ -227,6 +229,8 @@ class WorkerPlugin:
         self.coverage: Any = None
 
     def _phase(self, phase: Phase, index: int | None = None) -> None:
+        if os.getpid() != self.pid:
+            return  # a fork of the test: the shared array is the rank's, not its own
         phase_slot, index_slot = phase_slots(self.cfg.rank)
         if index is not None:
             self.phases[index_slot] = index  # first: the phase below belongs to this test
@@ -311,9 +315,16 @@ class WorkerPlugin:
     def _flush(self, done: bool, pg_healthy: bool = True) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
-        index = self.ctx.test.index
+        test = self.ctx.test
+
+        def message() -> Reports:
+            pid = os.getpid()  # at send time: a fork of the test sends its own pid
+            return Reports(
+                self.cfg.rank, test.index, test.nodeid, pid, tuple(pending), done, pg_healthy
+            )
+
         try:
-            self.conn.send(Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
+            self.conn.send(message())
         except (pickle.PicklingError, TypeError, AttributeError):
             # Reports are plain data except what tests put in user_properties (record_property
             # accepts any object): send those as their repr.
@@ -323,7 +334,7 @@ class WorkerPlugin:
                 data["user_properties"] = [
                     (str(name), repr(value)) for name, value in data.get("user_properties", [])
                 ]
-            self.conn.send(Reports(self.cfg.rank, index, tuple(pending), done, pg_healthy))
+            self.conn.send(message())
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
@@ -346,6 +357,11 @@ class WorkerPlugin:
         self._phase(Phase.IDLE)
         self.conn.send(Ready(self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors)))
         while True:
+            if os.getpid() != self.pid:
+                # A process the test forked came back into the rank's loop (its reports went
+                # out with its own pid, which fails the test): it must not take the rank's
+                # messages. Leave at once, without the rank's cleanup.
+                os._exit(0)
             try:
                 message = self.conn.recv()
             except (EOFError, OSError):

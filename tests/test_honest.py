@@ -8,6 +8,8 @@ does not end the session. Each case is followed by healthy tests on a working po
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from .conftest import RunPytest
@@ -109,3 +111,63 @@ def test_one(rank):
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["FAILED *::test_one - *Timeout: * 1e-09 s *"])
     assert "passed" not in result.stdout.lines[-1]
+
+
+def test_reports_from_a_forked_test_process_are_not_credited(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_forks(rank):
+    if rank == 1:
+        os.fork()  # the child returns into pytest and runs the rest of the protocol
+
+@pytest.mark.world_size(2)
+def test_next(rank):
+    assert rank != 1
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra")
+    text = result.stdout.str()
+    # The child's reports are caught during test_forks or, if they come later, before test_next
+    # is sent; either way they are named, the pool is replaced and test_next runs honestly.
+    assert re.search(r"rank 1/2 .*sent reports .*from pid \d+", text), text
+    result.stdout.fnmatch_lines(["FAILED *::test_next - *assert 1 != 1"])
+    result.stdout.fnmatch_lines(["pool killed after a fault: *rank 1*"])
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1 and outcomes["passed"] >= 1
+
+
+def test_rank_dead_between_tests_does_not_end_the_run(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_alarm(rank):
+    if rank == 1:
+        signal.alarm(1)  # never cancelled: SIGALRM kills rank 1 while it is idle
+
+def test_ordinary_wait():
+    time.sleep(2.5)
+
+@pytest.mark.world_size(2)
+def test_after(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+"""
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "pool killed after a fault: world_size=2, backend=gloo: rank 1/2 (pid *) died while "
+            "idle (SIGALRM(-14)), after *::test_alarm",
+        ]
+    )
+    assert "INTERNALERROR" not in result.stdout.str()
