@@ -36,9 +36,18 @@ from .endgame import (
     is_subtest,
     unfinished_report,
 )
+from .fitness import (
+    foreign_report,
+    is_own,
+    sequences_in_step,
+    unmatched_collectives,
+    why_silent,
+)
 from .gpus import GpuLease
 from .merge import synthesized_failure
 from .protocol import (
+    Collectives,
+    CountCollectives,
     Fatal,
     FromRank,
     Phase,
@@ -54,6 +63,8 @@ from .stacks import read_from, signal_name, tail, trim_fault_dump, where_blocked
 from .worker import DUMP_SIGNAL, rank_main
 
 Location = tuple[str, int | None, str]
+#: How long ranks get to count their collectives (a flight recorder dump: tens of ms).
+PROBE_WAIT = 30.0
 Deserialize = Callable[[Any], TestReport]
 
 
@@ -97,6 +108,8 @@ class TestRun:
 
     reports: dict[int, list[TestReport]]
     broken: str | None = None
+    #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
+    sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
 
 class Pool:
@@ -125,6 +138,8 @@ class Pool:
         self.start_seconds = 0.0
         self.fork_seconds = 0.0
         self.ready_seconds = 0.0
+        #: Per rank: its groups' sequence numbers after the last test found in step.
+        self.sequence_base: dict[int, dict[str, int]] = {}
         #: The test it ran last (named when a rank dies between tests).
         self.last_test: RunTest | None = None
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
@@ -305,8 +320,51 @@ class Pool:
             self._unfinished(game, test, location, test_file, deserialize, result)
         if not self.closed:
             self._strays(test, location, result)
+        if not self.closed and self.broken is None:
+            self._check_collectives(test, location, result)
         result.broken = self.broken
         return result
+
+    def _check_collectives(self, test: RunTest, location: Location, result: TestRun) -> None:
+        """Did every rank issue the same collectives on each group during the test?
+
+        See :mod:`fitness`: sequence numbers first (free), the flight recorder only when they
+        differ.
+        """
+        if sequences_in_step(result.sequence, self.sequence_base):
+            self.sequence_base = dict(result.sequence)
+            return
+        counts = self._count_collectives()
+        if counts is None:
+            self.broken = (
+                f"sequence numbers of a process group differ between ranks after {test.nodeid} "
+                "(point-to-point ops, or a collective only some ranks issued) and the flight "
+                "recorder could not tell which (TORCH_FR_BUFFER_SIZE=0?): replaced to be safe"
+            )
+            return
+        for rank, report, why in unmatched_collectives(counts, self.key.world_size, test, location):
+            result.reports[rank].append(report)
+            self.broken = self.broken or why
+        if self.broken is None:
+            self.sequence_base = dict(result.sequence)
+
+    def _count_collectives(self) -> dict[int, dict[str, tuple[int, str]]] | None:
+        """Every rank's collective counts per group, or None when some rank cannot tell."""
+        for r in self.ranks:
+            r.conn.send(CountCollectives())
+        answers: dict[int, dict[str, tuple[int, str]]] = {}
+        deadline = time.monotonic() + PROBE_WAIT
+        pending = list(self.ranks)
+        while pending:
+            events = self._wait(pending, deadline - time.monotonic())
+            if not events:
+                return None
+            for rank, message in events:
+                if not isinstance(message, Collectives) or message.counts is None:
+                    return None
+                answers[rank.rank] = message.counts
+                pending = [r for r in pending if r is not rank]
+        return answers
 
     def _strays(self, test: RunTest, location: Location, result: TestRun) -> None:
         """What finished ranks sent after their last reports: it belongs to no test.
@@ -315,10 +373,10 @@ class Pool:
         died right after finishing makes the pool unfit. One ``select`` per test.
         """
         for rank, message in self._wait(self.ranks, 0.0):
-            if isinstance(message, Reports) and not self._is_own(rank, message, test):
-                result.reports[rank.rank].append(
-                    self._foreign_report(rank, message, test, location)
-                )
+            if isinstance(message, Reports) and not is_own(rank.pid, message, test):
+                ws = self.key.world_size
+                report = foreign_report(rank.rank, rank.pid, ws, message, test, location)
+                result.reports[rank.rank].append(report)
                 self.broken = self.broken or f"rank {rank.rank} sent foreign reports"
             elif message is None:
                 status = signal_name(rank.process.exitcode)
@@ -341,9 +399,11 @@ class Pool:
         if rank.rank not in game.pending:
             return
         now = time.monotonic()
-        if isinstance(message, Reports) and not self._is_own(rank, message, test):
+        if isinstance(message, Reports) and not is_own(rank.pid, message, test):
             self.broken = self.broken or f"rank {rank.rank} sent foreign reports in {test.nodeid}"
-            report = self._foreign_report(rank, message, test, location)
+            report = foreign_report(
+                rank.rank, rank.pid, self.key.world_size, message, test, location
+            )
             result.reports[rank.rank].append(report)
             game.note_reports(rank.rank, [report], now)
             return  # the rank's own reports may still come; its peers get the grace period
@@ -353,6 +413,7 @@ class Pool:
             game.note_reports(rank.rank, new, now)
             if message.done:
                 game.note_finished(rank.rank)
+                result.sequence[rank.rank] = message.sequence
                 if not message.pg_healthy and self.broken is None:
                     self.broken = f"{test.nodeid} left the default process group destroyed"
             return
@@ -362,47 +423,6 @@ class Pool:
         status = "stopped serving" if isinstance(message, Fatal) else "crashed"
         self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
         game.note_lost(rank.rank, status, now)
-
-    @staticmethod
-    def _is_own(rank: Rank, message: Reports, test: RunTest) -> bool:
-        """Reports of this very test, from the rank process itself."""
-        return (
-            message.pid == rank.pid
-            and message.index == test.index
-            and message.nodeid == test.nodeid
-        )
-
-    def _foreign_report(
-        self, rank: Rank, message: Reports, test: RunTest, location: Location
-    ) -> TestReport:
-        """A failure for reports that do not belong to ``test`` from ``rank``'s process."""
-        tag = f"rank {rank.rank}/{self.key.world_size}"
-        if message.pid != rank.pid:
-            crash = (
-                f"{tag} sent reports from pid {message.pid}, not its own ({rank.pid}): "
-                "a process forked by the test?"
-            )
-            more = (
-                "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
-                "into pytest runs the rest of the test again and sends its reports down the "
-                "rank's pipe. End such a child with os._exit() (or use subprocess or the "
-                "'spawn' start method); the rank's pool was replaced."
-            )
-        else:
-            crash = (
-                f"{tag} sent reports for test #{message.index} ({message.nodeid}) while "
-                f"test #{test.index} was running"
-            )
-            more = "The rank's pipe is out of step with the controller; the pool was replaced."
-        return synthesized_failure(
-            test.nodeid,
-            location,
-            "call",
-            crash,
-            f"{crash}\n{more}",
-            note=crash.removeprefix(f"{tag} "),
-            stop=time.time(),
-        )
 
     def position(self, rank: Rank, test: RunTest) -> Position:
         """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""
@@ -477,7 +497,7 @@ class Pool:
         # they finished on evidence; after the deadline they finished too late (a timeout).
         late = [r for r in stuck if r.rank not in game.pending and game.failed_at is None]
         stuck = [r for r in stuck if r.rank in game.pending]
-        silent = {r.rank: _why_silent(r.pid) for r in stuck if not stacks[r.rank]}
+        silent = {r.rank: why_silent(r.pid) for r in stuck if not stacks[r.rank]}
         if stuck:
             self.kill()
         for rank in late:
@@ -601,25 +621,6 @@ class Pool:
 
 def _failed_itself(reports: list[TestReport]) -> bool:
     return any(r.failed and not is_subtest(r) for r in reports)
-
-
-def _why_silent(pid: int) -> str:
-    """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return ""
-    if state in ("T", "t"):
-        return (
-            "no stack: the rank was stopped (SIGSTOP, SIGTSTP or a debugger) and could not "
-            "answer the dump signal"
-        )
-    if state == "Z":
-        return "no stack: the rank had exited"
-    if state == "D":
-        return "no stack: the rank was in uninterruptible sleep (disk or driver I/O)"
-    return ""
 
 
 def _size(path: str) -> int:

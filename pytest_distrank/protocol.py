@@ -81,6 +81,15 @@ class RunTest:
 
 
 @dataclasses.dataclass(frozen=True)
+class CountCollectives:
+    """Say how many collectives (not point-to-point ops) each group has issued.
+
+    Sent only when the sequence numbers of a group differ between ranks after a test: either
+    some ranks exchanged point-to-point messages, or one issued a collective its peers did not.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
 class Shutdown:
     """Tear down what is still set up, end the rank's pytest session and exit."""
 
@@ -157,6 +166,22 @@ class Reports:
     done: bool
     #: False when the test left the rank's default process group destroyed or replaced.
     pg_healthy: bool = True
+    #: With ``done``: for each process group this rank is a member of, its name in words and
+    #: the group's sequence number (collectives and point-to-point ops issued so far).
+    sequence: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Collectives:
+    """The answer to :class:`CountCollectives`, from PyTorch's flight recorder.
+
+    ``counts``: group (in words) -> (collectives issued, the last one's op name); None when the
+    flight recorder is off (``TORCH_FR_BUFFER_SIZE=0``) or unavailable.
+    """
+
+    rank: int
+    pid: int
+    counts: dict[str, tuple[int, str]] | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +200,7 @@ class Stopped:
     errors: tuple[str, ...] = ()
 
 
-FromRank = Ready | Reports | Fatal | Stopped
+FromRank = Ready | Reports | Collectives | Fatal | Stopped
 
 
 def phase_slots(rank: int) -> tuple[int, int]:

@@ -36,6 +36,8 @@ from _pytest._io import TerminalWriter
 
 from . import ranklogs
 from .protocol import (
+    Collectives,
+    CountCollectives,
     Fatal,
     PassedPhase,
     Phase,
@@ -312,7 +314,9 @@ class WorkerPlugin:
             # Send a failure at once: the controller starts the peers' grace period from it.
             self._flush(done=False)
 
-    def _flush(self, done: bool, pg_healthy: bool = True) -> None:
+    def _flush(
+        self, done: bool, pg_healthy: bool = True, sequence: dict[str, int] | None = None
+    ) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
         test = self.ctx.test
@@ -320,7 +324,14 @@ class WorkerPlugin:
         def message() -> Reports:
             pid = os.getpid()  # at send time: a fork of the test sends its own pid
             return Reports(
-                self.cfg.rank, test.index, test.nodeid, pid, tuple(pending), done, pg_healthy
+                self.cfg.rank,
+                test.index,
+                test.nodeid,
+                pid,
+                tuple(pending),
+                done,
+                pg_healthy,
+                sequence or {},
             )
 
         try:
@@ -369,6 +380,9 @@ class WorkerPlugin:
             if isinstance(message, Shutdown):
                 self._stop(session)
                 return True
+            if isinstance(message, CountCollectives):
+                self.conn.send(Collectives(self.cfg.rank, os.getpid(), collective_counts()))
+                continue
             assert isinstance(message, RunTest)
             self._run(items, message)
 
@@ -384,7 +398,8 @@ class WorkerPlugin:
             _master_store(self.ctx, f"test{message.index}/")
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         self._phase(Phase.FINISHED)
-        self._flush(done=True, pg_healthy=_group_healthy(self.ctx))
+        healthy = _group_healthy(self.ctx)
+        self._flush(done=True, pg_healthy=healthy, sequence=sequence_numbers() if healthy else {})
         self._phase(Phase.IDLE)
 
     def _stop(self, session: pytest.Session) -> None:
@@ -509,6 +524,67 @@ def _master_store(ctx: RankContext, prefix: str) -> None:
     else:
         port = ctx.store.get(key).decode()
     os.environ["MASTER_PORT"] = port
+
+
+def _group_words(pg: Any) -> str:
+    import torch.distributed as dist
+
+    if pg is dist.group.WORLD:
+        return "the default group"
+    try:
+        ranks = ", ".join(str(r) for r in dist.get_process_group_ranks(pg))
+    except Exception:
+        ranks = "?"
+    return f"group {pg.group_name!r} (ranks {ranks})"
+
+
+def _live_groups() -> list[Any]:
+    """The process groups this rank is a member of, the default one first."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return []
+    groups = [dist.group.WORLD]
+    groups += [pg for pg in list(c10d._world.pg_map) if pg is not dist.group.WORLD]
+    return groups
+
+
+def sequence_numbers() -> dict[str, int]:
+    """Each live group's sequence number: compared between ranks after every test (~30 us)."""
+    out: dict[str, int] = {}
+    for pg in _live_groups():
+        with contextlib.suppress(Exception):  # a backend without sequence numbers
+            out[_group_words(pg)] = int(pg._get_sequence_number_for_group())
+    return out
+
+
+def collective_counts() -> dict[str, tuple[int, str]] | None:
+    """Collectives issued per group, from the flight recorder (tens of ms: only on request).
+
+    Point-to-point ops count in a group's sequence number but not here, so this tells a
+    send/recv between some ranks from a collective that only some ranks issued.
+    """
+    import torch
+
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
+        return None  # the flight recorder is off: no entries does not mean no collectives
+    try:
+        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+        entries = pickle.loads(raw).get("entries", [])
+    except Exception:
+        return None
+    last: dict[str, tuple[int, str]] = {}
+    for entry in entries:
+        if entry.get("is_p2p"):
+            continue
+        name = str(entry.get("process_group", ("?",))[0])
+        last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
+    out: dict[str, tuple[int, str]] = {}
+    for pg in _live_groups():
+        seq_op = last.get(str(pg.group_name))
+        out[_group_words(pg)] = seq_op if seq_op is not None else (0, "")
+    return out
 
 
 def _group_healthy(ctx: RankContext) -> bool:

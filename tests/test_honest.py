@@ -171,3 +171,66 @@ def test_after(rank, pg):
         ]
     )
     assert "INTERNALERROR" not in result.stdout.str()
+
+
+def test_unmatched_collective_fails_the_test_that_left_it(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_culprit(rank, pg):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1) * 100, group=pg, async_op=True)  # no peer matches it
+
+@pytest.mark.world_size(2)
+def test_innocent(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+
+@pytest.mark.world_size(2)
+def test_point_to_point_is_not_a_desync(rank, pg):
+    t = torch.zeros(1)
+    if rank == 0:
+        dist.send(torch.ones(1), 1)
+    else:
+        dist.recv(t, 0)
+"""
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 0/2  issued 1 more collective than its peers on the default group: an "
+            "unmatched collective (its last: gloo:all_reduce)  <- root cause",
+            "  rank 1/2  passed",
+        ]
+    )
+
+
+@pytest.mark.parametrize("world_size", [3])
+def test_point_to_point_on_some_ranks_keeps_the_pool(
+    pytester: pytest.Pytester, run_pytest: RunPytest, world_size: int
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + f"""
+@pytest.mark.world_size({world_size})
+def test_p2p(rank, pg):
+    if rank == 0:
+        dist.send(torch.ones(1), 1)
+    elif rank == 1:
+        dist.recv(torch.zeros(1), 0)
+
+@pytest.mark.world_size({world_size})
+def test_then_collective(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == {world_size}
+"""
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(passed=2)
+    assert "pool killed after a fault" not in result.stdout.str()

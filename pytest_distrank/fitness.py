@@ -1,0 +1,128 @@
+"""Is a pool fit for its next test? The checks after each test, and what their failures say.
+
+Runs in the controller (pool mode). Pure logic over what ranks sent: no processes, no torch. A
+pool whose ranks disagree (a collective only some ranks issued, reports from a process the test
+forked) is replaced, and the test that left it so fails with the reason, so that the next,
+innocent test never inherits the damage.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from _pytest.reports import TestReport
+
+from .merge import synthesized_failure
+from .protocol import Reports, RunTest
+
+Location = tuple[str, int | None, str]
+#: Per rank: group (in words) -> sequence number, as in ``Reports.sequence``.
+Sequences = Mapping[int, Mapping[str, int]]
+
+
+def sequences_in_step(after: Sequences, base: Sequences) -> bool:
+    """Did each group's sequence number grow by the same amount on each of its members?
+
+    Sequence numbers count collectives and point-to-point ops; they are compared as increments
+    since the last test found in step, because a warm pool's groups outlive tests. A group
+    created during the test starts from 0.
+    """
+    deltas: dict[str, set[int]] = {}
+    for rank, groups in after.items():
+        before = base.get(rank, {})
+        for group, seq in groups.items():
+            deltas.setdefault(group, set()).add(seq - before.get(group, 0))
+    return all(len(values) <= 1 for values in deltas.values())
+
+
+def unmatched_collectives(
+    counts: Mapping[int, Mapping[str, tuple[int, str]]],
+    world_size: int,
+    test: RunTest,
+    location: Location,
+) -> list[tuple[int, TestReport, str]]:
+    """A failure for each rank that issued more collectives on a group than its peers.
+
+    ``counts``: per rank, group -> (collectives issued, the last one's op), from the flight
+    recorder (``worker.collective_counts``). Returns ``(rank, report, why the pool is unfit)``.
+    """
+    by_group: dict[str, dict[int, tuple[int, str]]] = {}
+    for rank, groups in counts.items():
+        for group, count in groups.items():
+            by_group.setdefault(group, {})[rank] = count
+    out = []
+    for group, by_rank in by_group.items():
+        low = min(n for n, _ in by_rank.values())
+        for rank, (n, op) in sorted(by_rank.items()):
+            if n == low:
+                continue
+            more = n - low
+            word = "collective" if more == 1 else "collectives"
+            crash = (
+                f"issued {more} more {word} than its peers on {group}: "
+                f"an unmatched collective (its last: {op or 'unknown'})"
+            )
+            text = (
+                f"rank {rank}/{world_size} {crash}\n"
+                "A collective that not every member of the group issues stays pending and would "
+                "be matched by the next test's collective. The pool was replaced; the next test "
+                "runs on fresh ranks."
+            )
+            report = synthesized_failure(
+                test.nodeid, location, "call", crash, text, note=crash, stop=time.time()
+            )
+            why = f"rank {rank} left an unmatched collective on {group} in {test.nodeid}"
+            out.append((rank, report, why))
+    return out
+
+
+def is_own(pid: int, message: Reports, test: RunTest) -> bool:
+    """Reports of this very test, from the rank process itself (not a fork of it)."""
+    return message.pid == pid and message.index == test.index and message.nodeid == test.nodeid
+
+
+def foreign_report(
+    rank: int, pid: int, world_size: int, message: Reports, test: RunTest, location: Location
+) -> TestReport:
+    """A failure for reports that do not belong to ``test`` from ``rank``'s own process."""
+    tag = f"rank {rank}/{world_size}"
+    if message.pid != pid:
+        crash = (
+            f"sent reports from pid {message.pid}, not its own ({pid}): "
+            "a process forked by the test?"
+        )
+        more = (
+            "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
+            "into pytest runs the rest of the test again and sends its reports down the "
+            "rank's pipe. End such a child with os._exit() (or use subprocess or the "
+            "'spawn' start method); the rank's pool was replaced."
+        )
+    else:
+        crash = (
+            f"sent reports for test #{message.index} ({message.nodeid}) while "
+            f"test #{test.index} was running"
+        )
+        more = "The rank's pipe is out of step with the controller; the pool was replaced."
+    return synthesized_failure(
+        test.nodeid, location, "call", crash, f"{tag} {crash}\n{more}", note=crash, stop=time.time()
+    )
+
+
+def why_silent(pid: int) -> str:
+    """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return ""
+    if state in ("T", "t"):
+        return (
+            "no stack: the rank was stopped (SIGSTOP, SIGTSTP or a debugger) and could not "
+            "answer the dump signal"
+        )
+    if state == "Z":
+        return "no stack: the rank had exited"
+    if state == "D":
+        return "no stack: the rank was in uninterruptible sleep (disk or driver I/O)"
+    return ""
