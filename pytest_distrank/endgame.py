@@ -123,10 +123,15 @@ class Endgame:
         """Reports of ``rank`` arrived (not necessarily its last)."""
         for report in reports:
             kind = grace_trigger(report)
-            if kind == "failed":
-                self.failed.add(rank)
             if kind is not None:
-                self._start_grace(now, f"rank {rank} {kind}")
+                self.note_trigger(rank, kind, now)
+
+    def note_trigger(self, rank: int, kind: str, now: float) -> None:
+        """``rank`` said it ``kind`` (:func:`grace_trigger`'s "failed" or "skipped") before its
+        reports arrived (launcher mode's early message): the same as such a report."""
+        if kind == "failed":
+            self.failed.add(rank)
+        self._start_grace(now, f"rank {rank} {kind}")
 
     def note_finished(self, rank: int) -> None:
         """Positive evidence: ``rank``'s last reports for this test arrived."""
@@ -266,6 +271,12 @@ def unfinished_report(
     return synthesized_failure(
         nodeid, location, pos.when, crash, text, note=note, collateral=collateral, stop=wall
     )
+
+
+def failed_itself(reports: Iterable[TestReport]) -> bool:
+    """A rank's own failure is among ``reports`` (a failed subtest does not count): when it did
+    not finish, it was cleaning up after that failure, which is the story to tell."""
+    return any(r.failed and not is_subtest(r) for r in reports)
 
 
 def fill_passed(reports: list[TestReport], nodeid: str, location: Location, when: str) -> None:

@@ -40,7 +40,7 @@ from _pytest.runner import runtestprotocol
 from . import __version__
 from .launch_channel import Channel, ChannelError
 from .launch_env import Launch, rerun_command
-from .launch_gather import Current, gather, publish_early
+from .launch_gather import Current, gather, left_stuck, publish_early
 from .launch_life import adopt_exit_code, leave, lost, open_rank, park
 from .launch_plan import Step, apply_on_rank0, exchange, next_shared
 from .launch_rank import deserialize, ensure_group, group_healthy, serialize
@@ -240,9 +240,8 @@ class LaunchPlugin:
             timeout = item_timeout(item, self.settings.timeout)
         except ValueError:
             timeout = self.settings.timeout
-        now = time.monotonic()
-        deadline = now + timeout.value if timeout.value > 0 else None
-        cur = Current(index, item, now, deadline, timeout)
+        grace = self.settings.failure_grace.value
+        cur = Current.begin(index, item, self.world_size, timeout, grace)
         self.current = cur
         self.distributed_tests += 1
         return cur
@@ -291,12 +290,8 @@ class LaunchPlugin:
         for report in merged:
             ihook.pytest_runtest_logreport(report=report)
         if stuck:
-            ranks = ", ".join(str(r) for r in stuck)
             self.aborted = True
-            self.ended = (
-                f"{item.nodeid} left rank(s) {ranks} stuck ({cur.trigger or 'timeout'}); a rank "
-                "stuck in a collective cannot be interrupted, so the launched world stops here"
-            )
+            self.ended = left_stuck(cur, stuck)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:

@@ -1,98 +1,47 @@
 """Launcher mode, the reporting side: what rank 0 tells pytest about a test and about the run.
 
 Runs in rank 0's pytest process of a launched world (main thread, or its watchdog thread when the
-main thread is stuck). Pure logic over pytest's report objects
-and text; imports no torch. The merge itself is :func:`merge.merge_test`, the same as spawn mode;
-this module builds the reports that go into it for ranks that could not send their own (stuck in
-a collective, timed out, silent), and the reports of tests the run could not reach.
+main thread is stuck). Pure logic over pytest's report objects and text; imports no torch. The
+merge itself is :func:`merge.merge_test`, and the report for a rank stuck in a collective or timed
+out is :func:`endgame.unfinished_report`, both the same as pool mode's; this module builds the
+reports only launcher mode needs: a rank that sent neither its reports nor its stack, a rank whose
+process group did not come up, and the tests the run could not reach.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 
 from _pytest.reports import TestReport
 
+from .endgame import Location
 from .merge import label, synthesized_failure
-from .stacks import format_stack, where_blocked
 
-Location = tuple[str, int | None, str]
 #: At most this many node ids of each kind are listed in a collection mismatch.
 SHOWN_NODEIDS = 5
 
 
-@dataclasses.dataclass(frozen=True)
-class Stuck:
-    """Why a rank is reported from outside: its stack and what started the end of the test."""
-
-    when: str
-    dump: str
-    log: str
-    #: Seconds since the first failure or skip (None: the deadline passed, nobody failed).
-    after_failure: float | None
-    trigger: str
-    timeout: float
-    timeout_source: str
-
-
-def fill_passed(reports: list[TestReport], nodeid: str, location: Location, when: str) -> None:
-    """Passed reports for the phases before ``when`` that a rank finished but did not send.
-
-    The merge shows a phase only after a passed setup; a rank stuck in call did pass its setup.
-    """
-    if any(not r.passed for r in reports if r.when == "setup"):
-        return  # no call phase after a failed or skipped setup
-    have = {r.when for r in reports}
-    for earlier in ("setup", "call", "teardown"):
-        if earlier == when:
-            break
-        if earlier not in have:
-            reports.append(TestReport(nodeid, location, {}, "passed", None, earlier))
-
-
-def stuck_report(
-    nodeid: str,
-    location: Location,
-    test_file: str,
-    rank: int,
-    world_size: int,
-    stuck: Stuck,
-    now: float,
+def silent_report(
+    nodeid: str, location: Location, rank: int, world_size: int, log: str, now: float
 ) -> TestReport:
-    """A failed report for a rank that did not finish the test (PITFALLS-style, as in pools)."""
+    """A failed report for a rank that sent neither its reports nor its stack when asked.
+
+    Where it was is unknown (its watchdog did not run: a crash, or code that holds the GIL), so
+    the report goes under call, after the passed setup the caller fills in.
+    """
     tag = label(rank, world_size)
-    when = stuck.when
-    if not stuck.dump:
-        note = (
-            f"sent neither its reports nor its stack; it may have crashed or be stuck holding "
-            f"the GIL (its log: {stuck.log})"
-        )
-        crash = f"no report from {tag} in {when}"
-        text = (
-            f"{tag} sent neither its reports nor its stack in time: it may have crashed, or be "
-            "stuck in code that holds the GIL.\nSee its log "
-            f"({stuck.log}) and the launcher's output (torchrun prints each rank's exit code)."
-        )
-        return synthesized_failure(
-            nodeid, location, when, crash, text, note=note, collateral=False, stop=now
-        )
-    where = where_blocked(stuck.dump, test_file)
-    if stuck.after_failure is not None:
-        note = f"stuck {stuck.after_failure:.1f} s after {stuck.trigger}; {where}"
-        crash = f"stuck in {when}: {stuck.trigger} first"
-        collateral = True
-    else:
-        note = f"timed out in {when} after {stuck.timeout:g} s; {where}"
-        crash = (
-            f"Timeout: still in {when} after {stuck.timeout:g} s "
-            f"(timeout from {stuck.timeout_source})"
-        )
-        collateral = False
-    stack = format_stack(stuck.dump, test_file, stuck.log)
-    text = f"{tag}: {crash}\n{where}\n{stack}"
+    note = (
+        f"sent neither its reports nor its stack; it may have crashed or be stuck holding "
+        f"the GIL (its log: {log})"
+    )
+    crash = f"no report from {tag} in call"
+    text = (
+        f"{tag} sent neither its reports nor its stack in time: it may have crashed, or be "
+        "stuck in code that holds the GIL.\nSee its log "
+        f"({log}) and the launcher's output (torchrun prints each rank's exit code)."
+    )
     return synthesized_failure(
-        nodeid, location, when, crash, text, note=note, collateral=collateral, stop=now
+        nodeid, location, "call", crash, text, note=note, collateral=False, stop=now
     )
 
 

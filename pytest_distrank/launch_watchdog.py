@@ -5,11 +5,12 @@ a C++ collective, where no Python signal handler runs and nothing can interrupt 
 does not need it:
 
 - rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
-- while a distributed test runs, rank 0 watches the deadline and the other ranks' early failures.
-  When the deadline passes, or the failure grace is over, and its own main thread is still in
-  the test, it finishes the session itself: it reports the test (rank 0's own stuck or
-  timed-out report, synthesized from its stack, merged with the peers' reports or stacks), reports
-  the remaining tests as not run, lets the terminal summary and junitxml be written
+- while a distributed test runs, rank 0 watches the other ranks' early failures and last
+  reports. When :class:`endgame.Endgame`'s rule ends the wait (the rule :func:`launch_gather.gather`
+  follows once the main thread is out of the test) and its own main thread is still in the test,
+  it finishes the session itself: it reports the test (rank 0's own stuck or timed-out report,
+  synthesized from its stack, merged with the peers' reports or stacks), reports the remaining
+  tests as not run, lets the terminal summary and junitxml be written
   (``pytest_sessionfinish``, ``pytest_unconfigure``), publishes the exit code and exits;
 - the other ranks publish their stacks (and their reports so far) when their deadline passes or
   when rank 0 asks (``abort/<test>``), then wait for rank 0's exit code and exit with it.
@@ -26,9 +27,9 @@ from typing import TYPE_CHECKING
 import pytest
 from _pytest.reports import TestReport
 
+from .endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
 from .launch_channel import LOST_EXIT, ChannelError, dump_threads
-from .launch_gather import FINISH_WAIT, Current, gather, poll_early
-from .launch_report import Stuck, fill_passed, stuck_report
+from .launch_gather import Current, gather, left_stuck, poll_early, poll_finished
 from .stacks import where_blocked
 
 if TYPE_CHECKING:
@@ -81,15 +82,17 @@ class Watchdog(threading.Thread):
         cur = plugin.current
         if cur is None or cur.done:
             return
+        game = cur.game
         if plugin.rank == 0:
+            # Rank 0 itself is pending until its main thread is done (then gather decides).
             poll_early(plugin, cur)
-            grace = plugin.settings.failure_grace.value
-            extra = FINISH_WAIT if 0 in cur.failed_ranks else 0.0
-            late = cur.deadline is not None and now >= cur.deadline
-            if late or (cur.failed_at is not None and now >= cur.failed_at + grace + extra):
-                self._take_over(cur)
+            if game.seconds_left(now) == 0.0:
+                poll_finished(plugin, cur)  # who is left decides whether FINISH_WAIT applies
+                if game.expired(now):
+                    self._take_over(cur)
             return
-        late = cur.deadline is not None and now >= cur.deadline
+        deadline = game.deadline
+        late = deadline is not None and now >= deadline
         abort = plugin.channel.has(f"abort/{cur.index}")
         if (late or abort) and not cur.stack_sent:
             self._send_stack(cur, "its deadline passed" if late else "rank 0 asked")
@@ -146,13 +149,8 @@ class Watchdog(threading.Thread):
             own = self._own_reports(cur)
             per_rank, stuck, _ = gather(plugin, cur, own)
             merged = plugin.merge(cur, per_rank)
-            ranks = ", ".join(str(r) for r in [0, *stuck])
             plugin.aborted = True
-            plugin.ended = (
-                f"{cur.item.nodeid} left rank(s) {ranks} stuck ({cur.trigger or 'timeout'}); a "
-                "rank stuck in a collective cannot be interrupted, so the launched world stops "
-                "here"
-            )
+            plugin.ended = left_stuck(cur, [0, *stuck])
             plugin.current = None
             ihook = cur.item.ihook
             for report in merged:
@@ -173,29 +171,20 @@ class Watchdog(threading.Thread):
         item = cur.item
         reports = list(cur.reports)
         out, err = self._suspend_capture()
-        if any(r.failed for r in reports):
+        pos = Position.in_phase(cur.when)
+        fill_passed(reports, item.nodeid, item.location, pos.when)
+        if failed_itself(reports):
             return reports  # rank 0's own failure is the story; it was stuck cleaning up
-        fill_passed(reports, item.nodeid, item.location, cur.when)
-        now = time.monotonic()
-        mine_first = cur.trigger.startswith("rank 0 ")
         dump = dump_threads(plugin.main_ident)
         with contextlib.suppress(OSError), open(plugin.log_path, "a", encoding="utf-8") as log:
-            log.write(f"stacks of all threads in {cur.when} of {item.nodeid}:\n{dump}\n")
-        info = Stuck(
-            when=cur.when,
-            dump=dump,
-            log=plugin.log_path,
-            after_failure=None if cur.failed_at is None or mine_first else now - cur.failed_at,
-            trigger=cur.trigger,
-            timeout=cur.timeout.value,
-            timeout_source=cur.timeout.source,
-        )
-        report = stuck_report(
+            log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
+        info = Unfinished(pos, dump, plugin.log_path, "stuck", cur.game, time.monotonic())
+        report = unfinished_report(
             item.nodeid, item.location, str(item.path), 0, plugin.world_size, info, time.time()
         )
         for name, text in (("stdout", out), ("stderr", err)):
             if text:
-                report.sections.append((f"Captured {name} {cur.when}", text))
+                report.sections.append((f"Captured {name} {pos.when}", text))
         reports.append(report)
         return reports
 

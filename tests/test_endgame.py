@@ -15,6 +15,7 @@ from pytest_distrank.endgame import (
     Unfinished,
     clamp_wait,
     effective_timeout,
+    failed_itself,
     fill_passed,
     grace_trigger,
     unfinished_report,
@@ -88,6 +89,23 @@ def test_a_skip_starts_the_grace_an_xfail_and_a_subtest_do_not() -> None:
     assert grace_trigger(report("failed")) == "failed"
 
 
+def test_an_early_message_counts_as_the_report_it_announces() -> None:
+    g = game(timeout=100.0, grace=2.0)
+    g.note_trigger(2, "skipped", 101.0)
+    g.note_trigger(1, "failed", 102.0)
+    assert g.trigger == "rank 2 skipped"  # the first one starts the grace
+    assert g.failed == {1}
+    assert g.limit() == 103.0
+
+
+def test_failed_itself_ignores_subtests() -> None:
+    sub = report("failed")
+    sub.__class__ = type("SubtestReport", (TestReport,), {})
+    sub.context = object()  # type: ignore[attr-defined]
+    assert not failed_itself([report("passed", "setup"), sub])
+    assert failed_itself([report("passed", "setup"), report("failed")])
+
+
 def test_a_lost_rank_is_not_waited_for_and_not_finished() -> None:
     g = game()
     g.note_lost(2, "crashed", 101.0)
@@ -131,3 +149,31 @@ def test_fill_passed_adds_the_phases_before() -> None:
     skipped = [report("skipped", "setup")]
     fill_passed(skipped, "t.py::test_x", LOC, "teardown")
     assert len(skipped) == 1
+
+
+def test_sequences_compared_as_increments_since_the_last_test() -> None:
+    from pytest_distrank.fitness import sequences_in_step
+
+    base = {0: {"the default group": 5}, 1: {"the default group": 3}}  # p2p earlier on rank 0
+    assert sequences_in_step({0: {"the default group": 7}, 1: {"the default group": 5}}, base)
+    assert not sequences_in_step({0: {"the default group": 8}, 1: {"the default group": 5}}, base)
+    # A group created during the test, on its members only.
+    assert sequences_in_step({0: {"g": 2}, 1: {"g": 2}, 2: {}}, {})
+
+
+def test_unmatched_collectives_name_the_rank_with_more() -> None:
+    from pytest_distrank.fitness import unmatched_collectives
+    from pytest_distrank.protocol import RunTest
+
+    counts = {0: {"the default group": (3, "gloo:all_reduce")}, 1: {"the default group": (2, "")}}
+    test = RunTest(1, "t.py::test_x", None, "")
+    found = unmatched_collectives(counts, 2, test, LOC)
+    assert [(rank, why) for rank, _, why in found] == [
+        (0, "rank 0 left an unmatched collective on the default group in t.py::test_x")
+    ]
+    assert found[0][1].distrank_note == (  # type: ignore[attr-defined]
+        "issued 1 more collective than its peers on the default group: an unmatched "
+        "collective (its last: gloo:all_reduce)"
+    )
+    same = {0: {"the default group": (2, "x")}, 1: {"the default group": (2, "x")}}
+    assert unmatched_collectives(same, 2, test, LOC) == []

@@ -472,8 +472,8 @@ def test_ordinary_after():
     assert run.codes == [1]
     gave_up = 1 - stuck
     rows = {
-        stuck: f"  rank {stuck}/2  stuck * s after rank {gave_up} failed; blocked in barrier at *, "
-        "called from test_desync at *.py:7",
+        stuck: f"  rank {stuck}/2  stuck in call * s after rank {gave_up} failed; blocked in "
+        "barrier at *, called from test_desync at *.py:7",
         gave_up: f"  rank {gave_up}/2  failed in call: RuntimeError: rank {gave_up} gave up  <- *",
     }
     run.match(
