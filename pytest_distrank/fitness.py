@@ -109,6 +109,26 @@ def foreign_report(
     )
 
 
+def forked_report(
+    rank: int, world_size: int, pids: tuple[int, ...], test: RunTest, location: Location
+) -> TestReport:
+    """A failure for a test that left forks of the rank running the rank's own code."""
+    listed = ", ".join(str(p) for p in pids)
+    crash = (
+        f"forked pid {listed} which still ran the rank's own code when the test ended: "
+        "it returns into pytest and runs the rest of the test again"
+    )
+    text = (
+        f"rank {rank}/{world_size} {crash}.\n"
+        "End a child made with os.fork() with os._exit() (or use subprocess, or "
+        "multiprocessing, which manages its children). The child was killed with the pool, "
+        "and the pool was replaced."
+    )
+    return synthesized_failure(
+        test.nodeid, location, "call", crash, text, note=crash, stop=time.time()
+    )
+
+
 def why_silent(pid: int) -> str:
     """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
     try:

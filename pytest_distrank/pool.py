@@ -38,6 +38,7 @@ from .endgame import (
 )
 from .fitness import (
     foreign_report,
+    forked_report,
     is_own,
     sequences_in_step,
     unmatched_collectives,
@@ -399,6 +400,13 @@ class Pool:
         if rank.rank not in game.pending:
             return
         now = time.monotonic()
+        if isinstance(message, Reports) and message.index != test.index:
+            # Reports of an earlier test (a fork of it, sending late): credited to no test.
+            self.broken = self.broken or (
+                f"rank {rank.rank} sent reports for {message.nodeid} from pid {message.pid} "
+                f"during {test.nodeid}: a process forked by that test?"
+            )
+            return
         if isinstance(message, Reports) and not is_own(rank.pid, message, test):
             self.broken = self.broken or f"rank {rank.rank} sent foreign reports in {test.nodeid}"
             report = foreign_report(
@@ -414,6 +422,12 @@ class Pool:
             if message.done:
                 game.note_finished(rank.rank)
                 result.sequence[rank.rank] = message.sequence
+                if message.forks:
+                    ws = self.key.world_size
+                    result.reports[rank.rank].append(
+                        forked_report(rank.rank, ws, message.forks, test, location)
+                    )
+                    self.broken = self.broken or f"{test.nodeid} left forked processes"
                 if not message.pg_healthy and self.broken is None:
                     self.broken = f"{test.nodeid} left the default process group destroyed"
             return

@@ -169,6 +169,9 @@ class Reports:
     #: With ``done``: for each process group this rank is a member of, its name in words and
     #: the group's sequence number (collectives and point-to-point ops issued so far).
     sequence: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: With ``done``: processes the test forked (``os.fork()``) that were still running the
+    #: rank's own code when the test ended: they return into pytest and run the test again.
+    forks: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

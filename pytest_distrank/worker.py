@@ -221,6 +221,9 @@ class WorkerPlugin:
         self.served = False
         #: The rank's own pid; a process forked by a test has another.
         self.pid = os.getpid()
+        #: Forks made by the running test (os.register_at_fork): only then are children looked at.
+        self.forks = 0
+        os.register_at_fork(after_in_parent=self._note_fork)
         self.files = frozenset(cfg.files)
         self.real_files = frozenset(os.path.realpath(f) for f in cfg.files)
         self.pending: list[dict[str, Any] | PassedPhase] = []
@@ -229,6 +232,9 @@ class WorkerPlugin:
         self.ctx: RankContext | None = None
         #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
         self.coverage: Any = None
+
+    def _note_fork(self) -> None:
+        self.forks += 1
 
     def _phase(self, phase: Phase, index: int | None = None) -> None:
         if os.getpid() != self.pid:
@@ -315,7 +321,11 @@ class WorkerPlugin:
             self._flush(done=False)
 
     def _flush(
-        self, done: bool, pg_healthy: bool = True, sequence: dict[str, int] | None = None
+        self,
+        done: bool,
+        pg_healthy: bool = True,
+        sequence: dict[str, int] | None = None,
+        forks: tuple[int, ...] = (),
     ) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
@@ -332,6 +342,7 @@ class WorkerPlugin:
                 done,
                 pg_healthy,
                 sequence or {},
+                forks,
             )
 
         try:
@@ -396,10 +407,19 @@ class WorkerPlugin:
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             _master_store(self.ctx, f"test{message.index}/")
+        self.forks = 0
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        if os.getpid() != self.pid:
+            self._flush(done=True)  # a fork of the test: its reports carry its own pid
+            return
         self._phase(Phase.FINISHED)
         healthy = _group_healthy(self.ctx)
-        self._flush(done=True, pg_healthy=healthy, sequence=sequence_numbers() if healthy else {})
+        self._flush(
+            done=True,
+            pg_healthy=healthy,
+            sequence=sequence_numbers() if healthy else {},
+            forks=stray_forks(self.pid) if self.forks else (),
+        )
         self._phase(Phase.IDLE)
 
     def _stop(self, session: pytest.Session) -> None:
@@ -524,6 +544,39 @@ def _master_store(ctx: RankContext, prefix: str) -> None:
     else:
         port = ctx.store.get(key).decode()
     os.environ["MASTER_PORT"] = port
+
+
+def stray_forks(pid: int) -> tuple[int, ...]:
+    """Children of this rank that still run its own code (forked, not exec'd, not managed).
+
+    A child of ``os.fork()`` that returns into pytest runs the rest of the test a second time.
+    Children that ``exec``'d (subprocess) have another command line; multiprocessing's own
+    children (DataLoader workers with the fork start method) are known to it and left alone.
+    """
+    import multiprocessing
+
+    def cmdline(p: int | str) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    own = cmdline(pid)
+    managed = {p.pid for p in multiprocessing.active_children()}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in managed:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
+            if cmdline(entry) == own:
+                found.append(int(entry))
+    return tuple(sorted(found))
 
 
 def _group_words(pg: Any) -> str:
