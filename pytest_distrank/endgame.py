@@ -40,7 +40,7 @@ FINISH_WAIT = 5.0
 #: How long ranks asked for their stacks get to write them.
 DUMP_WAIT = 3.0
 #: Longer than any test could sensibly take (a year): a deadline beyond it means "no deadline".
-#: Every wait is clamped to it, so that ``inf`` or ``10**7`` never overflows a timer.
+#: Every single wait is clamped to :data:`MAX_WAIT`, so ``inf`` or ``10**7`` never overflows.
 FOREVER = 365 * 24 * 3600.0
 
 
@@ -54,11 +54,18 @@ def effective_timeout(seconds: float) -> float | None:
     return seconds
 
 
+#: The longest single wait: ``poll()`` takes milliseconds in a C int (24.8 days at most).
+#: Callers loop, so a longer deadline is waited for in steps.
+MAX_WAIT = 24 * 3600.0
+
+
 def clamp_wait(seconds: float | None) -> float | None:
     """A wait bound fit for ``select``/``poll``: None stays None; huge values are cut."""
     if seconds is None:
         return None
-    return min(max(0.0, seconds), FOREVER)
+    if math.isnan(seconds):
+        return MAX_WAIT
+    return min(max(0.0, seconds), MAX_WAIT)
 
 
 def is_subtest(report: TestReport) -> bool:

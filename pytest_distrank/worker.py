@@ -191,6 +191,11 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         if not plugin.served:
             conn.send(Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3
+        elif not plugin.stopped and os.getpid() == plugin.pid:
+            # The session ended while serving: pytest.exit() or KeyboardInterrupt in a test.
+            why = plugin.interrupted or f"its pytest session ended (exit code {exit_code})"
+            conn.send(Fatal(cfg.rank, why))
+            code = 4
     except BaseException:
         with contextlib.suppress(BaseException):
             conn.send(Fatal(cfg.rank, traceback.format_exc()))
@@ -219,6 +224,10 @@ class WorkerPlugin:
         self.phases = phases
         self.log_fd = log_fd
         self.served = False
+        #: Set when the controller's Shutdown was served (the session ended as asked).
+        self.stopped = False
+        #: Why the rank's session was interrupted (pytest.exit, KeyboardInterrupt in a test).
+        self.interrupted: str | None = None
         #: The rank's own pid; a process forked by a test has another.
         self.pid = os.getpid()
         #: Forks made by the running test (os.register_at_fork): only then are children looked at.
@@ -282,6 +291,21 @@ class WorkerPlugin:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.collect_errors.append(f"{report.nodeid or '<session>'}: {report.longrepr}")
+
+    @pytest.hookimpl
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """pytest.exit() or KeyboardInterrupt ends the rank's session: say which, and where."""
+        exc = excinfo.value
+        test = self.ctx.test.nodeid if self.ctx is not None else "?"
+        frames = traceback.format_exception(exc)
+        where = "".join(frames[-4:]) if len(frames) > 1 else ""
+        if isinstance(exc, pytest.exit.Exception):
+            head = f"pytest.exit({exc.msg!r}) was called in {test}"
+            if exc.returncode is not None:
+                head += f" (returncode={exc.returncode})"
+        else:
+            head = f"KeyboardInterrupt was raised in {test} ({exc})"
+        self.interrupted = f"{head}\n{where}" if where else head
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_timeout_set_timer(self, item: pytest.Item) -> bool:
@@ -390,6 +414,7 @@ class WorkerPlugin:
                 os._exit(1)  # the controller is gone; nothing to report to
             if isinstance(message, Shutdown):
                 self._stop(session)
+                self.stopped = True
                 return True
             if isinstance(message, CountCollectives):
                 self.conn.send(Collectives(self.cfg.rank, os.getpid(), collective_counts()))

@@ -235,3 +235,69 @@ def test_then_collective(rank, pg):
     result = run_pytest("-ra")
     result.assert_outcomes(passed=2)
     assert "pool killed after a fault" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "marker"),
+    [
+        ((), "inf", ""),
+        (("--timeout=3000000",), "", ""),
+        ((), "", "@pytest.mark.timeout(10**7)"),
+        (("--distrank-timeout=1e308",), "", ""),
+    ],
+    ids=["env-inf", "pytest-timeout-3000000", "marker-1e7", "option-1e308"],
+)
+def test_huge_deadline_means_no_deadline(
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    env: str,
+    marker: str,
+) -> None:
+    if env:
+        monkeypatch.setenv("DISTRANK_TIMEOUT", env)
+    pytester.makepyfile(
+        HEADER
+        + f"""
+{marker}
+@pytest.mark.world_size(2)
+def test_huge(rank, pg):
+    dist.barrier(group=pg)
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra", *args)
+    result.assert_outcomes(passed=2)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
+@pytest.mark.parametrize(
+    ("body", "line"),
+    [
+        (
+            'pytest.exit("database gone", returncode=3)',
+            "*stopped serving in call: pytest.exit('database gone') was called in *::test_stop "
+            "(returncode=3)*",
+        ),
+        ("raise KeyboardInterrupt", "*stopped serving in call: KeyboardInterrupt was raised in *"),
+    ],
+    ids=["pytest-exit", "keyboard-interrupt"],
+)
+def test_session_ending_exception_in_a_rank_says_so(
+    pytester: pytest.Pytester, run_pytest: RunPytest, body: str, line: str
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + f"""
+@pytest.mark.world_size(2)
+def test_stop(rank):
+    if rank == 1:
+        {body}
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines([line])
+    assert "exit code 0" not in result.stdout.str()
