@@ -296,6 +296,26 @@ def merge_phase(
     return _base(template, phase, world_size, "passed", None)
 
 
+def _subtest_key(report: TestReport) -> tuple[str, str] | None:
+    """Which subtest a report is of (message and keyword arguments), or None: not a subtest."""
+    context = getattr(report, "context", None)
+    if context is None or type(report).__name__ != "SubtestReport":
+        return None
+    return (str(getattr(context, "msg", "")), repr(sorted(getattr(context, "kwargs", {}).items())))
+
+
+def _merge_subtest(
+    phase: Sequence[tuple[int, TestReport]], world_size: int, stories: Mapping[int, str]
+) -> TestReport:
+    """One subtest over the ranks that ran it, still a subtest report for pytest's terminal."""
+    template = phase[0][1]
+    merged = merge_phase(phase, world_size, stories)
+    if type(merged) is not type(template):
+        merged.__class__ = type(template)
+    merged.context = template.context  # type: ignore[attr-defined]
+    return merged
+
+
 def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) -> list[TestReport]:
     """All phase reports of every rank -> the phase reports pytest sees, counted once.
 
@@ -304,11 +324,19 @@ def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) ->
     """
     stories = {rank: rank_story(reports) for rank, reports in per_rank.items()}
     by_when: dict[str, list[tuple[int, TestReport]]] = {w: [] for w in WHENS}
+    subtests: dict[tuple[str, str], list[tuple[int, TestReport]]] = {}
     for rank in sorted(per_rank):
         for report in per_rank[rank]:
-            by_when[report.when].append((rank, report))
+            key = _subtest_key(report)
+            if key is not None:
+                subtests.setdefault(key, []).append((rank, report))
+            else:
+                by_when[report.when].append((rank, report))
     setup, call, teardown = by_when["setup"], by_when["call"], by_when["teardown"]
     out: list[TestReport] = []
+    # Each subtest (pytest's subtests fixture) is merged over the ranks that ran it, and shown
+    # before the test's own call report, as pytest shows them.
+    out_subtests = [_merge_subtest(phase, world_size, stories) for phase in subtests.values()]
     if setup:
         setup_failed = any(r.failed for _, r in setup)
         call_failed = any(r.failed for _, r in call)
@@ -317,8 +345,11 @@ def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) ->
             out.append(merge_phase(ran, world_size, stories))
         else:
             out.append(merge_phase(setup, world_size, stories))
+        out.extend(out_subtests)
         if out[0].passed and call:
             out.append(merge_phase(call, world_size, stories))
+    else:
+        out.extend(out_subtests)
     if teardown:
         out.append(merge_phase(teardown, world_size, stories))
     return out

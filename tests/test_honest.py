@@ -301,3 +301,35 @@ def test_stop(rank):
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines([line])
     assert "exit code 0" not in result.stdout.str()
+
+
+def test_failed_subtest_is_not_the_end_of_a_ranks_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytest.importorskip("_pytest.subtests", reason="the subtests fixture is pytest 9's")
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_steps(rank, pg, subtests):
+    for i in range(3):
+        with subtests.test(msg="step", i=i):
+            time.sleep(1.0)  # longer than the grace period
+            t = torch.ones(1)
+            dist.all_reduce(t, group=pg)
+            assert not (rank == 1 and i == 0), "rank 1 fails step 0"
+"""
+        + HEALTHY
+    )
+    result = run_pytest("-ra", "-v", "--distrank-failure-grace=0.5")
+    # As plain pytest reports subtests: the later ones ran on every rank and passed.
+    result.stdout.fnmatch_lines(
+        [
+            "*::test_steps SUBPASSED[[]step[]] (i=*2*) *",
+            "SUBFAILED[[]step[]] (i=*0*) *::test_steps - [[]rank 1/2[]] AssertionError: rank 1 "
+            "fails step 0",
+            "FAILED *::test_steps - [[]rank 1/2[]] contains 1 failed subtest",
+            "*2 failed, 1 passed, 2 subtests passed*",
+        ]
+    )
+    assert "killed" not in result.stdout.str()  # no peer was ended after the grace period
