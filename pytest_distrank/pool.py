@@ -58,6 +58,7 @@ from .protocol import (
     RunTest,
     Shutdown,
     Stopped,
+    WarningRecord,
     phase_slots,
 )
 from .stacks import read_from, signal_name, tail, trim_fault_dump, where_blocked
@@ -111,6 +112,8 @@ class TestRun:
     broken: str | None = None
     #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
     sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Per rank: the warnings the test raised there (Reports.warnings).
+    warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
 
 
 class Pool:
@@ -422,6 +425,7 @@ class Pool:
             if message.done:
                 game.note_finished(rank.rank)
                 result.sequence[rank.rank] = message.sequence
+                result.warnings[rank.rank] = message.warnings
                 if message.forks:
                     ws = self.key.world_size
                     result.reports[rank.rank].append(

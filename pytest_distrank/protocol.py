@@ -107,6 +107,9 @@ class Ready:
     collect_errors: tuple[str, ...] = ()
 
 
+#: ``(category module, category qualname, message, filename, lineno)`` of one warning.
+WarningRecord = tuple[str, str, str, str, int]
+
 #: Attributes of a plain pytest TestReport. A passing report with nothing else (no sections, no
 #: properties, no attribute a plugin added) travels as a :data:`PassedPhase` tuple.
 PLAIN_REPORT_ATTRIBUTES = frozenset(
@@ -172,6 +175,9 @@ class Reports:
     #: With ``done``: processes the test forked (``os.fork()``) that were still running the
     #: rank's own code when the test ended: they return into pytest and run the test again.
     forks: tuple[int, ...] = ()
+    #: With ``done``: warnings the test raised on this rank (pytest_warning_recorded), each as
+    #: :data:`WarningRecord`; the controller shows each distinct one once, naming the ranks.
+    warnings: tuple[WarningRecord, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,7 @@ import pickle
 import signal
 import sys
 import traceback
+import warnings
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -47,6 +48,7 @@ from .protocol import (
     RunTest,
     Shutdown,
     Stopped,
+    WarningRecord,
     compact_passed,
     phase_slots,
 )
@@ -230,6 +232,8 @@ class WorkerPlugin:
         self.interrupted: str | None = None
         #: The rank's own pid; a process forked by a test has another.
         self.pid = os.getpid()
+        #: The running test's warnings (protocol.WarningRecord), sent with its last reports.
+        self.warnings: list[WarningRecord] = []
         #: Forks made by the running test (os.register_at_fork): only then are children looked at.
         self.forks = 0
         os.register_at_fork(after_in_parent=self._note_fork)
@@ -291,6 +295,24 @@ class WorkerPlugin:
     def pytest_collectreport(self, report: pytest.CollectReport) -> None:
         if report.failed:
             self.collect_errors.append(f"{report.nodeid or '<session>'}: {report.longrepr}")
+
+    @pytest.hookimpl
+    def pytest_warning_recorded(
+        self, warning_message: warnings.WarningMessage, when: str, nodeid: str
+    ) -> None:
+        """Keep the test's warnings for the controller's warnings summary."""
+        if when != "runtest":
+            return
+        category = warning_message.category
+        self.warnings.append(
+            (
+                category.__module__,
+                category.__qualname__,
+                str(warning_message.message),
+                str(warning_message.filename),
+                int(warning_message.lineno or 0),
+            )
+        )
 
     @pytest.hookimpl
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -367,6 +389,7 @@ class WorkerPlugin:
                 pg_healthy,
                 sequence or {},
                 forks,
+                tuple(self.warnings) if done else (),
             )
 
         try:
@@ -433,6 +456,7 @@ class WorkerPlugin:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             _master_store(self.ctx, f"test{message.index}/")
         self.forks = 0
+        self.warnings = []
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         if os.getpid() != self.pid:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid

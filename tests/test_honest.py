@@ -333,3 +333,32 @@ def test_steps(rank, pg, subtests):
         ]
     )
     assert "killed" not in result.stdout.str()  # no peer was ended after the grace period
+
+
+def test_warnings_in_ranks_reach_the_warnings_summary(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+import threading, warnings
+
+@pytest.mark.world_size(2)
+def test_warns(rank):
+    warnings.warn("deprecated thing", DeprecationWarning)
+    if rank == 1:
+        t = threading.Thread(target=lambda: 1 / 0)
+        t.start()
+        t.join()
+"""
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(passed=1, warnings=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_warnings_in_ranks_reach_the_warnings_summary.py:*: DeprecationWarning: "
+            "[[]ranks 0, 1 of 2[]] deprecated thing",
+            "*PytestUnhandledThreadExceptionWarning: [[]rank 1/2[]] Exception in thread *",
+            "*ZeroDivisionError: division by zero",
+        ]
+    )
