@@ -21,6 +21,7 @@ from typing import Any
 
 from _pytest.reports import TestReport
 
+from . import reaper
 from .endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
@@ -148,6 +149,11 @@ class Pool:
         self.last_test: RunTest | None = None
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
         self.lease: GpuLease | None = None
+
+    @property
+    def tag(self) -> str:
+        """The pool's tag in its ranks' environment (reaper.POOL_TAG_ENV): its store's path."""
+        return self.configs[0].store_path if self.configs else ""
 
     @property
     def pids(self) -> list[int]:
@@ -594,12 +600,18 @@ class Pool:
         """
         if self.closed:
             return
+        # Everything the ranks started, found before the ranks die (see reaper.py): their
+        # descendants (orphans included: ranks are subreapers) and what carries the pool's tag.
+        live = [r.pid for r in self.ranks if r.process.exitcode is None]
+        leftovers = reaper.descendants(live) | reaper.tagged(self.tag)
         for r in self.ranks:
+            # Its process group even when the rank already died: its children may live on.
+            with contextlib.suppress(OSError):
+                os.killpg(r.pid, signal.SIGKILL)
             if r.process.exitcode is None:
                 with contextlib.suppress(OSError):
-                    os.killpg(r.pid, signal.SIGKILL)
-                with contextlib.suppress(OSError):
                     os.kill(r.pid, signal.SIGKILL)
+        reaper.kill_all(leftovers - {r.pid for r in self.ranks})
         for r in self.ranks:
             r.process.join(5)
             r.conn.close()

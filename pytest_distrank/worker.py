@@ -1,7 +1,7 @@
 """The rank side: one rank process of a pool, serving "run this test" from the controller.
 
 Runs in each rank process (started by the fork server, or spawned). Depends on nothing else of
-the plugin except :mod:`protocol` and the rank-only :mod:`ranklogs`. A rank process:
+the plugin except :mod:`protocol`, :mod:`reaper` and the rank-only :mod:`ranklogs`. A rank process:
 
 1. detaches from the fork server (so it dies with the controller, PITFALLS 1), moves into its
    own process group (Ctrl-C is the controller's to handle), sends its output to a per-rank log;
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest._io import TerminalWriter
 
-from . import ranklogs
+from . import ranklogs, reaper
 from .protocol import (
     Collectives,
     CountCollectives,
@@ -135,6 +135,7 @@ def _detach_from_controller_tree(expected_parent: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != expected_parent:
         os._exit(1)  # the parent died before prctl took effect
+    reaper.become_subreaper()  # orphans of what the tests start stay findable (reaper.py)
     # Own process group: the terminal's SIGINT goes to the controller only, and the controller
     # can kill this rank together with any processes it starts.
     with contextlib.suppress(OSError):
@@ -160,6 +161,7 @@ def _rank_env(cfg: RankConfig) -> dict[str, str]:
         TORCHELASTIC_RESTART_COUNT="0",
         DISTRANK_RANK=str(cfg.rank),
     )
+    env[reaper.POOL_TAG_ENV] = cfg.store_path  # unique per pool: see reaper.py
     return env
 
 
@@ -486,6 +488,9 @@ class WorkerPlugin:
                 self.coverage.save()
             except Exception as exc:
                 errors.append(f"saving coverage data failed: {exc!r}")
+        # What the tests started and left running ends with the rank, adopted orphans too.
+        reaper.kill_all(reaper.descendants([os.getpid()]))
+        reaper.reap_children()
         self.conn.send(Stopped(self.cfg.rank, tuple(errors)))
 
 

@@ -362,3 +362,33 @@ def test_warns(rank):
             "*ZeroDivisionError: division by zero",
         ]
     )
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "subprocess.Popen(['sleep', '600'])",
+        # a daemon: its own session, its parent gone (re-parented to the rank, a subreaper)
+        "subprocess.Popen(['setsid', 'sh', '-c', 'sleep 600 & exit 0']).wait()",
+        # a rank that crashes after starting a child in a session of its own
+        "subprocess.Popen(['setsid', 'sleep', '600']); time.sleep(0.5); os._exit(3)",
+    ],
+    ids=["child", "double-fork-setsid", "crashed-rank"],
+)
+def test_processes_a_test_starts_die_with_the_run(
+    pytester: pytest.Pytester, run_pytest: RunPytest, how: str
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + f"""
+import subprocess
+
+@pytest.mark.world_size(2)
+def test_starts(rank):
+    if rank == 1:
+        {how}
+"""
+    )
+    result = run_pytest("-ra", "--distrank-failure-grace=1")
+    assert result.ret in (0, 1), result.stdout.str()
+    # The run_pytest fixture fails the test if any process of the run outlives it.

@@ -1,0 +1,98 @@
+"""Every process a rank starts dies with its pool: find a rank's descendants and end them.
+
+Runs in the controller (when a pool is killed or stopped) and in each rank (at its own stop).
+Linux only, through /proc, like the rest of the process handling. Three nets, because tests
+start processes in every way there is:
+
+- each rank leads its own process group: ``killpg`` ends children that stayed in it, even after
+  the rank itself died;
+- each rank is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a grandchild whose parent exited
+  (a double fork, a daemon that called ``setsid``) is re-parented to the rank, not to init, so
+  it is still found among the rank's descendants while the rank lives;
+- each rank carries its pool's tag in its environment (:data:`POOL_TAG_ENV`), which every
+  descendant inherits unless it clears its environment: processes of a rank that already died
+  (their subreaper gone) are found by the tag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+
+#: Environment variable naming a rank's pool (unique per pool and session); inherited by
+#: everything the rank starts.
+POOL_TAG_ENV = "DISTRANK_POOL_TAG"
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Adopt this process's orphaned descendants (called in each rank at start)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every process (a /proc walk: a few ms)."""
+    out: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            out[int(entry)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
+
+
+def descendants(roots: list[int]) -> set[int]:
+    """Every living descendant of ``roots`` (not the roots themselves)."""
+    children: dict[int, list[int]] = {}
+    for pid, ppid in _parents().items():
+        children.setdefault(ppid, []).append(pid)
+    found: set[int] = set()
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found - set(roots)
+
+
+def tagged(tag: str) -> set[int]:
+    """Processes whose environment carries ``DISTRANK_POOL_TAG=tag`` (this one excluded)."""
+    needle = f"{POOL_TAG_ENV}={tag}".encode()
+    me = os.getpid()
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    found.add(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def kill_all(pids: set[int] | list[int]) -> None:
+    """SIGKILL each process and its process group; gone ones are skipped."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def reap_children() -> None:
+    """Collect exited children (adopted orphans included) so that none stays a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
