@@ -8,6 +8,7 @@ an error of the one test that carries it (see :func:`spec_of`).
 from __future__ import annotations
 
 import dataclasses
+import unittest
 from typing import Any
 
 import pytest
@@ -110,6 +111,14 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
             f"{_format_marker(marker)}: init_process_group must be True or False, got {init_pg!r}."
         )
     sizes = world_sizes(marker, default_size)
+    cls = getattr(item, "cls", None)
+    if len(sizes) > 1 and isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+        raise MarkerError(
+            f"{_format_marker(marker)} on the unittest.TestCase method {item.name!r}: pytest never "
+            "parametrizes unittest.TestCase methods (pytest_generate_tests is not called for "
+            "them), so only one size could run. Give it one size, or one TestCase subclass per "
+            "size, or write it as a plain pytest function."
+        )
     callspec = getattr(item, "callspec", None)
     size = callspec.params.get(WS_PARAM, sizes[0]) if callspec is not None else sizes[0]
     needs_nccl = item.get_closest_marker("requires_nccl") is not None

@@ -82,11 +82,31 @@ def _short(report: TestReport) -> str:
         first = str(crash.message).splitlines()[0] if crash.message else ""
         return _RANK_TAG.sub("", first)  # the merged report's own tag, if merged already
     text = str(longrepr or "").strip().splitlines()
+    # A plain-text failure (fixture lookup error, collection-style text): its "E " line says
+    # what went wrong ("fixture 'x' not found"); the last line is only a path.
+    errors = [line[1:].strip() for line in text if line.startswith("E ")]
+    if errors:
+        return errors[0]
     return text[-1] if text else ""
+
+
+#: A per-rank table row is cut to this many characters (a 20 MB exception message helps no one
+#: twice; the traceback below still has it, as pytest shows it).
+STORY_LIMIT = 300
+#: The crash line (``-ra``, junit's ``message=``) is cut to this many characters.
+CRASH_LIMIT = 4000
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def rank_story(reports: Sequence[TestReport]) -> str:
     """What one rank did in this test, in a few words, for the per-rank table."""
+    return _cut(_story(reports), STORY_LIMIT)
+
+
+def _story(reports: Sequence[TestReport]) -> str:
     for report in reports:
         note = getattr(report, NOTE_ATTR, None)
         if note:
@@ -203,7 +223,7 @@ def _failure(
     table = _table(world_size, stories, root, collateral)
     tag = f"[{label(root, world_size)}] "
     longrepr = root_report.longrepr
-    shown = {str(longrepr): root}
+    shown = {_same_failure_key(str(longrepr)): root}
     if not isinstance(longrepr, ExceptionRepr):
         # A plain-text failure (fixture lookup error, strict XPASS): give it a crash line, so
         # that ``-ra`` and junit's message= name the rank too.
@@ -219,18 +239,27 @@ def _failure(
     first_tb.reprentries = [ReprEntryNative(table), *first_tb.reprentries]
     crash = longrepr.reprcrash
     if crash is not None and not crash.message.startswith(tag):
-        crash.message = tag + crash.message
+        crash.message = tag + _cut(crash.message, CRASH_LIMIT)
     for rank, report in failures:
         if rank == root:
             continue
         text = str(report.longrepr)
         title = f"traceback of {label(rank, world_size)}"
-        if text in shown:
-            longrepr.addsection(title, f"the same as {label(shown[text], world_size)}")
+        key = _same_failure_key(text)
+        if key in shown:
+            longrepr.addsection(title, f"the same as {label(shown[key], world_size)}")
         else:
-            shown[text] = rank
+            shown[key] = rank
             longrepr.addsection(title, text)
     return _base(root_report, phase, world_size, "failed", longrepr)
+
+
+_ARGUMENT_LINE = re.compile(r"^\w+ = ")
+
+
+def _same_failure_key(text: str) -> str:
+    """A traceback without its argument lines (``rank = 1``), which differ on every rank."""
+    return "\n".join(line for line in text.splitlines() if not _ARGUMENT_LINE.match(line))
 
 
 def _ranks(ranks: Sequence[int]) -> str:

@@ -438,8 +438,8 @@ class Pool:
                         forked_report(rank.rank, ws, message.forks, test, location)
                     )
                     self.broken = self.broken or f"{test.nodeid} left forked processes"
-                if not message.pg_healthy and self.broken is None:
-                    self.broken = f"{test.nodeid} left the default process group destroyed"
+                if message.pg_problem and self.broken is None:
+                    self.broken = f"{test.nodeid} {message.pg_problem}"
             return
         result.reports[rank.rank].extend(
             self._crash_reports(rank, message, test, location, test_file, result)

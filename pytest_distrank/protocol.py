@@ -167,8 +167,9 @@ class Reports:
     #: pytest's serialized reports (``pytest_report_to_serializable``), or PassedPhase tuples.
     reports: tuple[dict[str, Any] | PassedPhase, ...]
     done: bool
-    #: False when the test left the rank's default process group destroyed or replaced.
-    pg_healthy: bool = True
+    #: What the test did to the rank's default process group ("left the default process group
+    #: destroyed", "replaced ..."); "" when the group is still the pool's.
+    pg_problem: str = ""
     #: With ``done``: for each process group this rank is a member of, its name in words and
     #: the group's sequence number (collectives and point-to-point ops issued so far).
     sequence: dict[str, int] = dataclasses.field(default_factory=dict)

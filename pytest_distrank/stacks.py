@@ -19,7 +19,7 @@ LOG_TAIL_LINES = 30
 def signal_name(exitcode: int | None) -> str:
     """``-11`` -> ``SIGSEGV(-11)``; ``3`` -> ``exit code 3``."""
     if exitcode is None:
-        return "still running"
+        return "an unknown exit status (the process was not reaped)"
     if exitcode < 0:
         try:
             return f"{signal.Signals(-exitcode).name}({exitcode})"

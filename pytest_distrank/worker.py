@@ -248,6 +248,11 @@ class WorkerPlugin:
         #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
         self.coverage: Any = None
 
+    def _arm_faulthandler(self) -> None:
+        """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
+        faulthandler.enable(file=self.log_fd, all_threads=True)
+        faulthandler.register(DUMP_SIGNAL, file=self.log_fd, all_threads=True, chain=False)
+
     def _note_fork(self) -> None:
         self.forks += 1
 
@@ -371,7 +376,7 @@ class WorkerPlugin:
     def _flush(
         self,
         done: bool,
-        pg_healthy: bool = True,
+        pg_problem: str = "",
         sequence: dict[str, int] | None = None,
         forks: tuple[int, ...] = (),
     ) -> None:
@@ -388,7 +393,7 @@ class WorkerPlugin:
                 pid,
                 tuple(pending),
                 done,
-                pg_healthy,
+                pg_problem,
                 sequence or {},
                 forks,
                 tuple(self.warnings) if done else (),
@@ -410,8 +415,7 @@ class WorkerPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         config = session.config
-        faulthandler.enable(file=self.log_fd, all_threads=True)
-        faulthandler.register(DUMP_SIGNAL, file=self.log_fd, all_threads=True, chain=False)
+        self._arm_faulthandler()
         items = {item.nodeid: item for item in session.items}
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
@@ -459,15 +463,17 @@ class WorkerPlugin:
             _master_store(self.ctx, f"test{message.index}/")
         self.forks = 0
         self.warnings = []
+        self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         if os.getpid() != self.pid:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid
             return
         self._phase(Phase.FINISHED)
-        healthy = _group_healthy(self.ctx)
+        problem = _group_problem(self.ctx)
+        healthy = not problem
         self._flush(
             done=True,
-            pg_healthy=healthy,
+            pg_problem=problem,
             sequence=sequence_numbers() if healthy else {},
             forks=stray_forks(self.pid) if self.forks else (),
         )
@@ -694,8 +700,8 @@ def collective_counts() -> dict[str, tuple[int, str]] | None:
     return out
 
 
-def _group_healthy(ctx: RankContext) -> bool:
-    """After a test: is the pool's default group still the one it started with?
+def _group_problem(ctx: RankContext) -> str:
+    """After a test: what happened to the pool's default group ("" when it is still its own).
 
     Under ``init_process_group=False`` whatever group the test left is destroyed here.
     """
@@ -705,5 +711,9 @@ def _group_healthy(ctx: RankContext) -> bool:
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
-        return not dist.is_initialized()
-    return dist.is_initialized() and dist.group.WORLD is ctx.pg
+        return "left a process group that could not be destroyed" if dist.is_initialized() else ""
+    if not dist.is_initialized():
+        return "left the default process group destroyed"
+    if dist.group.WORLD is not ctx.pg:
+        return "replaced the default process group (init_process_group was called again)"
+    return ""
