@@ -13,8 +13,9 @@ gets one :class:`_Relay` handler, once; the relay hands each record to the handl
 is capturing with at that moment, with the level check ``Logger.callHandlers`` would make. Entering
 and leaving a phase then only changes which handlers are active. The root logger is handled as
 pytest does it. A logger that later starts propagating is skipped by its relay (its records reach
-the root), and loggers that turn non-propagating get a relay at the next phase, so the set of
-loggers covered is never smaller than pytest's own.
+the root), loggers that turn non-propagating get a relay at the next phase, and a relay a test
+removed (``logger.handlers.clear()``) is put back at the next phase, so the set of loggers
+covered is never smaller than pytest's own.
 """
 
 from __future__ import annotations
@@ -50,22 +51,21 @@ class _Relays:
     """The relays of this process and the handlers pytest is capturing with right now."""
 
     def __init__(self) -> None:
-        self.by_logger: dict[int, _Relay] = {}
+        self.by_logger: dict[logging.Logger, _Relay] = {}
         #: Replaced, never mutated: a record logged from another thread sees a consistent tuple.
         self.active: tuple[logging.Handler, ...] = ()
 
     def cover_new_loggers(self) -> None:
         root = logging.getLogger()
         for logger in list(root.manager.loggerDict.values()):
-            if (
-                isinstance(logger, logging.Logger)
-                and not logger.propagate
-                and logger is not root
-                and id(logger) not in self.by_logger
-            ):
-                relay = _Relay(logger, self)
-                self.by_logger[id(logger)] = relay
-                logger.addHandler(relay)
+            if isinstance(logger, logging.Logger) and not logger.propagate and logger is not root:
+                relay = self.by_logger.get(logger)
+                if relay is None:
+                    relay = self.by_logger[logger] = _Relay(logger, self)
+                if relay not in logger.handlers:
+                    # New, or a test removed it (logger.handlers.clear()): pytest would re-add
+                    # its handler at the next phase, so the relay comes back too.
+                    logger.addHandler(relay)
 
     def activate(self, handler: logging.Handler) -> bool:
         if handler in self.active:

@@ -60,8 +60,33 @@ def test_fails_with_log_section(rank):
 
 def test_log_capture_in_ranks(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
     pytester.makepyfile(test_logs=LOGS)
-    result = run_pytest("-p", "no:randomly")
+    result = run_pytest()
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(
         ["*Captured log call*", "WARNING  mylib.quiet:test_logs.py:* quiet says hi from rank 1"]
     )
+
+
+def test_caplog_recovers_after_a_test_clears_a_loggers_handlers(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+import logging, pytest
+
+quiet = logging.getLogger("mylib.quiet")
+quiet.propagate = False
+
+@pytest.mark.world_size(2)
+def test_a_clears(rank, caplog):
+    quiet.warning("before")
+    quiet.handlers.clear()
+
+@pytest.mark.world_size(2)
+def test_b_still_captured(rank, caplog):
+    quiet.warning("after on rank %d", rank)
+    assert [r.getMessage() for r in caplog.records] == [f"after on rank {rank}"]
+"""
+    )
+    result = run_pytest()
+    result.assert_outcomes(passed=2)
