@@ -62,7 +62,15 @@ from .protocol import (
     WarningRecord,
     phase_slots,
 )
-from .stacks import read_from, signal_name, tail, trim_fault_dump, where_blocked
+from .stacks import (
+    format_stack,
+    read_from,
+    signal_name,
+    tail,
+    trim_fault_dump,
+    user_file,
+    where_blocked,
+)
 from .worker import DUMP_SIGNAL, rank_main
 
 Location = tuple[str, int | None, str]
@@ -643,10 +651,28 @@ class Pool:
                     errors.extend(f"rank {rank.rank}: {e}" for e in message.errors)
                 if isinstance(message, Stopped) or message is None:
                     pending = [r for r in pending if r is not rank]
+        if pending:
+            errors.extend(self._stuck_at_stop(pending, timeout))
         for r in self.ranks:
             r.process.join(max(0.0, deadline - time.monotonic()))
         self.kill()
         return errors
+
+    def _stuck_at_stop(self, stuck: list[Rank], timeout: float) -> list[str]:
+        """Ranks that did not finish their session teardown in time: where each was blocked."""
+        stacks = self.dump_stacks(stuck)
+        ws = self.key.world_size
+        out = []
+        for rank in stuck:
+            dump = stacks[rank.rank]
+            where = where_blocked(dump, user_file(dump)) if dump else why_silent(rank.pid)
+            out.append(
+                f"rank {rank.rank}/{ws} of pool {self.key.describe()} did not finish tearing "
+                f"down its remaining fixtures (session, module, class scope) within "
+                f"{timeout:g} s and was killed; {where or 'no stack'}\n"
+                f"{format_stack(dump, user_file(dump), rank.log_path)}"
+            )
+        return out
 
 
 def _failed_itself(reports: list[TestReport]) -> bool:

@@ -60,6 +60,19 @@ def where_blocked(dump: str, test_file: str) -> str:
     return text
 
 
+def user_file(dump: str) -> str:
+    """The file of the innermost main-thread frame outside Python, pytest and this plugin.
+
+    Where no test file is known (a fixture torn down at session end), that is the user's code:
+    a conftest.py, a fixture module.
+    """
+    for file, _, _ in main_thread_frames(dump):
+        if "site-packages/" in file or "/lib/python3" in file or "/pytest_distrank/" in file:
+            continue
+        return file
+    return ""
+
+
 def format_stack(dump: str, test_file: str, log_path: str) -> str:
     """The main thread's frames down to the test function, innermost first (faulthandler style).
 

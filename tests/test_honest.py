@@ -392,3 +392,41 @@ def test_starts(rank):
     result = run_pytest("-ra", "--distrank-failure-grace=1")
     assert result.ret in (0, 1), result.stdout.str()
     # The run_pytest fixture fails the test if any process of the run outlives it.
+
+
+def test_session_fixture_teardown_hanging_at_stop_is_named(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeconftest(
+        """
+import os, time, pytest
+
+@pytest.fixture(scope="session")
+def slow_resource():
+    yield "resource"
+    if os.environ.get("RANK") == "1":
+        time.sleep(600)
+"""
+    )
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_uses(rank, slow_resource):
+    assert slow_resource == "other"  # fails: -x ends the session with the fixture set up
+
+@pytest.mark.world_size(2)
+def test_later(rank, slow_resource):
+    pass
+"""
+    )
+    result = run_pytest("-ra", "-x")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*distrank: errors tearing down fixtures at session end*",
+            "rank 1/2 of pool world_size=2, backend=gloo did not finish tearing down its "
+            "remaining fixtures (session, module, class scope) within 10 s and was killed; "
+            "blocked in slow_resource at conftest.py:7",
+        ]
+    )
