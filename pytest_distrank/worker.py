@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import importlib
 import os
 import pickle
 import signal
@@ -68,6 +69,9 @@ DUMP_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
 STORE_TIMEOUT = timedelta(seconds=300)
 MASTER_ADDR = "127.0.0.1"
+#: The port of the store rank 0 serves for the plugin (MASTER_PORT, unless a test changed it).
+PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 #: Captured output sections longer than this are cut to their head and tail before sending.
 SECTION_LIMIT = 256 * 1024
 
@@ -604,6 +608,54 @@ def _master_store(ctx: RankContext, prefix: str) -> None:
     else:
         port = ctx.store.get(key).decode()
     os.environ["MASTER_PORT"] = port
+    os.environ[PLUGIN_PORT_ENV] = port
+    _scope_agent_store()
+
+
+def _scope_agent_store() -> None:
+    """Make ``TORCHELASTIC_USE_AGENT_STORE=True`` hold for the plugin's store only.
+
+    torchrun's convention (every rank, rank 0 included, is a client of the store at
+    MASTER_ADDR:MASTER_PORT, PITFALLS 2) is right for the store rank 0 serves here, but
+    torch applies it to every ``tcp://`` and ``env://`` rendezvous of the process: a test's own
+    ``tcp://127.0.0.1:<its port>`` rendezvous then hangs, since no rank hosts that store. The
+    variable stays in the environment (code that reads it sees torchrun's value); around the
+    store creation of a rendezvous to any other port it is lifted. Wraps torch's registered
+    handlers (a private table of ``torch.distributed.rendezvous``); installed once per rank.
+    """
+    module = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(module, "_rendezvous_handlers", None)
+    if not isinstance(handlers, dict):
+        return
+    for scheme in ("tcp", "env"):
+        original = handlers.get(scheme)
+        if original is None or getattr(original, "_distrank_scoped", False):
+            continue
+        handlers[scheme] = _scoped_handler(scheme, original)
+
+
+def _scoped_handler(scheme: str, original: Any) -> Any:
+    from urllib.parse import urlparse
+
+    def handler(url: str, **kwargs: Any) -> Any:
+        if scheme == "tcp":
+            port = str(urlparse(url).port)
+        else:
+            port = os.environ.get("MASTER_PORT", "")
+        rendezvous = original(url, **kwargs)
+        if port == os.environ.get(PLUGIN_PORT_ENV) or AGENT_STORE_ENV not in os.environ:
+            yield from rendezvous
+            return
+        value = os.environ.pop(AGENT_STORE_ENV)
+        try:
+            first = next(rendezvous)  # the store is created here: rank 0 hosts it
+        finally:
+            os.environ[AGENT_STORE_ENV] = value
+        yield first
+        yield from rendezvous
+
+    handler._distrank_scoped = True  # type: ignore[attr-defined]
+    return handler
 
 
 def stray_forks(pid: int) -> tuple[int, ...]:

@@ -430,3 +430,39 @@ def test_later(rank, slow_resource):
             "blocked in slow_resource at conftest.py:7",
         ]
     )
+
+
+def test_a_tests_own_tcp_rendezvous_works_without_a_process_group(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+import socket
+
+@pytest.mark.world_size(2, init_process_group=False)
+@pytest.mark.timeout(60)
+def test_own_tcp(rank, world_size, dist_store):
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dist_store.set("port", str(s.getsockname()[1]))
+    port = dist_store.get("port").decode()
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size
+    )
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # left as torchrun sets it
+    dist.destroy_process_group()
+
+@pytest.mark.world_size(2, init_process_group=False)
+def test_env_rendezvous_still_uses_the_plugins_store(rank, world_size):
+    dist.init_process_group("gloo")
+    dist.barrier()
+    dist.destroy_process_group()
+"""
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(passed=2)
