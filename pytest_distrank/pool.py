@@ -4,8 +4,10 @@ Runs in the controller (the pytest process). A pool is ``world_size`` rank proce
 process group; it serves one test at a time. Every wait here is bounded and waits on the ranks'
 result pipes AND their process sentinels, so a rank that dies is noticed at once (the loky way).
 
-A pool that saw a crash, a hang, a fatal start-up error or a damaged process group is ``broken``:
-the controller kills it and starts a new one for the next test.
+A pool that saw a crash, a hang, a fatal start-up error, a damaged process group or any other
+sign of being unfit (:mod:`fitness`) is ``broken``: the controller kills it and starts a new one
+for the next test. Running one test (waiting by the end-of-test rule, judging what the ranks
+sent) is :mod:`attempt`'s; this module owns the processes, their pipes and their lifecycle.
 """
 
 from __future__ import annotations
@@ -15,38 +17,25 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from _pytest.reports import TestReport
-
 from . import reaper
+from .attempt import Attempt, Deserialize, TestRun
 from .endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
     DUMP_WAIT,
-    LATE,
-    LATE_REASON,
     NOT_RECEIVED,
     Endgame,
     Position,
-    Unfinished,
     clamp_wait,
-    fill_passed,
-    is_subtest,
-    unfinished_report,
 )
 from .fitness import (
-    foreign_report,
-    forked_report,
-    is_own,
-    sequences_in_step,
-    unmatched_collectives,
     why_silent,
 )
 from .gpus import GpuLease
-from .merge import synthesized_failure
 from .protocol import (
     Collectives,
     CountCollectives,
@@ -59,7 +48,6 @@ from .protocol import (
     RunTest,
     Shutdown,
     Stopped,
-    WarningRecord,
     phase_slots,
 )
 from .stacks import (
@@ -67,7 +55,6 @@ from .stacks import (
     read_from,
     signal_name,
     tail,
-    trim_fault_dump,
     user_file,
     where_blocked,
 )
@@ -76,7 +63,6 @@ from .worker import DUMP_SIGNAL, rank_main
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).
 PROBE_WAIT = 30.0
-Deserialize = Callable[[Any], TestReport]
 
 
 
@@ -111,18 +97,6 @@ class Rank:
     #: Kept apart from ``process``: it stays readable after the process object is closed.
     pid: int
     log_offset: int = 0
-
-
-@dataclasses.dataclass
-class TestRun:
-    """What one test did on every rank; the input of the merge."""
-
-    reports: dict[int, list[TestReport]]
-    broken: str | None = None
-    #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
-    sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
-    #: Per rank: the warnings the test raised there (Reports.warnings).
-    warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
 
 
 class Pool:
@@ -189,7 +163,7 @@ class Pool:
         pending = {r.rank: r for r in self.ranks}
         while pending:
             left = None if deadline is None else deadline - time.monotonic()
-            ready = self._wait(list(pending.values()), left)
+            ready = self.wait_for(list(pending.values()), left)
             if not ready:
                 self.broken = "did not start in time"
                 stacks = self.dump_stacks(list(pending.values()))
@@ -225,7 +199,7 @@ class Pool:
 
     # -- waiting -------------------------------------------------------------------------------
 
-    def _wait(
+    def wait_for(
         self, ranks: list[Rank], timeout: float | None
     ) -> list[tuple[Rank, FromRank | None]]:
         """Messages from ``ranks`` (or ``None`` for a rank that died), or [] after ``timeout``."""
@@ -310,11 +284,7 @@ class Pool:
         timeout_source: str,
         grace: float,
     ) -> TestRun:
-        """Run one test on every rank; a crash or hang becomes a synthesized failed report.
-
-        When the test is over is :class:`~endgame.Endgame`'s rule: a rank finished only when its
-        last reports for this test arrived.
-        """
+        """Run one test on every rank (see :class:`~attempt.Attempt`)."""
         self.last_test = test
         for r in self.ranks:
             with contextlib.suppress(OSError):
@@ -327,134 +297,7 @@ class Pool:
             grace,
             timeout_source=timeout_source,
         )
-        result = TestRun({r.rank: [] for r in self.ranks})
-        while game.pending:
-            if game.expired(time.monotonic()):
-                break
-            pending = [r for r in self.ranks if r.rank in game.pending]
-            for rank, message in self._wait(pending, game.seconds_left(time.monotonic())):
-                self._take(rank, message, game, test, location, test_file, deserialize, result)
-        if game.pending:
-            self._unfinished(game, test, location, test_file, deserialize, result)
-        if not self.closed:
-            self._strays(test, location, result)
-        if not self.closed and self.broken is None:
-            self._check_collectives(test, location, result)
-        result.broken = self.broken
-        return result
-
-    def _check_collectives(self, test: RunTest, location: Location, result: TestRun) -> None:
-        """Did every rank issue the same collectives on each group during the test?
-
-        See :mod:`fitness`: sequence numbers first (free), the flight recorder only when they
-        differ.
-        """
-        if sequences_in_step(result.sequence, self.sequence_base):
-            self.sequence_base = dict(result.sequence)
-            return
-        counts = self._count_collectives()
-        if counts is None:
-            self.broken = (
-                f"sequence numbers of a process group differ between ranks after {test.nodeid} "
-                "(point-to-point ops, or a collective only some ranks issued) and the flight "
-                "recorder could not tell which (TORCH_FR_BUFFER_SIZE=0?): replaced to be safe"
-            )
-            return
-        for rank, report, why in unmatched_collectives(counts, self.key.world_size, test, location):
-            result.reports[rank].append(report)
-            self.broken = self.broken or why
-        if self.broken is None:
-            self.sequence_base = dict(result.sequence)
-
-    def _count_collectives(self) -> dict[int, dict[str, tuple[int, str]]] | None:
-        """Every rank's collective counts per group, or None when some rank cannot tell."""
-        for r in self.ranks:
-            r.conn.send(CountCollectives())
-        answers: dict[int, dict[str, tuple[int, str]]] = {}
-        deadline = time.monotonic() + PROBE_WAIT
-        pending = list(self.ranks)
-        while pending:
-            events = self._wait(pending, deadline - time.monotonic())
-            if not events:
-                return None
-            for rank, message in events:
-                if not isinstance(message, Collectives) or message.counts is None:
-                    return None
-                answers[rank.rank] = message.counts
-                pending = [r for r in pending if r is not rank]
-        return answers
-
-    def _strays(self, test: RunTest, location: Location, result: TestRun) -> None:
-        """What finished ranks sent after their last reports: it belongs to no test.
-
-        Reports of this test from another pid (a process the test forked) fail it; a rank that
-        died right after finishing makes the pool unfit. One ``select`` per test.
-        """
-        for rank, message in self._wait(self.ranks, 0.0):
-            if isinstance(message, Reports) and not is_own(rank.pid, message, test):
-                ws = self.key.world_size
-                report = foreign_report(rank.rank, rank.pid, ws, message, test, location)
-                result.reports[rank.rank].append(report)
-                self.broken = self.broken or f"rank {rank.rank} sent foreign reports"
-            elif message is None:
-                status = signal_name(rank.process.exitcode)
-                self.broken = self.broken or (
-                    f"rank {rank.rank} died ({status}) right after {test.nodeid}"
-                )
-
-    def _take(
-        self,
-        rank: Rank,
-        message: FromRank | None,
-        game: Endgame,
-        test: RunTest,
-        location: Location,
-        test_file: str,
-        deserialize: Deserialize,
-        result: TestRun,
-    ) -> None:
-        """Account for one message (or the death) of a rank during ``test``."""
-        if rank.rank not in game.pending:
-            return
-        now = time.monotonic()
-        if isinstance(message, Reports) and message.index != test.index:
-            # Reports of an earlier test (a fork of it, sending late): credited to no test.
-            self.broken = self.broken or (
-                f"rank {rank.rank} sent reports for {message.nodeid} from pid {message.pid} "
-                f"during {test.nodeid}: a process forked by that test?"
-            )
-            return
-        if isinstance(message, Reports) and not is_own(rank.pid, message, test):
-            self.broken = self.broken or f"rank {rank.rank} sent foreign reports in {test.nodeid}"
-            report = foreign_report(
-                rank.rank, rank.pid, self.key.world_size, message, test, location
-            )
-            result.reports[rank.rank].append(report)
-            game.note_reports(rank.rank, [report], now)
-            return  # the rank's own reports may still come; its peers get the grace period
-        if isinstance(message, Reports):
-            new = [deserialize(d) for d in message.reports]
-            result.reports[rank.rank].extend(new)
-            game.note_reports(rank.rank, new, now)
-            if message.done:
-                game.note_finished(rank.rank)
-                result.sequence[rank.rank] = message.sequence
-                result.warnings[rank.rank] = message.warnings
-                if message.forks:
-                    ws = self.key.world_size
-                    result.reports[rank.rank].append(
-                        forked_report(rank.rank, ws, message.forks, test, location)
-                    )
-                    self.broken = self.broken or f"{test.nodeid} left forked processes"
-                if message.pg_problem and self.broken is None:
-                    self.broken = f"{test.nodeid} {message.pg_problem}"
-            return
-        result.reports[rank.rank].extend(
-            self._crash_reports(rank, message, test, location, test_file, result)
-        )
-        status = "stopped serving" if isinstance(message, Fatal) else "crashed"
-        self.broken = self.broken or f"rank {rank.rank} {status} in {test.nodeid}"
-        game.note_lost(rank.rank, status, now)
+        return Attempt(self, test, location, test_file, deserialize, game).run()
 
     def position(self, rank: Rank, test: RunTest) -> Position:
         """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""
@@ -471,105 +314,23 @@ class Pool:
             return AFTER_TEARDOWN
         return Position.in_phase(phase.when)
 
-    def _crash_reports(
-        self,
-        rank: Rank,
-        message: object,
-        test: RunTest,
-        location: Location,
-        test_file: str,
-        result: TestRun,
-    ) -> list[TestReport]:
-        pos = self.position(rank, test)
-        fill_passed(result.reports[rank.rank], test.nodeid, location, pos.when)
-        ws = self.key.world_size
-        if isinstance(message, Fatal):
-            text = message.message
-            first = next((line for line in text.splitlines() if line.strip()), "")
-            crash = f"stopped serving {pos.at}: {first.strip() or 'its pytest session ended'}"
-            note = crash
-        else:
-            rank.process.join(5)
-            status = signal_name(rank.process.exitcode)
-            output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), test_file)
-            crash = f"crashed {pos.at} with {status}"
-            text = f"rank {rank.rank}/{ws} {crash}.\n"
-            if output.strip():
-                text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
-            else:
-                text += "It wrote nothing since the test started.\n"
-            text += f"Its whole log: {rank.log_path}"
-            note = crash
-        return [
-            synthesized_failure(
-                test.nodeid, location, pos.when, crash, text, note=note, stop=time.time()
-            )
-        ]
-
-    def _unfinished(
-        self,
-        game: Endgame,
-        test: RunTest,
-        location: Location,
-        test_file: str,
-        deserialize: Deserialize,
-        result: TestRun,
-    ) -> None:
-        """Ranks the rule gave up on: take their stacks, kill the pool, report where they were.
-
-        Reports that arrive while the stacks are written still count: a rank that sends its last
-        reports for the test then has finished it, on evidence.
-        """
-        stuck = [r for r in self.ranks if r.rank in game.pending]
-        positions = {r.rank: self.position(r, test) for r in stuck}  # before the dump
-        stacks = self.dump_stacks(stuck)
-        for rank, message in self._wait(stuck, 0.0):
-            self._take(rank, message, game, test, location, test_file, deserialize, result)
-        # Ranks whose last reports came while their stacks were written: within the grace period
-        # they finished on evidence; after the deadline they finished too late (a timeout).
-        late = [r for r in stuck if r.rank not in game.pending and game.failed_at is None]
-        stuck = [r for r in stuck if r.rank in game.pending]
-        silent = {r.rank: why_silent(r.pid) for r in stuck if not stacks[r.rank]}
-        if stuck:
-            self.kill()
-        for rank in late:
-            stuck.append(rank)
-            positions[rank.rank] = LATE
-            stacks[rank.rank] = ""
-            silent[rank.rank] = LATE_REASON
-        if not stuck:
-            return
-        now = time.monotonic()
-        self_failed = {r.rank for r in stuck if _failed_itself(result.reports[r.rank])}
-        victims = [r.rank for r in stuck if r.rank not in self_failed]
-        names = ", ".join(str(r) for r in victims or sorted(self_failed))
-        if game.failed_at is None:
-            why = f"rank(s) {names} timed out after {game.timeout:g} s in {test.nodeid}"
-        elif victims:
-            why = f"rank(s) {names} killed after {game.trigger} in {test.nodeid}"
-        else:
-            why = f"rank(s) {names} killed while tearing down after failing {test.nodeid}"
-        if any(r not in late for r in stuck):
-            self.broken = self.broken or why
-        for rank in stuck:
-            pos = positions[rank.rank]
-            fill_passed(result.reports[rank.rank], test.nodeid, location, pos.when)
-            if rank.rank in self_failed:
-                # Its own failure is already reported; it was killed while cleaning up after it.
-                continue
-            dump, why_silent = stacks[rank.rank], silent.get(rank.rank, "")
-            info = Unfinished(pos, dump, rank.log_path, "killed", game, now, why_silent)
-            result.reports[rank.rank].append(
-                unfinished_report(
-                    test.nodeid,
-                    location,
-                    test_file,
-                    rank.rank,
-                    self.key.world_size,
-                    info,
-                    time.time(),
-                )
-            )
+    def count_collectives(self) -> dict[int, dict[str, tuple[int, str]]] | None:
+        """Every rank's collective counts per group, or None when some rank cannot tell."""
+        for r in self.ranks:
+            r.conn.send(CountCollectives())
+        answers: dict[int, dict[str, tuple[int, str]]] = {}
+        deadline = time.monotonic() + PROBE_WAIT
+        pending = list(self.ranks)
+        while pending:
+            events = self.wait_for(pending, deadline - time.monotonic())
+            if not events:
+                return None
+            for rank, message in events:
+                if not isinstance(message, Collectives) or message.counts is None:
+                    return None
+                answers[rank.rank] = message.counts
+                pending = [r for r in pending if r is not rank]
+        return answers
 
     def output_of_last_test(self, limit: int) -> dict[int, str]:
         """What each rank wrote to its log (fds 1 and 2) since the last test started."""
@@ -643,7 +404,7 @@ class Pool:
         deadline = time.monotonic() + timeout
         pending = [r for r in self.ranks if r.process.exitcode is None and not r.conn.closed]
         while pending:
-            events = self._wait(pending, deadline - time.monotonic())
+            events = self.wait_for(pending, deadline - time.monotonic())
             if not events:
                 break
             for rank, message in events:
@@ -673,10 +434,6 @@ class Pool:
                 f"{format_stack(dump, user_file(dump), rank.log_path)}"
             )
         return out
-
-
-def _failed_itself(reports: list[TestReport]) -> bool:
-    return any(r.failed and not is_subtest(r) for r in reports)
 
 
 def _size(path: str) -> int:

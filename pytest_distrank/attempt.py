@@ -1,0 +1,265 @@
+"""One test on one pool: wait by the end-of-test rule, account for every message, judge the rest.
+
+Runs in the controller (pool mode). :meth:`pool.Pool.run` sends the test to every rank and hands
+over to an :class:`Attempt`, which owns what this one test has gathered: the ranks' reports, the
+:class:`~endgame.Endgame` state, the sequence numbers and warnings each rank sent with its last
+reports. It waits on the ranks' pipes and sentinels until the rule says the test is over, turns
+crashes and ranks that did not finish into failed reports saying where each rank was, and runs
+the checks after the test (:mod:`fitness`) that decide whether the pool may serve the next test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from _pytest.reports import TestReport
+
+from .endgame import (
+    LATE,
+    LATE_REASON,
+    Endgame,
+    Unfinished,
+    failed_itself,
+    fill_passed,
+    unfinished_report,
+)
+from .fitness import (
+    foreign_report,
+    forked_report,
+    is_own,
+    sequences_in_step,
+    unmatched_collectives,
+    why_silent,
+)
+from .merge import synthesized_failure
+from .protocol import Fatal, FromRank, Reports, RunTest, WarningRecord
+from .stacks import read_from, signal_name, trim_fault_dump
+
+if TYPE_CHECKING:
+    from .pool import Pool, Rank
+
+Location = tuple[str, int | None, str]
+Deserialize = Callable[[Any], TestReport]
+
+
+@dataclasses.dataclass
+class TestRun:
+    """What one test did on every rank; the input of the merge."""
+
+    reports: dict[int, list[TestReport]]
+    broken: str | None = None
+    #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
+    sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Per rank: the warnings the test raised there (Reports.warnings).
+    warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Attempt:
+    """One test, sent to every rank of ``pool``; :meth:`run` waits for it and judges it."""
+
+    pool: Pool
+    test: RunTest
+    location: Location
+    test_file: str
+    deserialize: Deserialize
+    game: Endgame
+    result: TestRun = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.result = TestRun({r.rank: [] for r in self.pool.ranks})
+
+    def run(self) -> TestRun:
+        """Wait until the end-of-test rule says the test is over; then judge what is left."""
+        pool, game = self.pool, self.game
+        while game.pending:
+            if game.expired(time.monotonic()):
+                break
+            pending = [r for r in pool.ranks if r.rank in game.pending]
+            for rank, message in pool.wait_for(pending, game.seconds_left(time.monotonic())):
+                self._take(rank, message)
+        if game.pending:
+            self._unfinished()
+        if not pool.closed:
+            self._strays()
+        if not pool.closed and pool.broken is None:
+            self._check_collectives()
+        self.result.broken = pool.broken
+        return self.result
+
+    def _unfit(self, why: str) -> None:
+        """The pool must not serve another test (the first reason is kept)."""
+        self.pool.broken = self.pool.broken or why
+
+    # -- messages ------------------------------------------------------------------------------
+
+    def _take(self, rank: Rank, message: FromRank | None) -> None:
+        """Account for one message (or the death) of a rank during the test."""
+        game, test, result = self.game, self.test, self.result
+        if rank.rank not in game.pending:
+            return
+        now = time.monotonic()
+        if isinstance(message, Reports) and message.index != test.index:
+            # Reports of an earlier test (a fork of it, sending late): credited to no test.
+            self._unfit(
+                f"rank {rank.rank} sent reports for {message.nodeid} from pid {message.pid} "
+                f"during {test.nodeid}: a process forked by that test?"
+            )
+            return
+        ws = self.pool.key.world_size
+        if isinstance(message, Reports) and not is_own(rank.pid, message, test):
+            self._unfit(f"rank {rank.rank} sent foreign reports in {test.nodeid}")
+            report = foreign_report(rank.rank, rank.pid, ws, message, test, self.location)
+            result.reports[rank.rank].append(report)
+            game.note_reports(rank.rank, [report], now)
+            return  # the rank's own reports may still come; its peers get the grace period
+        if isinstance(message, Reports):
+            new = [self.deserialize(d) for d in message.reports]
+            result.reports[rank.rank].extend(new)
+            game.note_reports(rank.rank, new, now)
+            if message.done:
+                self._finished(rank, message)
+            return
+        result.reports[rank.rank].append(self._crash_report(rank, message))
+        status = "stopped serving" if isinstance(message, Fatal) else "crashed"
+        self._unfit(f"rank {rank.rank} {status} in {test.nodeid}")
+        game.note_lost(rank.rank, status, now)
+
+    def _finished(self, rank: Rank, message: Reports) -> None:
+        """The rank's last reports for the test: evidence it finished, and what it left."""
+        self.game.note_finished(rank.rank)
+        self.result.sequence[rank.rank] = message.sequence
+        self.result.warnings[rank.rank] = message.warnings
+        if message.forks:
+            ws = self.pool.key.world_size
+            report = forked_report(rank.rank, ws, message.forks, self.test, self.location)
+            self.result.reports[rank.rank].append(report)
+            self._unfit(f"{self.test.nodeid} left forked processes")
+        if message.pg_problem:
+            self._unfit(f"{self.test.nodeid} {message.pg_problem}")
+
+    def _crash_report(self, rank: Rank, message: object) -> TestReport:
+        """A rank that died or stopped serving during the test: what it was doing, its output."""
+        test = self.test
+        pos = self.pool.position(rank, test)
+        fill_passed(self.result.reports[rank.rank], test.nodeid, self.location, pos.when)
+        if isinstance(message, Fatal):
+            text = message.message
+            first = next((line for line in text.splitlines() if line.strip()), "")
+            crash = f"stopped serving {pos.at}: {first.strip() or 'its pytest session ended'}"
+        else:
+            rank.process.join(5)
+            status = signal_name(rank.process.exitcode)
+            output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), self.test_file)
+            crash = f"crashed {pos.at} with {status}"
+            text = f"rank {rank.rank}/{self.pool.key.world_size} {crash}.\n"
+            if output.strip():
+                text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
+            else:
+                text += "It wrote nothing since the test started.\n"
+            text += f"Its whole log: {rank.log_path}"
+        return synthesized_failure(
+            test.nodeid, self.location, pos.when, crash, text, note=crash, stop=time.time()
+        )
+
+    # -- ranks that did not finish -------------------------------------------------------------
+
+    def _unfinished(self) -> None:
+        """Ranks the rule gave up on: take their stacks, kill the pool, report where they were.
+
+        Reports that arrive while the stacks are written still count: a rank that sends its last
+        reports for the test then has finished it, on evidence (within the grace period; after
+        the deadline it finished too late, a timeout).
+        """
+        pool, game, test, result = self.pool, self.game, self.test, self.result
+        stuck = [r for r in pool.ranks if r.rank in game.pending]
+        positions = {r.rank: pool.position(r, test) for r in stuck}  # before the dump
+        stacks = pool.dump_stacks(stuck)
+        for rank, message in pool.wait_for(stuck, 0.0):
+            self._take(rank, message)
+        late = [r for r in stuck if r.rank not in game.pending and game.failed_at is None]
+        stuck = [r for r in stuck if r.rank in game.pending]
+        silent = {r.rank: why_silent(r.pid) for r in stuck if not stacks[r.rank]}
+        if stuck:
+            pool.kill()
+        for rank in late:
+            stuck.append(rank)
+            positions[rank.rank] = LATE
+            stacks[rank.rank] = ""
+            silent[rank.rank] = LATE_REASON
+        if not stuck:
+            return
+        self_failed = {r.rank for r in stuck if failed_itself(result.reports[r.rank])}
+        if any(r not in late for r in stuck):
+            self._unfit(self._why_killed(stuck, self_failed))
+        now = time.monotonic()
+        for rank in stuck:
+            pos = positions[rank.rank]
+            fill_passed(result.reports[rank.rank], test.nodeid, self.location, pos.when)
+            if rank.rank in self_failed:
+                # Its own failure is already reported; it was killed while cleaning up after it.
+                continue
+            dump, no_stack = stacks[rank.rank], silent.get(rank.rank, "")
+            info = Unfinished(pos, dump, rank.log_path, "killed", game, now, no_stack)
+            ws = pool.key.world_size
+            report = unfinished_report(
+                test.nodeid, self.location, self.test_file, rank.rank, ws, info, time.time()
+            )
+            result.reports[rank.rank].append(report)
+
+    def _why_killed(self, stuck: list[Rank], self_failed: set[int]) -> str:
+        game, nodeid = self.game, self.test.nodeid
+        victims = [r.rank for r in stuck if r.rank not in self_failed]
+        names = ", ".join(str(r) for r in victims or sorted(self_failed))
+        if game.failed_at is None:
+            return f"rank(s) {names} timed out after {game.timeout:g} s in {nodeid}"
+        if victims:
+            return f"rank(s) {names} killed after {game.trigger} in {nodeid}"
+        return f"rank(s) {names} killed while tearing down after failing {nodeid}"
+
+    # -- checks after the test (fitness.py) ----------------------------------------------------
+
+    def _strays(self) -> None:
+        """What finished ranks sent after their last reports: it belongs to no test.
+
+        Reports of this test from another pid (a process the test forked) fail it; a rank that
+        died right after finishing makes the pool unfit. One ``select`` per test.
+        """
+        pool, test = self.pool, self.test
+        for rank, message in pool.wait_for(pool.ranks, 0.0):
+            if isinstance(message, Reports) and not is_own(rank.pid, message, test):
+                ws = pool.key.world_size
+                report = foreign_report(rank.rank, rank.pid, ws, message, test, self.location)
+                self.result.reports[rank.rank].append(report)
+                self._unfit(f"rank {rank.rank} sent foreign reports")
+            elif message is None:
+                status = signal_name(rank.process.exitcode)
+                self._unfit(f"rank {rank.rank} died ({status}) right after {test.nodeid}")
+
+    def _check_collectives(self) -> None:
+        """Did every rank issue the same collectives on each group during the test?
+
+        Sequence numbers first (free), the flight recorder only when they differ (fitness.py).
+        """
+        pool, result = self.pool, self.result
+        if sequences_in_step(result.sequence, pool.sequence_base):
+            pool.sequence_base = dict(result.sequence)
+            return
+        counts = pool.count_collectives()
+        if counts is None:
+            self._unfit(
+                "sequence numbers of a process group differ between ranks after "
+                f"{self.test.nodeid} (point-to-point ops, or a collective only some ranks "
+                "issued) and the flight recorder could not tell which (TORCH_FR_BUFFER_SIZE=0?): "
+                "replaced to be safe"
+            )
+            return
+        ws = pool.key.world_size
+        for rank, report, why in unmatched_collectives(counts, ws, self.test, self.location):
+            result.reports[rank].append(report)
+            self._unfit(why)
+        if pool.broken is None:
+            pool.sequence_base = dict(result.sequence)
