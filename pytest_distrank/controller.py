@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import importlib
 import os
 import re
 import shlex
 import signal
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -31,12 +29,13 @@ from _pytest.runner import CallInfo
 
 from .gpus import GpuUnavailable
 from .markers import DistSpec, MarkerError, spec_of
-from .merge import annotate, merge_test, merge_warnings, synthesized_failure
+from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError
-from .poolset import PoolSet
+from .poolset import PoolSet, SessionStartError
 from .protocol import PassedPhase, RunTest
 from .requirements import check_ordinary_test, gpus_needed, skip_reason
 from .settings import Settings, Value, item_timeout
+from .warnings_relay import forward_warnings
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
@@ -83,17 +82,6 @@ def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
     return TestReport(
         item.nodeid, item.location, keywords, "passed", None, phase, (), duration, start, stop, []
     )
-
-
-def _warning_category(module: str, qualname: str) -> type[Warning]:
-    """A rank's warning class, imported here (UserWarning when it cannot be)."""
-    try:
-        found: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except Exception:
-        return UserWarning
-    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
 
 
 def _keyword_safe(name: str) -> str:
@@ -164,7 +152,7 @@ class Controller:
         if self.config.option.collectonly:
             return
         with self.pools.capture_suspended():
-            self.pools.mp_context()
+            self.pools.start_fork_server()  # never raises: a pool start reports a failure
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collect_file(self, file_path: Path) -> None:
@@ -269,6 +257,8 @@ class Controller:
             pool = self._pool_for(key, item, timeout.value)
         except GpuUnavailable as exc:
             return self._skip_reports(item, f"GPU lease: {exc}")
+        except SessionStartError as exc:  # a folder, the fork server: not kept per key
+            return self._error_reports(item, str(exc))
         except PoolStartError as exc:
             message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
             self.failed_starts[key] = message
@@ -308,36 +298,11 @@ class Controller:
         )
         if merged is None:
             merged = merge_test(run.reports, key.world_size)
-        self._forward_warnings(item, run.warnings, key.world_size)
+        forward_warnings(item, run.warnings, key.world_size)
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && pytest -p distrank "
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         return merged
-
-    def _forward_warnings(
-        self,
-        item: pytest.Item,
-        per_rank: dict[int, tuple[tuple[str, str, str, str, int], ...]],
-        world_size: int,
-    ) -> None:
-        """The ranks' warnings into this session's warnings summary, each distinct one once."""
-        for (module, qualname, text, filename, lineno), ranks in merge_warnings(
-            per_rank, world_size
-        ):
-            category = _warning_category(module, qualname)
-            try:
-                message = category(f"[{ranks}] {text}")
-            except Exception:
-                category, message = UserWarning, UserWarning(f"[{ranks}] {qualname}: {text}")
-            record = warnings.WarningMessage(message, category, filename, lineno)
-            item.config.hook.pytest_warning_recorded.call_historic(
-                kwargs={
-                    "warning_message": record,
-                    "when": "runtest",
-                    "nodeid": item.nodeid,
-                    "location": None,
-                }
-            )
 
     def _echo_rank_output(self, pool: Pool) -> None:
         """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.

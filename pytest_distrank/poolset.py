@@ -4,6 +4,11 @@ Runs in the controller. :class:`PoolSet` owns every :class:`~pool.Pool` of the s
 server they come from, the private working folder (stores, rank logs, shared folders) and the
 numbers the ``distrank`` summary and ``DISTRANK_STATS_FILE`` report. The controller asks it for
 the pool of a key and tells it when a pool is done or broken.
+
+What a pool start needs beyond its ranks fails as an error of the tests that needed it, never of
+the run (:class:`SessionStartError`): the private folder (made again when it vanished, tried again
+by the next test when it could not be made), the GPU lock folder, and the fork server, whose
+socket is kept short enough for ``AF_UNIX`` and whose start is bounded by the pool start limit.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
+import signal
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,10 +30,11 @@ from typing import Any
 import pytest
 
 from .gpus import GpuLease, GpuUnavailable, lease
-from .pool import Pool, PoolKey
+from .pool import Pool, PoolKey, PoolStartError
 from .protocol import RankConfig
 from .rankargs import coverage_settings, rank_pytest_args
-from .settings import Settings
+from .settings import GPU_LOCK_DIR, Settings, Value, parse_seconds
+from .settings import PRELOAD as PRELOAD_OPTION
 
 #: Modules the fork server imports once, so that every rank starts with them in memory. The last
 #: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
@@ -37,6 +47,58 @@ PRELOAD = [
 ]
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
+#: Seconds every pool start, the fork server's included, may take, instead of the controller's
+#: START_TIMEOUT (or the test's timeout if longer). A test seam, and a way out on slow machines.
+START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
+#: The longest ``AF_UNIX`` socket path on Linux, in bytes (``sun_path`` is 108 with its NUL), and
+#: the names multiprocessing gives its folder and the fork server's socket in it.
+UNIX_PATH_MAX, _PYMP_NAME, _LISTENER_NAME = 107, "/pymp-xxxxxxxx", "/listener-xxxxxxxx"
+#: A pool with more ranks than this per CPU core gets a line in the summary: slow to start.
+RANKS_PER_CORE = 8
+
+
+class SessionStartError(PoolStartError):
+    """What a pool start needs from the session failed: a folder, the fork server.
+
+    Its message stands alone (it is not about the pool's ranks), and the controller does not keep
+    it per pool key: a folder is tried again by the next test, and the fork server keeps its own
+    failure here.
+    """
+
+
+def start_timeout_from_env() -> Value[float] | None:
+    """``DISTRANK_START_TIMEOUT``, or None when it is not set (raise UsageError if invalid)."""
+    raw = os.environ.get(START_TIMEOUT_ENV, "")
+    if not raw.strip():
+        return None
+    source = f"{START_TIMEOUT_ENV}={raw} (environment)"
+    try:
+        return Value(parse_seconds(raw), source)
+    except ValueError as exc:
+        raise pytest.UsageError(
+            f"pytest-distrank: invalid value {raw!r} for {START_TIMEOUT_ENV}, from {source}:\n"
+            f"  {exc}"
+        ) from None
+
+
+def _fit_socket_folder() -> None:
+    """Make sure the fork server's socket path fits ``AF_UNIX``; a deep TMPDIR would not.
+
+    multiprocessing binds the socket in its own temp folder (``pymp-*`` under TMPDIR, kept in
+    ``current_process()._config['tempdir']`` once made). When that path is too long, the folder
+    becomes a short one made under /tmp, for the rest of this process: every later socket of
+    multiprocessing here (a restarted fork server, a Manager) needs it too. It is removed at
+    exit, as multiprocessing removes its own.
+    """
+    from multiprocessing import process, util
+
+    config = process.current_process()._config  # type: ignore[attr-defined]
+    folder = config.get("tempdir") or tempfile.gettempdir() + _PYMP_NAME
+    if len(os.fsencode(folder + _LISTENER_NAME)) <= UNIX_PATH_MAX:
+        return
+    short = tempfile.mkdtemp(prefix="distrank-mp-", dir="/tmp")
+    util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
+    config["tempdir"] = short
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,29 +171,82 @@ class PoolSet:
         self.next_pool_id = 0
         self._context: Any = None
         self._workdir: Path | None = None
+        #: The fork server seen forking (a pid), or why it could not start (later pools fail).
+        self._ready_fork_server = 0
+        self._fork_server_failed: str | None = None
+        #: Overrides every pool's start limit (DISTRANK_START_TIMEOUT).
+        self.start_timeout = start_timeout_from_env()
+        #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
+        self.notes: list[str] = []
+        self._crowded: set[int] = set()
 
     @property
     def workdir(self) -> Path:
-        """The session's private folder: stores, rank logs and basetemps, shared folders."""
+        """The session's private folder: stores, rank logs and basetemps, shared folders.
+
+        Made in pytest's basetemp at the first pool start; raises :class:`SessionStartError`
+        when it cannot be made (then the next pool start tries again).
+        """
         if self._workdir is None:
             factory = getattr(self.config, "_tmp_path_factory", None)
-            base = factory.getbasetemp() if factory is not None else None
-            self._workdir = Path(tempfile.mkdtemp(prefix="distrank-", dir=base))
+            base: Path | None = None
+            try:
+                base = factory.getbasetemp() if factory is not None else None
+                self._workdir = Path(tempfile.mkdtemp(prefix="distrank-", dir=base))
+            except OSError as exc:
+                raise SessionStartError(self._workdir_problem(base, exc)) from None
         return self._workdir
+
+    def _workdir_problem(self, base: Path | None, exc: OSError) -> str:
+        given = getattr(self.config.option, "basetemp", None)
+        where = str(base or (os.path.abspath(given) if given else tempfile.gettempdir()))
+        source = f"from --basetemp={given} (command line)" if given else "in the system temp folder"
+        source = f"pytest's basetemp, {source}"
+        return (
+            f"pytest-distrank could not make its folder under {where}: {exc}\n"
+            f"The folder holds the pools' stores, rank logs and shared folders; it is made in "
+            f"{source}.\nPoint --basetemp at a writable folder with free space that no other "
+            "pytest run uses at the same time (a run empties its --basetemp when it starts)."
+        )
+
+    def _live_workdir(self) -> Path:
+        """:attr:`workdir`, made again if it vanished (another run emptied a shared basetemp)."""
+        if self._workdir is not None and not self._workdir.is_dir():
+            self._workdir = None
+        return self.workdir
 
     @property
     def fork_server_started(self) -> bool:
         return self._context is not None
 
     def get(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:
-        """The live pool of ``key``, started now if there is none (raises PoolStartError)."""
+        """The live pool of ``key``, started now if there is none (raises PoolStartError).
+
+        ``timeout`` bounds the start, unless DISTRANK_START_TIMEOUT is set.
+        """
         pool = self.live.get(key)
         if pool is None:
+            if self.start_timeout is not None:
+                timeout = self.start_timeout.value
             pool = self._start(key, nodeids, files, timeout)
             self.live[key] = pool
         return pool
 
+    def _note_crowded(self, key: PoolKey, nodeids: list[str]) -> None:
+        cores = os.cpu_count() or 1
+        if key.world_size <= RANKS_PER_CORE * cores or key.world_size in self._crowded:
+            return
+        self._crowded.add(key.world_size)
+        tests = nodeids[0] + (f" and {len(nodeids) - 1} more" if len(nodeids) > 1 else "")
+        self.notes.append(
+            f"world size {key.world_size} ({tests}) runs more than {RANKS_PER_CORE} ranks per "
+            f"CPU core ({cores} cores): its ranks take turns on the cores, so its pool starts "
+            "slowly and its collectives may time out; lower the world size or use a bigger machine"
+        )
+
     def _start(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:
+        workdir = self._live_workdir()
+        self._note_crowded(key, nodeids)
         gpu_lease = self._lease(key)
         env = dict(os.environ)
         if gpu_lease is not None:
@@ -147,14 +262,12 @@ class PoolSet:
                 backend=key.backend,
                 init_process_group=key.init_process_group,
                 pool_id=pool_id,
-                store_path=str(self.workdir / f"pool{pool_id}.store"),
+                store_path=str(workdir / f"pool{pool_id}.store"),
                 pytest_args=tuple(
-                    rank_pytest_args(
-                        self.config, files, self.workdir / f"pool{pool_id}-rank{rank}-tmp"
-                    )
+                    rank_pytest_args(self.config, files, workdir / f"pool{pool_id}-rank{rank}-tmp")
                 ),
                 env=env,
-                log_path=str(self.workdir / f"pool{pool_id}-rank{rank}.log"),
+                log_path=str(workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),
                 coverage=coverage,
                 files=tuple(files),
@@ -163,7 +276,9 @@ class PoolSet:
         ]
         with self.capture_suspended():
             try:
-                context, parent_pid = self.mp_context()
+                started_at = time.monotonic()
+                context, parent_pid = self.mp_context(timeout)
+                fork_server_wait = time.monotonic() - started_at
                 pool = Pool(key, pool_id, context, configs, parent_pid)
             except BaseException:
                 if gpu_lease is not None:
@@ -180,8 +295,8 @@ class PoolSet:
         self.stats.pools.append(
             PoolStart(
                 world_size=key.world_size,
-                start_seconds=pool.start_seconds,
-                fork_seconds=pool.fork_seconds,
+                start_seconds=pool.start_seconds + fork_server_wait,
+                fork_seconds=pool.fork_seconds + fork_server_wait,
                 ready_seconds=pool.ready_seconds,
                 after_fault=key in self.killed_keys,
             )
@@ -199,8 +314,17 @@ class PoolSet:
         shared_key = dataclasses.replace(key, isolated=0)
         wait = self.settings.gpu_wait
         seconds = 0.0 if shared_key in self.gpu_starved else wait.value
+        lock_dir = self.settings.gpu_lock_dir
         try:
-            gpu_lease = lease(key.gpus, self.settings.gpu_lock_dir.value, seconds)
+            gpu_lease = lease(key.gpus, lock_dir.value, seconds)
+        except OSError as exc:
+            raise SessionStartError(
+                f"could not use the GPU lock folder {lock_dir.value}: {exc}\n"
+                f"({GPU_LOCK_DIR.flag}, from {lock_dir.source}). Point it at a folder that every "
+                "user of these GPUs can write, or at a new one (the plugin makes it sticky and "
+                f"world-writable, like /tmp), or repair this one: chmod 1777 {lock_dir.value}; "
+                f"chmod 666 {lock_dir.value}/*.lock"
+            ) from None
         except GpuUnavailable as exc:
             self.gpu_starved.add(shared_key)
             again = "; this pool waited in vain before, not again" if wait.value > seconds else ""
@@ -211,27 +335,112 @@ class PoolSet:
         self.stats.gpu_wait_seconds += gpu_lease.waited
         return gpu_lease
 
-    def mp_context(self) -> tuple[Any, int]:
+    def start_fork_server(self) -> None:
+        """Start the fork server now, not waiting for its imports (they run beside collection).
+        Never raises: the first pool start tries again and reports a failure."""
+        if self.settings.start_method.value == "forkserver" and self._fork_server_failed is None:
+            with contextlib.suppress(Exception):
+                self._ensure_fork_server()
+
+    def _ensure_fork_server(self) -> int:
+        """Start the fork server unless it runs; its pid. Returns at once (the server imports
+        PRELOAD and the ``--distrank-preload`` modules before it forks); raises OSError."""
+        from multiprocessing import forkserver
+
+        if self._context is None:
+            self._context = multiprocessing.get_context("forkserver")
+            wanted = [*plugin_modules(self.config), *self.settings.preload.value]
+            extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
+            # preload (the heap freeze) stays last.
+            self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
+        _fit_socket_folder()
+        forkserver.ensure_running()
+        return int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+
+    def mp_context(self, timeout: float) -> tuple[Any, int]:
         """The multiprocessing context ranks start from, and the pid that will be their parent.
 
-        Under forkserver the first call starts the server (it imports PRELOAD and the user's
-        ``--distrank-preload`` modules); ranks check their parent's pid after setting
-        PDEATHSIG.
+        Under forkserver the server must be ready, i.e. done with its imports, within
+        ``timeout`` seconds (0: no bound); else :class:`SessionStartError`. Ranks check their
+        parent's pid after setting PDEATHSIG.
         """
-        method = self.settings.start_method.value
-        if self._context is None:
-            self._context = multiprocessing.get_context(method)
-            if method == "forkserver":
-                wanted = [*plugin_modules(self.config), *self.settings.preload.value]
-                extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
-                # preload (the heap freeze) stays last.
-                self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
-        if method == "forkserver":
-            from multiprocessing import forkserver
+        if self.settings.start_method.value != "forkserver":
+            if self._context is None:
+                self._context = multiprocessing.get_context("spawn")
+            return self._context, os.getpid()
+        if self._fork_server_failed is not None:
+            raise SessionStartError(
+                f"{self._fork_server_failed}\n(from an earlier start; not retried)"
+            )
+        try:
+            pid = self._ensure_fork_server()
+        except OSError as exc:
+            from multiprocessing import process
 
-            forkserver.ensure_running()
-            return self._context, int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
-        return self._context, os.getpid()
+            folder = process.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+            raise SessionStartError(
+                f"pytest-distrank could not start the fork server that ranks come from: {exc}\n"
+                f"Its socket goes in multiprocessing's temp folder ({folder or 'not made'}, in "
+                f"TMPDIR or /tmp). Point TMPDIR at a writable folder with free space, or start "
+                "ranks with --distrank-start-method=spawn."
+            ) from None
+        if pid != self._ready_fork_server:
+            self._wait_until_forking(timeout)
+            self._ready_fork_server = pid
+        return self._context, pid
+
+    def _wait_until_forking(self, timeout: float) -> None:
+        """Fork a probe (it returns at once) from a thread and wait for it: the server forks
+        only after its imports. Past ``timeout``, or if the probe fails, the server is killed
+        and every later pool start fails at once with the reason."""
+        context = self._context
+        failure: list[BaseException] = []
+
+        def probe() -> None:
+            try:
+                process = context.Process(target=os.getpid, name="distrank-fork-server-probe")
+                process.start()
+                process.join()
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=probe, name="distrank-fork-server-probe", daemon=True)
+        thread.start()
+        try:
+            thread.join(min(timeout, threading.TIMEOUT_MAX) if timeout > 0 else None)
+        except BaseException:
+            _kill_fork_server(thread)  # Ctrl-C: a server stuck in an import never exits
+            raise
+        timed_out = thread.is_alive()
+        if not timed_out and not failure:
+            return
+        _kill_fork_server(thread)
+        self._fork_server_failed = self._fork_server_problem(timeout, [] if timed_out else failure)
+        raise SessionStartError(self._fork_server_failed)
+
+    def _fork_server_problem(self, timeout: float, failure: list[BaseException]) -> str:
+        preload = self.settings.preload
+        if failure:
+            head = (
+                f"the fork server died before it forked a rank ({failure[0]!r}); its traceback, "
+                "if it printed one, is in the output above."
+            )
+            cause = "One of them fails at import with an error other than ImportError"
+        else:
+            limit = self.start_timeout
+            source = f"from {limit.source}" if limit else f"{START_TIMEOUT_ENV} sets it"
+            head = (
+                "the fork server did not finish importing its preload modules within "
+                f"{timeout:g} s (the pool start limit, {source}), so no rank could start; "
+                "it was killed."
+            )
+            cause = "One of them hangs at import, or this machine is very slow"
+        return (
+            f"pytest-distrank: {head}\nIt imports torch, pytest and pytest's plugins, then the "
+            f"modules of {PRELOAD_OPTION.flag}: {', '.join(preload.value) or 'none'}, from "
+            f'{preload.source}.\n{cause}: try each in a plain `python -c "import NAME"` '
+            f"and drop the culprit from {PRELOAD_OPTION.flag}."
+        )
 
     @contextlib.contextmanager
     def capture_suspended(self) -> Iterator[None]:
@@ -285,3 +494,16 @@ class PoolSet:
             pool.kill()
         self.live.clear()
         self.stopping.clear()
+
+
+def _kill_fork_server(probe: threading.Thread) -> None:
+    """Kill a fork server that never got ready, and forget it (its socket, its pipe, its pid)."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with contextlib.suppress(ProcessLookupError, TypeError):
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+    probe.join(5)  # the probe's read of its pid ends
+    if not probe.is_alive():
+        with contextlib.suppress(OSError, AttributeError):
+            server._stop()  # closes the server's pipe, reaps it, unlinks its socket

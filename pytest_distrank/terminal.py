@@ -40,4 +40,5 @@ def summary_lines(controller: Controller) -> list[str]:
         lines.append(f"per-test wall time in the controller: median {median_ms:.1f} ms")
     for reason in stats.replaced:
         lines.append(f"pool killed after a fault: {reason}")
+    lines.extend(controller.pools.notes)  # e.g. a world size far beyond the machine's cores
     return lines
