@@ -27,10 +27,11 @@ import pytest
 from _pytest.reports import TestReport
 from _pytest.runner import CallInfo
 
+from .attempt import TestRun
 from .gpus import GpuUnavailable
 from .markers import DistSpec, MarkerError, spec_of
 from .merge import annotate, merge_test, synthesized_failure
-from .pool import Pool, PoolKey, PoolStartError
+from .pool import Pool, PoolKey, PoolStartError, PoolUnfit
 from .poolset import PoolSet, SessionStartError
 from .protocol import PassedPhase, RunTest
 from .requirements import check_ordinary_test, gpus_needed, skip_reason
@@ -248,45 +249,10 @@ class Controller:
             key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
         timeout = entry.timeout
         assert timeout is not None
-        failed_start = self.failed_starts.get(key)
-        if failed_start is not None:
-            return self._error_reports(
-                item, failed_start + "\n(from an earlier start; not retried)"
-            )
-        try:
-            pool = self._pool_for(key, item, timeout.value)
-        except GpuUnavailable as exc:
-            return self._skip_reports(item, f"GPU lease: {exc}")
-        except SessionStartError as exc:  # a folder, the fork server: not kept per key
-            return self._error_reports(item, str(exc))
-        except PoolStartError as exc:
-            message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
-            self.failed_starts[key] = message
-            return self._error_reports(item, message)
-        missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
-        if missing:
-            return self._error_reports(item, self._missing_message(item, pool, missing))
-        self.next_test_index += 1
-        index = self.next_test_index
-        test = RunTest(
-            index=index,
-            nodeid=item.nodeid,
-            next_nodeid=next_nodeid,
-            shared_dir=str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
-        )
-        try:
-            run = pool.run(
-                test,
-                item.location,
-                str(item.path),
-                self._deserializer(item),
-                timeout.value,
-                timeout.source,
-                self.settings.failure_grace.value,
-            )
-        except BaseException:
-            self.pools.retire(key, pool, "interrupted", graceful=False)
-            raise
+        outcome = self._run_on_pool(item, key, next_nodeid, timeout)
+        if isinstance(outcome, list):
+            return outcome  # the test could not reach its ranks: an error or skip report
+        pool, run = outcome
         if getattr(self.config.option, "capture", "fd") == "no":
             self._echo_rank_output(pool)
         if run.broken:
@@ -303,6 +269,64 @@ class Controller:
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         return merged
+
+    def _run_on_pool(
+        self, item: pytest.Item, key: PoolKey, next_nodeid: str | None, timeout: Value[float]
+    ) -> tuple[Pool, TestRun] | list[TestReport]:
+        """Send the test to its pool and wait for it; or the reports of why it could not run.
+
+        A pool whose rank died just before the test reached it (after the idle check) is
+        replaced and the test sent once more: the test did nothing wrong.
+        """
+        for attempt in (1, 2):
+            failed_start = self.failed_starts.get(key)
+            if failed_start is not None:
+                return self._error_reports(
+                    item, failed_start + "\n(from an earlier start; not retried)"
+                )
+            try:
+                pool = self._pool_for(key, item, timeout.value)
+            except GpuUnavailable as exc:
+                return self._skip_reports(item, f"GPU lease: {exc}")
+            except SessionStartError as exc:  # a folder, the fork server: not kept per key
+                return self._error_reports(item, str(exc))
+            except PoolStartError as exc:
+                message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
+                self.failed_starts[key] = message
+                return self._error_reports(item, message)
+            missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
+            if missing:
+                return self._error_reports(item, self._missing_message(item, pool, missing))
+            self.next_test_index += 1
+            index = self.next_test_index
+            test = RunTest(
+                index=index,
+                nodeid=item.nodeid,
+                next_nodeid=next_nodeid,
+                shared_dir=str(
+                    self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"
+                ),
+            )
+            try:
+                run = pool.run(
+                    test,
+                    item.location,
+                    str(item.path),
+                    self._deserializer(item),
+                    timeout.value,
+                    timeout.source,
+                    self.settings.failure_grace.value,
+                )
+            except PoolUnfit as exc:
+                self.pools.retire(key, pool, str(exc), graceful=False)
+                if attempt == 2:
+                    return self._error_reports(item, f"{item.nodeid}: {exc}")
+                continue
+            except BaseException:
+                self.pools.retire(key, pool, "interrupted", graceful=False)
+                raise
+            return pool, run
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _echo_rank_output(self, pool: Pool) -> None:
         """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.

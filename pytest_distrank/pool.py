@@ -84,6 +84,10 @@ class PoolKey:
         return f"world_size={self.world_size}, backend={self.backend}{init}{gpus}"
 
 
+class PoolUnfit(Exception):
+    """The pool could not take a test (a rank died just before it was sent); says why."""
+
+
 class PoolStartError(Exception):
     """A pool that could not start; the message names the rank and shows its output."""
 
@@ -285,11 +289,19 @@ class Pool:
         grace: float,
     ) -> TestRun:
         """Run one test on every rank (see :class:`~attempt.Attempt`)."""
-        self.last_test = test
+        previous, self.last_test = self.last_test, test
         for r in self.ranks:
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
-            r.conn.send(test)
+            try:
+                r.conn.send(test)
+            except OSError as exc:  # it died after the idle check: not this test's doing
+                r.process.join(1)
+                after = f"after {previous.nodeid}" if previous else "before its first test"
+                raise PoolUnfit(
+                    f"rank {r.rank}/{self.key.world_size} (pid {r.pid}) died before the test "
+                    f"reached it ({signal_name(r.process.exitcode)}; {exc!r}), {after}"
+                ) from None
         game = Endgame(
             frozenset(r.rank for r in self.ranks),
             time.monotonic(),
