@@ -10,10 +10,15 @@ world. The plugin starts no rank processes of its own. Every rank:
    plan: for every test, run on all ranks / rank 0 only / skip / error (or, when the ranks
    collected different tests, an error naming the ranks and node ids, and no test runs);
 3. runs the tests of the launched world size in lock-step with the same fixtures as spawn mode,
-   and sends its phase reports to rank 0, which merges them (:func:`merge.merge_test`) and
-   replays one report per phase; ranks other than 0 wait for rank 0's verdict on the previous
-   test before they start the next one;
+   and sends its phase reports to rank 0 (with the test's warnings, its groups' sequence numbers
+   and its pid), which merges them (:func:`merge.merge_test`) and replays one report per phase,
+   each distinct warning once (:mod:`warnings_relay`); ranks other than 0 wait for rank 0's
+   verdict on the previous test before they start the next one;
 4. exits with rank 0's exit code, all ranks together.
+
+A rank whose session ``pytest.exit()`` or ``KeyboardInterrupt`` ends in a test tells rank 0, which
+fails the test and ends the run (:func:`launch_gather.publish_stopped`). A process that a test
+forked and that comes back into the rank's code leaves at once (:func:`launch_rank.leave_if_fork`).
 
 A watchdog thread in every rank (:mod:`launch_watchdog`) enforces the deadline and the failure
 grace while the main thread may be stuck in a C++ collective.
@@ -28,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Generator
 from pathlib import Path
 from typing import IO, Any, TextIO, cast
@@ -40,15 +46,27 @@ from _pytest.runner import runtestprotocol
 from . import __version__
 from .launch_channel import Channel, ChannelError
 from .launch_env import Launch, rerun_command
-from .launch_gather import Current, gather, left_stuck, publish_early
-from .launch_life import adopt_exit_code, leave, lost, open_rank, park
+from .launch_gather import Current, gather, left_stuck, publish_early, stopped_serving, warnings_of
+from .launch_life import adopt_exit_code, interrupted, leave, lost, open_rank, park
 from .launch_plan import Step, apply_on_rank0, exchange, next_shared
-from .launch_rank import deserialize, ensure_group, group_healthy, serialize
-from .launch_report import not_run_reports, setup_error_report
+from .launch_rank import (
+    check_collectives,
+    deserialize,
+    end_forks,
+    ensure_group,
+    group_healthy,
+    identity,
+    leave_if_fork,
+    serialize,
+    wait_answering,
+    warning_records,
+)
+from .launch_report import forked_report, not_run_reports, setup_error_report
 from .merge import annotate, merge_test
 from .protocol import RunTest
 from .settings import Settings, item_timeout
-from .worker import RankContext, teardown_unneeded
+from .warnings_relay import forward_warnings
+from .worker import RankContext, sequence_numbers, teardown_unneeded
 
 PLUGIN_NAME = "distrank-launch"
 
@@ -97,11 +115,27 @@ class LaunchPlugin:
         self.main_ident = threading.get_ident()
         self.distributed_tests = 0
         self.watchdog: Any = None
+        #: This rank's own pid: a process the test forked has another.
+        self.pid = os.getpid()
+        #: Forks made during the running test (os.register_at_fork): only then are they looked for.
+        self.forks = 0
+        #: Rank 0: the groups' sequence numbers per rank after the last test found in step.
+        self.sequence_base: dict[int, dict[str, int]] = {}
+        #: Rank 0: what the distrank summary says besides the numbers (a group re-created...).
+        self.notes: list[str] = []
+        #: Ranks other than 0: the last distributed test this rank ran (rank 0 may ask about it).
+        self.last_index = -1
+        #: The flight recorder's last record when this rank's group was created.
+        self.flight_mark = -1
 
     # -- start ---------------------------------------------------------------------------------
 
     def start(self) -> None:
+        os.register_at_fork(after_in_parent=self._note_fork)
         open_rank(self)
+
+    def _note_fork(self) -> None:
+        self.forks += 1
 
     def on_sigterm(self, signum: int, frame: object) -> None:
         self.terminated = True
@@ -147,6 +181,8 @@ class LaunchPlugin:
             f"{tests} on {self.world_size} ranks ({self.launch.launcher}); logs of the other "
             f"ranks: {', '.join(f'rank {r}: {p}' for r, p in sorted(self.logs.items()) if r)}"
         )
+        for note in self.notes:
+            terminalreporter.write_line(note)
         if self.ended:
             terminalreporter.write_line(f"run ended early: {self.ended}")
 
@@ -220,7 +256,7 @@ class LaunchPlugin:
         if index == 0:
             return True
         key = f"verdict/{index - 1}"
-        found = self.channel.wait_any([key, "stopped", "exit"], None, watch_rank0=True)
+        found = wait_answering(self, [key, "stopped", "exit"])
         if found == "exit":
             verdict: dict[str, Any] = {"action": "stop", "reason": "rank 0 ended the session"}
         else:
@@ -248,7 +284,12 @@ class LaunchPlugin:
 
     def _run_here(self, cur: Current) -> bool:
         """This rank's part: the process group for the test's backend, then pytest's protocol
-        (reports reach ``cur.reports`` through the makereport wrapper, not the terminal)."""
+        (reports reach ``cur.reports`` through the makereport wrapper, not the terminal; its
+        warnings ``cur.caught``, not this rank's own summary: rank 0 shows every rank's, once).
+
+        Returns False when the test could not start, or forked processes that still ran the
+        rank's code (they are killed, and the test fails): the group is not to be trusted.
+        """
         item = cur.item
         step = self.steps[cur.index]
         try:
@@ -267,46 +308,72 @@ class LaunchPlugin:
         self.ctx.test = RunTest(
             cur.index, item.nodeid, following.nodeid if following else None, str(shared)
         )
-        runtestprotocol(item, log=False, nextitem=following)
-        return True
+        self.forks = 0
+        with warnings.catch_warnings(record=True) as caught:
+            cur.caught = caught
+            try:
+                runtestprotocol(item, log=False, nextitem=following)
+            finally:
+                leave_if_fork(self, cur.index, item.nodeid)
+        forks = end_forks(self)
+        if forks:
+            report = forked_report(item.nodeid, item.location, self.rank, self.world_size, forks)
+            cur.reports.append(report)
+            publish_early(self, cur, report)
+        return not forks
 
     def _run_rank0(self, item: pytest.Item, index: int) -> None:
         assert self.channel is not None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         cur = self._start(item, index)
-        ran = self._run_here(cur)
+        inits = self.inits
+        fine = self._run_here(cur)
         with self.lock:
             cur.done = True
             taken = cur.taken_over
         if taken:
             park()  # the watchdog reports this test and ends the run; it exits the process
-        healthy = ran and group_healthy(self)
+        healthy = fine and group_healthy(self)
+        sequence = sequence_numbers() if healthy else {}
         per_rank, stuck, peers_healthy = gather(self, cur)
+        if self.inits != inits:
+            self.sequence_base = {}  # a new group: its sequence numbers start from 0
+        if healthy and peers_healthy and not stuck:
+            cur.sequences[0] = sequence
+            healthy = check_collectives(self, cur, per_rank)
         if not (healthy and peers_healthy):
             self.gen += 1  # every rank re-initialises its group before the next test
         merged = self.merge(cur, per_rank)
+        forward_warnings(item, warnings_of(cur), self.world_size)
         self.current = None
         for report in merged:
             ihook.pytest_runtest_logreport(report=report)
-        if stuck:
+        if stuck or cur.stopped:
             self.aborted = True
-            self.ended = left_stuck(cur, stuck)
+            self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, stuck)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:
         assert self.channel is not None
         cur = self._start(item, index)
-        ran = self._run_here(cur)
+        fine = self._run_here(cur)
         with self.lock:
             cur.done = True
             taken = cur.taken_over
         if taken:
             park()  # the watchdog is leaving with rank 0's exit code
-        healthy = ran and group_healthy(self)
-        data = [self.serialize(r) for r in cur.reports]
-        self.channel.put(f"report/{index}/{self.rank}", {"reports": data, "healthy": healthy})
+        healthy = fine and group_healthy(self)
+        payload = {
+            "reports": [self.serialize(r) for r in cur.reports],
+            "healthy": healthy,
+            "warnings": warning_records(cur.caught),
+            "sequence": sequence_numbers() if healthy else {},
+            **identity(index, item.nodeid),
+        }
+        self.channel.put(f"report/{index}/{self.rank}", payload)
         self.channel.add(f"done/{index}", 1)
+        self.last_index = index
         self.current = None
         self.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
         for report in cur.reports:
@@ -375,6 +442,7 @@ class LaunchPlugin:
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         """Rank 0: the verdict on this test, which the other ranks wait for."""
+        leave_if_fork(self, self.index, nodeid)  # a fork of a test run by rank 0 alone
         if self.rank != 0 or self.channel is None or self.session is None:
             return
         session = self.session
@@ -391,6 +459,12 @@ class LaunchPlugin:
             self.channel.put(f"verdict/{self.index}", verdict)
         except ChannelError as exc:
             self._lost(exc)
+
+    @pytest.hookimpl
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """``pytest.exit()`` or ``KeyboardInterrupt`` ended this rank's session (see
+        :func:`launch_life.interrupted`)."""
+        interrupted(self, excinfo.value)
 
     # -- reports on the wire -------------------------------------------------------------------
 

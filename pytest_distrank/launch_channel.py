@@ -8,7 +8,8 @@ Two connections per process, each made once (PITFALLS 16): ``control`` for this 
 used only for short operations (``check`` before ``get``, never a blocking ``get`` of a key that
 may not exist: a TCPStore client holds its lock for the whole wait, and the watchdog thread must
 never be stuck behind the main thread), and ``data`` for ``init_process_group`` and the
-``dist_store`` fixture, whose waits may block.
+``dist_store`` fixture, whose waits may block. A process that a test forked never uses them: it
+makes one connection of its own (:meth:`Channel.for_fork`) to say so, then leaves.
 
 Who hosts the store at MASTER_ADDR:MASTER_PORT: torchrun's agent when it says so
 (``TORCHELASTIC_USE_AGENT_STORE=True``, every rank is a client); otherwise rank 0
@@ -43,13 +44,13 @@ class ChannelError(Exception):
 class Channel:
     """The launched world's control store, seen from one rank."""
 
-    def __init__(self, launch: Launch, connect_timeout: float) -> None:
+    def __init__(self, launch: Launch, connect_timeout: float, client_only: bool = False) -> None:
         import torch.distributed as dist
 
         self.launch = launch
         timeout = timedelta(seconds=connect_timeout)
         addr, port = launch.master_addr, launch.master_port
-        self.hosts = launch.rank == 0 and not launch.agent_store
+        self.hosts = launch.rank == 0 and not launch.agent_store and not client_only
         where = f"{addr}:{port}"
         try:
             if self.hosts:
@@ -59,7 +60,9 @@ class Channel:
                 )
             else:
                 control = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
-            data = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
+            data = control
+            if not client_only:
+                data = dist.TCPStore(addr, port, is_master=False, timeout=timeout)
         except Exception as exc:  # DistNetworkError, DistStoreError, RuntimeError
             role = "host" if self.hosts else "reach"
             owner = (
@@ -83,6 +86,15 @@ class Channel:
         self.control = dist.PrefixStore(base + "ctl/", control)
         #: Store of the ``dist_store`` fixture (keys private to each test under it).
         self.user_store = dist.PrefixStore(base + "user/", data)
+
+    def for_fork(self, connect_timeout: float) -> Channel:
+        """A connection of its own for a process the test forked.
+
+        The inherited connections are the rank's: a child that used their socket would
+        interleave its requests and answers with the rank's own (and a lock the rank's watchdog
+        held at fork time stays held in the child forever).
+        """
+        return Channel(self.launch, connect_timeout, client_only=True)
 
     def pg_store(self, generation: int) -> Any:
         """A fresh key space for the ``generation``-th ``init_process_group`` of this run."""

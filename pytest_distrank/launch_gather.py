@@ -3,7 +3,13 @@
 :func:`gather`, :func:`poll_early` and :func:`poll_finished` run in rank 0 of a launched world:
 in its main thread once its own part of the test is over, or in its watchdog thread (which also
 polls while the main thread is in the test, and gathers when the main thread is stuck).
-:func:`publish_early` runs in every rank, in the main thread, as soon as the rank fails or skips.
+:func:`publish_early` runs in every rank, in the main thread, as soon as the rank fails or skips;
+:func:`publish_stopped` when ``pytest.exit()`` or ``KeyboardInterrupt`` ends its session.
+
+Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
+send time, test index, node id: :func:`launch_rank.identity`); anything else fails the test as
+pool mode's :func:`fitness.foreign_report` does. A rank whose session ended (``fatal/<rank>``) is
+lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
 
 When to stop waiting is :class:`endgame.Endgame`'s rule, the same as pool mode's: a rank finished
 only when its last reports arrived; waiting ends at the deadline or when the failure grace is
@@ -15,13 +21,16 @@ reported by :func:`endgame.unfinished_report` as stuck (they are left running) o
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest.reports import TestReport
 
 from .endgame import (
+    BEFORE_SETUP,
     DUMP_WAIT,
     LATE,
     LATE_REASON,
@@ -33,8 +42,11 @@ from .endgame import (
     grace_trigger,
     unfinished_report,
 )
+from .fitness import foreign_report
 from .launch_channel import POLL_MAX
-from .launch_report import silent_report
+from .launch_rank import identity, warning_records
+from .launch_report import FRESH_GROUP, relabel, silent_report, stopped_report
+from .protocol import Reports, RunTest, WarningRecord
 from .settings import Value
 
 if TYPE_CHECKING:
@@ -62,6 +74,15 @@ class Current:
     #: The watchdog reports this test instead of the main thread (which is stuck).
     taken_over: bool = False
     stack_sent: bool = False
+    #: This rank's warnings so far (the main thread's ``catch_warnings`` log, live).
+    caught: list[warnings.WarningMessage] = dataclasses.field(default_factory=list)
+    #: Rank 0: the ranks whose pytest session ended (their ``fatal/<rank>`` payloads).
+    stopped: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    #: Rank 0: when to look for ended sessions again without a sign (monotonic).
+    fatal_at: float = 0.0
+    #: Rank 0: what the peers sent with their last reports: warnings, sequence numbers.
+    peer_warnings: dict[int, list[WarningRecord]] = dataclasses.field(default_factory=dict)
+    sequences: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def begin(
@@ -82,33 +103,103 @@ def publish_early(plugin: LaunchPlugin, cur: Current, report: TestReport) -> Non
     """This rank failed or skipped: tell rank 0 now, so that its grace period starts now.
 
     A subtest, an xfail or a pass starts no grace (:func:`endgame.grace_trigger`): nothing to say.
+    A process the test forked says nothing here: the control connection is the rank's.
     """
     kind = grace_trigger(report)
-    if kind is None:
+    if kind is None or os.getpid() != plugin.pid:
         return
     first = plugin.rank not in cur.early_ranks
     cur.early_ranks.add(plugin.rank)
     cur.game.note_trigger(plugin.rank, kind, time.monotonic())
     if plugin.rank != 0 and first and plugin.channel is not None:
         key = f"early/{cur.index}/{plugin.rank}"
-        plugin.channel.put(key, {"kind": kind, "when": report.when})
+        payload = {"kind": kind, "when": report.when, **identity(cur.index, cur.item.nodeid)}
+        plugin.channel.put(key, payload)
         plugin.channel.add(f"early/{cur.index}", 1)
 
 
-def poll_early(plugin: LaunchPlugin, cur: Current) -> None:
-    """Rank 0: note the other ranks' early failures and skips (one counter read when none)."""
+def publish_stopped(plugin: LaunchPlugin, cur: Current | None, message: str) -> None:
+    """A rank other than 0: ``pytest.exit()`` or ``KeyboardInterrupt`` ended its session (in
+    ``cur``, or between tests): tell rank 0, which stops waiting for it and ends the run."""
     assert plugin.channel is not None
-    count = plugin.channel.add(f"early/{cur.index}", 0)
-    if count == cur.early_seen:
-        return
-    cur.early_seen = count
+    index, nodeid = (cur.index, cur.item.nodeid) if cur is not None else (-1, "")
+    payload = {
+        "message": message,
+        "when": cur.when if cur is not None else "",
+        "reports": [plugin.serialize(r) for r in list(cur.reports)] if cur is not None else [],
+        "warnings": warning_records(cur.caught) if cur is not None else [],
+        **identity(index, nodeid),
+    }
+    plugin.channel.put(f"fatal/{plugin.rank}", payload)
+    if cur is not None:
+        plugin.channel.add(f"early/{cur.index}", 1)  # rank 0 looks at once, not within a second
+
+
+#: Rank 0 looks for ended sessions this often without a sign (a rank interrupted between tests).
+FATAL_EVERY = 1.0
+
+
+def poll_early(plugin: LaunchPlugin, cur: Current) -> None:
+    """Rank 0: note the other ranks' early failures and skips, and ranks whose session ended
+    (one counter read when none, and a look for ended sessions every ``FATAL_EVERY``)."""
+    channel = plugin.channel
+    assert channel is not None
+    count = channel.add(f"early/{cur.index}", 0)
     now = time.monotonic()
+    if count == cur.early_seen and now < cur.fatal_at:
+        return
+    cur.early_seen, cur.fatal_at = count, now + FATAL_EVERY
     for rank in range(1, plugin.world_size):
+        if rank not in cur.stopped and channel.has(f"fatal/{rank}"):
+            cur.stopped[rank] = channel.get(f"fatal/{rank}")
+            cur.game.note_lost(rank, "stopped serving", now)
         key = f"early/{cur.index}/{rank}"
-        if rank not in cur.early_ranks and plugin.channel.has(key):
-            data = plugin.channel.get(key)
+        if rank not in cur.early_ranks and channel.has(key):
+            data = channel.get(key)
             cur.early_ranks.add(rank)
-            cur.game.note_trigger(rank, str(data["kind"]), now)
+            if foreign(plugin, cur, rank, data) is None:
+                cur.game.note_trigger(rank, str(data["kind"]), now)
+
+
+def foreign(
+    plugin: LaunchPlugin, cur: Current, rank: int, data: dict[str, Any]
+) -> TestReport | None:
+    """A failure when ``data`` was not sent by ``rank``'s own process for this very test."""
+    pid = plugin.pids[rank] if rank < len(plugin.pids) else 0
+    sender = int(data.get("pid", -1))
+    index, nodeid = int(data.get("index", -1)), str(data.get("nodeid", ""))
+    item = cur.item
+    if sender == pid and index == cur.index and nodeid == item.nodeid:
+        return None
+    message = Reports(rank, index, nodeid, sender, (), True)
+    test = RunTest(cur.index, item.nodeid, None, "")
+    report = foreign_report(rank, pid, plugin.world_size, message, test, item.location)
+    if sender != pid:
+        more = (
+            "A process forked by the test (os.fork(), multiprocessing's fork) that returns into "
+            "pytest runs the rest of the test again; it left as soon as it reached the rank's "
+            "own code. End such a child with os._exit() (or use subprocess or the 'spawn' start "
+            f"method). {FRESH_GROUP}"
+        )
+    else:
+        more = f"The rank's control messages are out of step with rank 0. {FRESH_GROUP}"
+    return relabel(report, rank, plugin.world_size, more)
+
+
+def _take_foreign(
+    plugin: LaunchPlugin,
+    cur: Current,
+    per_rank: dict[int, list[TestReport]],
+    rank: int,
+    data: dict[str, Any],
+) -> bool:
+    """Fail the test for a foreign payload of ``rank``; return whether it was foreign."""
+    report = foreign(plugin, cur, rank, data)
+    if report is None:
+        return False
+    per_rank.setdefault(rank, []).append(report)
+    cur.game.note_reports(rank, [report], time.monotonic())
+    return True
 
 
 def poll_finished(plugin: LaunchPlugin, cur: Current) -> None:
@@ -127,14 +218,32 @@ def poll_finished(plugin: LaunchPlugin, cur: Current) -> None:
 def _take_report(
     plugin: LaunchPlugin, cur: Current, per_rank: dict[int, list[TestReport]], rank: int
 ) -> bool:
-    """Read one rank's last reports; return whether its process group survived the test."""
+    """Read one rank's last reports; return whether its process group survived the test.
+
+    A payload from another process (or for another test) fails the test; the rank's own
+    reports may still come, as in pool mode.
+    """
     assert plugin.channel is not None
     data = plugin.channel.take(f"report/{cur.index}/{rank}")
+    if _take_foreign(plugin, cur, per_rank, rank, data):
+        return False
     reports = [plugin.deserialize(d) for d in data["reports"]]
-    per_rank[rank] = reports
+    per_rank.setdefault(rank, []).extend(reports)
     cur.game.note_reports(rank, reports, time.monotonic())
     cur.game.note_finished(rank)
+    cur.peer_warnings[rank] = [_record(w) for w in data.get("warnings", [])]
+    cur.sequences[rank] = {str(g): int(n) for g, n in data.get("sequence", {}).items()}
     return bool(data["healthy"])
+
+
+def _record(data: Any) -> WarningRecord:
+    module, qualname, text, filename, lineno = data
+    return (str(module), str(qualname), str(text), str(filename), int(lineno))
+
+
+def warnings_of(cur: Current) -> dict[int, list[WarningRecord]]:
+    """Rank 0: every rank's warnings in the test (its own from its live log)."""
+    return {0: warning_records(cur.caught), **cur.peer_warnings}
 
 
 def gather(
@@ -158,18 +267,21 @@ def gather(
     healthy = True
     done_seen = 0
     delay = 0.0005
-    while missing:
+    while True:
+        poll_early(plugin, cur)
+        missing -= cur.stopped.keys()
+        if not missing:
+            break
         done = channel.add(f"done/{cur.index}", 0)
         if done != done_seen:
             done_seen = done
             for rank in sorted(missing):
                 if channel.has(f"report/{cur.index}/{rank}"):
                     healthy = _take_report(plugin, cur, per_rank, rank) and healthy
-            missing -= per_rank.keys()
+            missing -= game.finished
             delay = 0.0005
             if not missing:
                 break
-        poll_early(plugin, cur)
         if game.expired(time.monotonic()):
             break
         time.sleep(delay)
@@ -178,7 +290,56 @@ def gather(
     if missing:
         stuck, late_healthy = _conclude(plugin, cur, per_rank, sorted(missing))
         healthy = healthy and late_healthy
-    return per_rank, stuck, healthy
+    for rank, data in sorted(cur.stopped.items()):
+        per_rank.setdefault(rank, []).extend(_stopped_reports(plugin, cur, rank, data))
+    return per_rank, stuck, _strays(plugin, cur, per_rank) and healthy and not cur.stopped
+
+
+def _stopped_reports(
+    plugin: LaunchPlugin, cur: Current, rank: int, data: dict[str, Any]
+) -> list[TestReport]:
+    """The reports of a rank whose pytest session ended: what it sent, and how it ended."""
+    item = cur.item
+    if int(data.get("index", -1)) != cur.index:  # it ended between tests: this one never began
+        pos, reports = BEFORE_SETUP, []
+    else:
+        report = foreign(plugin, cur, rank, data)
+        if report is not None:
+            return [report]
+        pos = Position.in_phase(str(data.get("when") or "call"))
+        reports = [plugin.deserialize(d) for d in data.get("reports", [])]
+        cur.peer_warnings[rank] = [_record(w) for w in data.get("warnings", [])]
+    fill_passed(reports, item.nodeid, item.location, pos.when)
+    message = str(data.get("message", ""))
+    wall = time.time()
+    reports.append(stopped_report(item.nodeid, item.location, pos.when, pos.at, message, wall))
+    return reports
+
+
+def _strays(plugin: LaunchPlugin, cur: Current, per_rank: dict[int, list[TestReport]]) -> bool:
+    """What processes the test forked sent (``stray/<test>/<rank>``, :func:`launch_rank.
+    leave_if_fork`): it fails the test. One counter read when none; returns False when any."""
+    channel = plugin.channel
+    assert channel is not None
+    if not channel.add(f"stray/{cur.index}", 0):
+        return True
+    for rank in range(plugin.world_size):
+        key = f"stray/{cur.index}/{rank}"
+        if channel.has(key):
+            _take_foreign(plugin, cur, per_rank, rank, channel.take(key))
+    return False
+
+
+def stopped_serving(cur: Current) -> str:
+    """Why the run ends after ranks' sessions ended in ``cur`` (the remaining tests' reason)."""
+    ranks = sorted(cur.stopped)
+    message = str(cur.stopped[ranks[0]].get("message", ""))
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    names = ", ".join(str(r) for r in ranks)
+    return (
+        f"rank {names} stopped serving: {first or 'its pytest session ended'}; a rank whose "
+        "pytest session ended cannot run the remaining tests, so the launched world stops here"
+    )
 
 
 def left_stuck(cur: Current, ranks: list[int]) -> str:
@@ -211,9 +372,13 @@ def _conclude(
             if rank in answers:
                 continue
             if channel.has(f"report/{cur.index}/{rank}"):
-                answers[rank] = {"report": channel.take(f"report/{cur.index}/{rank}")}
+                data = channel.take(f"report/{cur.index}/{rank}")
+                if not _take_foreign(plugin, cur, per_rank, rank, data):
+                    answers[rank] = {"report": data}
             elif channel.has(f"stack/{cur.index}/{rank}"):
-                answers[rank] = {"stack": channel.get(f"stack/{cur.index}/{rank}")}
+                data = channel.get(f"stack/{cur.index}/{rank}")
+                if not _take_foreign(plugin, cur, per_rank, rank, data):
+                    answers[rank] = {"stack": data}
         if len(answers) == len(missing) or time.monotonic() >= end:
             break
         time.sleep(POLL_MAX)
@@ -228,9 +393,10 @@ def _conclude(
         log = plugin.logs.get(rank, "?")
         if "report" in answer:
             game.note_finished(rank)
-            reports = [plugin.deserialize(d) for d in answer["report"]["reports"]]
+            reports = per_rank.setdefault(rank, [])
+            reports.extend(plugin.deserialize(d) for d in answer["report"]["reports"])
             healthy = healthy and bool(answer["report"]["healthy"])
-            per_rank[rank] = reports
+            cur.peer_warnings[rank] = [_record(w) for w in answer["report"].get("warnings", [])]
             if timed_out:
                 info = Unfinished(LATE, "", log, "stuck", game, now, LATE_REASON)
                 rep = unfinished_report(
@@ -240,16 +406,17 @@ def _conclude(
             continue
         stuck.append(rank)
         if "stack" not in answer:
-            reports = []
+            reports = per_rank.get(rank, [])
             fill_passed(reports, nodeid, location, "call")
             reports.append(silent_report(nodeid, location, rank, plugin.world_size, log, wall))
             per_rank[rank] = reports
             continue
         stack = answer["stack"]
-        reports = [plugin.deserialize(d) for d in stack.get("reports", [])]
+        reports = per_rank.setdefault(rank, [])
+        reports.extend(plugin.deserialize(d) for d in stack.get("reports", []))
+        cur.peer_warnings[rank] = [_record(w) for w in stack.get("warnings", [])]
         pos = Position.in_phase(str(stack.get("when", "call")))
         fill_passed(reports, nodeid, location, pos.when)
-        per_rank[rank] = reports
         if failed_itself(reports):
             continue  # its own failure is the story; it was stuck cleaning up after it
         info = Unfinished(pos, str(stack.get("dump", "")), log, "stuck", game, now)

@@ -1,6 +1,7 @@
 """Launcher mode, the start and the end of a rank's session: folders, logs, the exit together.
 
 Runs in every rank of a launched world: :func:`open_rank` at configure time (main thread),
+:func:`interrupted` when ``pytest.exit()`` or ``KeyboardInterrupt`` ends the session,
 :func:`adopt_exit_code` in ``pytest_sessionfinish``, :func:`leave` at interpreter exit or from the
 watchdog thread, :func:`lost` wherever the control channel fails.
 
@@ -33,6 +34,8 @@ from _pytest._io import TerminalWriter
 from _pytest.junitxml import xml_key
 
 from .launch_channel import LOST_EXIT, Channel, ChannelError
+from .launch_gather import publish_stopped
+from .launch_rank import interruption, leave_if_fork, wait_answering
 
 if TYPE_CHECKING:
     from .launch import LaunchPlugin
@@ -131,7 +134,7 @@ def adopt_exit_code(plugin: LaunchPlugin, session: pytest.Session, exitstatus: i
             channel.put("exit", plugin.exit_code)
         return
     try:
-        channel.wait_any(["exit"], None, watch_rank0=True)
+        wait_answering(plugin, ["exit"])
         code = int(channel.get("exit"))
     except ChannelError as exc:
         plugin.log(f"distrank: {plugin.launch.label()}: no exit code from rank 0 ({exc})")
@@ -139,6 +142,37 @@ def adopt_exit_code(plugin: LaunchPlugin, session: pytest.Session, exitstatus: i
     plugin.exit_code = code
     session.exitstatus = code
     plugin.log(f"distrank: {plugin.launch.label()}: exit code {code} (rank 0's)")
+
+
+def interrupted(plugin: LaunchPlugin, exc: BaseException) -> None:
+    """``pytest.exit()`` or ``KeyboardInterrupt`` ended this rank's session (main thread).
+
+    In a distributed test the ranks are no longer in step: fixtures are not torn down (their
+    teardown may wait on a peer). A rank other than 0 tells rank 0, which fails the test with
+    why and where and ends the run; rank 0 reports its own interruption as pytest does, and its
+    exit code (published at session finish) releases the other ranks.
+    """
+    cur = plugin.current
+    leave_if_fork(plugin, cur.index if cur else plugin.index, cur.item.nodeid if cur else "")
+    with plugin.lock:
+        taken = cur is not None and cur.taken_over
+        if cur is not None:
+            cur.done = True
+    if taken:
+        park()  # the watchdog reports the test and ends the process
+    plugin.current = None
+    if plugin.terminated or plugin.exiting or (cur is None and plugin.rank == 0):
+        return
+    plugin.aborted = plugin.aborted or cur is not None
+    if plugin.rank == 0 or plugin.channel is None:
+        return
+    message = interruption(exc, cur.item.nodeid if cur is not None else "a pause between tests")
+    plugin.log(
+        f"distrank: {plugin.launch.label()}: {message.splitlines()[0]}; this rank's session "
+        "ends; rank 0 fails the test and ends the run"
+    )
+    with contextlib.suppress(ChannelError):
+        publish_stopped(plugin, cur, message)
 
 
 def _at_exit(plugin: LaunchPlugin) -> None:

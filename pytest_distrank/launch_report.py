@@ -5,17 +5,25 @@ main thread is stuck). Pure logic over pytest's report objects and text; imports
 merge itself is :func:`merge.merge_test`, and the report for a rank stuck in a collective or timed
 out is :func:`endgame.unfinished_report`, both the same as pool mode's; this module builds the
 reports only launcher mode needs: a rank that sent neither its reports nor its stack, a rank whose
-process group did not come up, and the tests the run could not reach.
+pytest session ended in the test, a rank whose process group did not come up, the tests the run
+could not reach, and pool mode's check failures (:mod:`fitness`) told as launcher mode goes on.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 
 from _pytest.reports import TestReport
 
 from .endgame import Location
 from .merge import label, synthesized_failure
+
+#: What follows a check's failure in launcher mode (pool mode replaces the pool instead).
+FRESH_GROUP = (
+    "Every rank's process group was created anew before the next test, so that it does not "
+    "inherit the damage."
+)
 
 #: At most this many node ids of each kind are listed in a collection mismatch.
 SHOWN_NODEIDS = 5
@@ -42,6 +50,50 @@ def silent_report(
     )
     return synthesized_failure(
         nodeid, location, "call", crash, text, note=note, collateral=False, stop=now
+    )
+
+
+def stopped_report(
+    nodeid: str, location: Location, when: str, at: str, message: str, now: float
+) -> TestReport:
+    """A failed report for a rank whose pytest session ended in the test (``pytest.exit()``,
+    ``KeyboardInterrupt``): ``message`` says which and where; ``at`` is where the rank was
+    ("in call", "before its setup began")."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "")
+    crash = f"stopped serving {at}: {first or 'its pytest session ended'}"
+    text = (
+        f"{message}\nIts pytest session ended, so the launched world cannot run the remaining "
+        "tests. pytest.fail() or pytest.skip() end only the test; pytest.exit() and "
+        "KeyboardInterrupt end the rank's whole session."
+    )
+    return synthesized_failure(nodeid, location, when, crash, text, note=crash, stop=now)
+
+
+def forked_report(
+    nodeid: str, location: Location, rank: int, world_size: int, pids: Sequence[int]
+) -> TestReport:
+    """A failure for a test that left forks of the rank running the rank's own code (the row in
+    pool mode's words, :func:`fitness.forked_report`)."""
+    listed = ", ".join(str(p) for p in pids)
+    crash = (
+        f"forked pid {listed} which still ran the rank's own code when the test ended: "
+        "it returns into pytest and runs the rest of the test again"
+    )
+    text = (
+        f"{label(rank, world_size)} {crash}.\n"
+        "End a child made with os.fork() with os._exit() (or use subprocess, or "
+        f"multiprocessing, which manages its children). The rank killed it. {FRESH_GROUP}"
+    )
+    return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
+
+
+def relabel(report: TestReport, rank: int, world_size: int, more: str) -> TestReport:
+    """Pool mode's failure of a check (:mod:`fitness`), with what follows it in launcher mode:
+    the same row and crash line, ``more`` as the details."""
+    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or "failed"
+    text = f"{label(rank, world_size)} {crash}\n{more}"
+    return synthesized_failure(
+        report.nodeid, report.location, report.when, crash, text, note=crash, stop=report.stop
     )
 
 

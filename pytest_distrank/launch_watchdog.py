@@ -5,15 +5,17 @@ a C++ collective, where no Python signal handler runs and nothing can interrupt 
 does not need it:
 
 - rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
-- while a distributed test runs, rank 0 watches the other ranks' early failures and last
-  reports. When :class:`endgame.Endgame`'s rule ends the wait (the rule :func:`launch_gather.gather`
-  follows once the main thread is out of the test) and its own main thread is still in the test,
+- while a distributed test runs, rank 0 watches the other ranks' early failures, last reports
+  and ended sessions (``pytest.exit()``). When :class:`endgame.Endgame`'s rule ends the wait
+  (the rule :func:`launch_gather.gather` follows once the main thread is out of the test) and
+  its own main thread is still in the test,
   it finishes the session itself: it reports the test (rank 0's own stuck or timed-out report,
   synthesized from its stack, merged with the peers' reports or stacks), reports the remaining
   tests as not run, lets the terminal summary and junitxml be written
   (``pytest_sessionfinish``, ``pytest_unconfigure``), publishes the exit code and exits;
-- the other ranks publish their stacks (and their reports so far) when their deadline passes or
-  when rank 0 asks (``abort/<test>``), then wait for rank 0's exit code and exit with it.
+- the other ranks publish their stacks (and their reports and warnings so far, with their pid)
+  when their deadline passes or when rank 0 asks (``abort/<test>``), then wait for rank 0's exit
+  code and exit with it.
 """
 
 from __future__ import annotations
@@ -29,8 +31,18 @@ from _pytest.reports import TestReport
 
 from .endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
 from .launch_channel import LOST_EXIT, ChannelError, dump_threads
-from .launch_gather import Current, gather, left_stuck, poll_early, poll_finished
+from .launch_gather import (
+    Current,
+    gather,
+    left_stuck,
+    poll_early,
+    poll_finished,
+    stopped_serving,
+    warnings_of,
+)
+from .launch_rank import identity, warning_records
 from .stacks import where_blocked
+from .warnings_relay import forward_warnings
 
 if TYPE_CHECKING:
     from .launch import LaunchPlugin
@@ -109,10 +121,14 @@ class Watchdog(threading.Thread):
             f"distrank: {plugin.launch.label()}: stacks in {cur.when} of {cur.item.nodeid} "
             f"({why}):\n{dump}"
         )
-        reports = [plugin.serialize(r) for r in list(cur.reports)]
-        plugin.channel.put(
-            f"stack/{cur.index}/{plugin.rank}", {"dump": dump, "when": cur.when, "reports": reports}
-        )
+        payload = {
+            "dump": dump,
+            "when": cur.when,
+            "reports": [plugin.serialize(r) for r in list(cur.reports)],
+            "warnings": warning_records(cur.caught),
+            **identity(cur.index, cur.item.nodeid),
+        }
+        plugin.channel.put(f"stack/{cur.index}/{plugin.rank}", payload)
         cur.stack_sent = True
 
     def _leave_stuck(self, cur: Current) -> None:
@@ -149,8 +165,9 @@ class Watchdog(threading.Thread):
             own = self._own_reports(cur)
             per_rank, stuck, _ = gather(plugin, cur, own)
             merged = plugin.merge(cur, per_rank)
+            forward_warnings(cur.item, warnings_of(cur), plugin.world_size)
             plugin.aborted = True
-            plugin.ended = left_stuck(cur, [0, *stuck])
+            plugin.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, [0, *stuck])
             plugin.current = None
             ihook = cur.item.ihook
             for report in merged:

@@ -65,4 +65,3 @@ def warning_record(message: warnings.WarningMessage) -> WarningRecord:
         str(message.filename),
         int(message.lineno or 0),
     )
-

@@ -576,6 +576,199 @@ def test_rank_1_fails(rank):
     run.match(1 - reporting[0], ["distrank: rank 1/2 (torchrun): report on rank 0; log in *"])
 
 
+# -- end-to-end: what the plugin cannot trust (docs/failure-reports.md, pool mode's fixes) -----
+
+AFTER = """
+
+@pytest.mark.world_size(2)
+def test_zz_after(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "peer", "row"),
+    [
+        (
+            'pytest.exit("database gone", returncode=3)',
+            "dist.barrier(group=pg)",  # rank 0 waits for rank 1 in a collective: its watchdog
+            "  rank 1/2  stopped serving in call: pytest.exit('database gone') was called in "
+            "*::test_stop (returncode=3)  <- root cause",
+        ),
+        (
+            "raise KeyboardInterrupt",
+            "pass",  # rank 0 passes: its main thread gathers
+            "  rank 1/2  stopped serving in call: KeyboardInterrupt was raised in *::test_stop*"
+            "  <- root cause",
+        ),
+    ],
+    ids=["pytest-exit", "keyboard-interrupt"],
+)
+def test_torchrun_session_ending_exception_on_rank_1_fails_the_test_promptly(
+    pytester: pytest.Pytester, launch_env: dict[str, str], body: str, peer: str, row: str
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + f"""
+@pytest.mark.world_size(2)
+def test_stop(rank, pg):
+    if rank == 1:
+        {body}
+    {peer}
+"""
+        + AFTER
+    )
+    started = time.monotonic()
+    run = torchrun(launch_env, pytester.path, 2, "--distrank-failure-grace=1")
+    assert time.monotonic() - started < 60, run.outputs[0]  # not the 300 s deadline
+    assert run.codes == [1], run.outputs[0]
+    run.match(0, [row])
+    run.match(
+        0,
+        [
+            "SKIPPED [[]1[]] *: not run: rank 1 stopped serving: * in *::test_stop*; a rank "
+            "whose pytest session ended cannot run the remaining tests, so the launched world "
+            "stops here",
+            "FAILED *::test_stop - [[]rank 1/2[]] stopped serving in call: *",
+            "*= 1 failed, 1 skipped in *",
+        ],
+    )
+
+
+def test_torchrun_keyboard_interrupt_on_rank_0_does_not_hang_its_peers(
+    pytester: pytest.Pytester, launch_env: dict[str, str]
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_stop(rank, pg):
+    if rank == 0:
+        raise KeyboardInterrupt
+    dist.barrier(group=pg)  # rank 1 waits for rank 0 in a collective
+"""
+        + AFTER
+    )
+    started = time.monotonic()
+    run = torchrun(launch_env, pytester.path, 2, "--distrank-failure-grace=1")
+    assert time.monotonic() - started < 60, run.outputs[0]
+    # Rank 0 reports its own interruption as pytest does; rank 1 adopts its exit code (2,
+    # pytest's INTERRUPTED; torchrun itself exits with 1 when a rank exits non-zero).
+    run.match(0, ["*! KeyboardInterrupt !*", "*= no tests ran in *"])
+    assert run.codes == [1], run.outputs[0]
+    assert run.outputs[0].count("exitcode  : 2 ") == 2, run.outputs[0]
+
+
+def test_torchrun_warnings_of_every_rank_are_in_the_summary_once(
+    pytester: pytest.Pytester, launch_env: dict[str, str]
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+import warnings
+
+@pytest.mark.world_size(2)
+def test_warns(rank):
+    warnings.warn("deprecated thing", DeprecationWarning)
+    if rank == 1:
+        warnings.warn("only on rank 1")
+
+def test_ordinary_warns():
+    warnings.warn("from an ordinary test")
+"""
+    )
+    run = torchrun(launch_env, pytester.path, 2)
+    assert run.codes == [0], run.outputs[0]
+    run.match(
+        0,
+        [
+            "*warnings summary*",
+            "*.py:*: DeprecationWarning: [[]ranks 0, 1 of 2[]] deprecated thing",
+            "*.py:*: UserWarning: [[]rank 1/2[]] only on rank 1",
+            "*.py:*: UserWarning: from an ordinary test",
+            "*= 2 passed, 3 warnings in *",
+        ],
+    )
+    # Rank 0's own warning is not shown again on its own, unmerged.
+    assert run.outputs[0].count("DeprecationWarning: ") == 1, run.outputs[0]
+
+
+@pytest.mark.parametrize(
+    ("body", "row"),
+    [
+        (
+            # The parent waits for its child, which runs the rest of the test and ends.
+            "pid = os.fork()\n        if pid:\n            os.waitpid(pid, 0)",
+            "  rank 1/2  sent reports from pid *, not its own (*): a process forked by the test?*",
+        ),
+        (
+            # The child is still in the test when the parent's test ends.
+            "if os.fork() == 0:\n            time.sleep(3)",
+            "  rank 1/2  forked pid * which still ran the rank's own code when the test ended*",
+        ),
+    ],
+    ids=["child-finished-first", "child-still-running"],
+)
+def test_torchrun_a_forked_test_process_is_not_a_rank(
+    pytester: pytest.Pytester, launch_env: dict[str, str], body: str, row: str
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + f"""
+@pytest.mark.world_size(2)
+def test_forks(rank):
+    if rank == 1:
+        {body}
+"""
+        + AFTER
+    )
+    run = torchrun(launch_env, pytester.path, 2)
+    assert run.codes == [1], run.outputs[0]
+    run.match(0, [row])
+    run.match(0, ["FAILED *::test_forks - [[]rank 1/2[]] *", "*= 1 failed, 1 passed in *"])
+
+
+def test_torchrun_unmatched_collective_fails_the_test_that_left_it(
+    pytester: pytest.Pytester, launch_env: dict[str, str]
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+@pytest.mark.world_size(2)
+def test_culprit(rank, pg):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1) * 100, group=pg, async_op=True)  # no peer matches it
+
+@pytest.mark.world_size(2)
+def test_innocent(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+
+@pytest.mark.world_size(2)
+def test_point_to_point_is_not_a_desync(rank, pg):
+    t = torch.zeros(1)
+    if rank == 0:
+        dist.send(torch.ones(1), 1)
+    else:
+        dist.recv(t, 0)
+"""
+    )
+    run = torchrun(launch_env, pytester.path, 2)
+    assert run.codes == [1], run.outputs[0]
+    run.match(
+        0,
+        [
+            "  rank 0/2  issued 1 more collective than its peers on the default group: an "
+            "unmatched collective (its last: gloo:all_reduce)  <- root cause",
+            "  rank 1/2  passed",
+        ],
+    )
+    run.match(0, ["*= 1 failed, 2 passed in *"])
+
+
 # -- end-to-end: Slurm and MPI, launched by hand -----------------------------------------------
 
 
