@@ -35,7 +35,8 @@ from _pytest.junitxml import xml_key
 
 from .launch_channel import LOST_EXIT, Channel, ChannelError
 from .launch_gather import publish_stopped
-from .launch_rank import interruption, leave_if_fork, wait_answering
+from .launch_rank import leave_if_fork, wait_answering
+from .stacks import interruption_message
 
 if TYPE_CHECKING:
     from .launch import LaunchPlugin
@@ -166,7 +167,8 @@ def interrupted(plugin: LaunchPlugin, exc: BaseException) -> None:
     plugin.aborted = plugin.aborted or cur is not None
     if plugin.rank == 0 or plugin.channel is None:
         return
-    message = interruption(exc, cur.item.nodeid if cur is not None else "a pause between tests")
+    where = cur.item.nodeid if cur is not None else "a pause between tests"
+    message = interruption_message(exc, where)
     plugin.log(
         f"distrank: {plugin.launch.label()}: {message.splitlines()[0]}; this rank's session "
         "ends; rank 0 fails the test and ends the run"

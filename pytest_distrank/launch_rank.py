@@ -42,9 +42,9 @@ from .warnings_relay import warning_record
 from .worker import (
     RANK_CONTEXT,
     RankContext,
-    _group_words,
-    _live_groups,
     cap_section,
+    group_words,
+    live_groups,
     stray_forks,
 )
 
@@ -217,20 +217,6 @@ def warning_records(caught: Iterable[warnings.WarningMessage]) -> list[WarningRe
     return [warning_record(w) for w in list(caught)]
 
 
-def interruption(exc: BaseException, nodeid: str) -> str:
-    """Why ``pytest.exit()`` or ``KeyboardInterrupt`` ended this rank's session, and where
-    (pool mode's words, :meth:`worker.WorkerPlugin.pytest_keyboard_interrupt`)."""
-    frames = traceback.format_exception(exc)
-    where = "".join(frames[-4:]) if len(frames) > 1 else ""
-    if isinstance(exc, pytest.exit.Exception):
-        head = f"pytest.exit({exc.msg!r}) was called in {nodeid}"
-        if exc.returncode is not None:
-            head += f" (returncode={exc.returncode})"
-    else:
-        head = f"KeyboardInterrupt was raised in {nodeid} ({exc})"
-    return f"{head}\n{where}" if where else head
-
-
 # -- unmatched collectives: the second round (rank 0 asks only when sequence numbers differ) ---
 
 
@@ -290,7 +276,7 @@ def collective_counts(mark: int) -> dict[str, tuple[int, str]] | None:
             continue
         name = str(entry.get("process_group", ("?",))[0])
         last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
-    return {_group_words(pg): last.get(str(pg.group_name), (0, "")) for pg in _live_groups()}
+    return {group_words(pg): last.get(str(pg.group_name), (0, "")) for pg in live_groups()}
 
 
 def answer_count(plugin: LaunchPlugin, index: int) -> None:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import signal
+import traceback
 
 #: Lines of a rank's own output shown when it crashed.
 LOG_TAIL_LINES = 30
@@ -136,3 +137,21 @@ def read_from(path: str, offset: int, limit: int = 256 * 1024) -> str:
 
 def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+def interruption_message(exc: BaseException, nodeid: str) -> str:
+    """Why ``pytest.exit()`` or ``KeyboardInterrupt`` ended a rank's session, and where.
+
+    Used by both modes (worker.py, launch_rank.py) for the rank's row and its text.
+    """
+    frames = traceback.format_exception(exc)
+    where = "".join(frames[-4:]) if len(frames) > 1 else ""
+    msg = getattr(exc, "msg", None)
+    if msg is not None and type(exc).__name__ == "Exit":  # pytest.exit.Exception
+        head = f"pytest.exit({msg!r}) was called in {nodeid}"
+        returncode = getattr(exc, "returncode", None)
+        if returncode is not None:
+            head += f" (returncode={returncode})"
+    else:
+        head = f"KeyboardInterrupt was raised in {nodeid} ({exc})"
+    return f"{head}\n{where}" if where else head

@@ -1,7 +1,8 @@
 """The rank side: one rank process of a pool, serving "run this test" from the controller.
 
 Runs in each rank process (started by the fork server, or spawned). Depends on nothing else of
-the plugin except :mod:`protocol`, :mod:`reaper` and the rank-only :mod:`ranklogs`. A rank process:
+the plugin except :mod:`protocol`, :mod:`reaper`, :mod:`stacks` (stdlib only) and the rank-only
+:mod:`ranklogs`. A rank process:
 
 1. detaches from the fork server (so it dies with the controller, PITFALLS 1), moves into its
    own process group (Ctrl-C is the controller's to handle), sends its output to a per-rank log;
@@ -53,6 +54,7 @@ from .protocol import (
     compact_passed,
     phase_slots,
 )
+from .stacks import interruption_message
 
 if TYPE_CHECKING:
     import torch
@@ -328,17 +330,8 @@ class WorkerPlugin:
     @pytest.hookimpl
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         """pytest.exit() or KeyboardInterrupt ends the rank's session: say which, and where."""
-        exc = excinfo.value
         test = self.ctx.test.nodeid if self.ctx is not None else "?"
-        frames = traceback.format_exception(exc)
-        where = "".join(frames[-4:]) if len(frames) > 1 else ""
-        if isinstance(exc, pytest.exit.Exception):
-            head = f"pytest.exit({exc.msg!r}) was called in {test}"
-            if exc.returncode is not None:
-                head += f" (returncode={exc.returncode})"
-        else:
-            head = f"KeyboardInterrupt was raised in {test} ({exc})"
-        self.interrupted = f"{head}\n{where}" if where else head
+        self.interrupted = interruption_message(excinfo.value, test)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_timeout_set_timer(self, item: pytest.Item) -> bool:
@@ -691,7 +684,7 @@ def stray_forks(pid: int) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
-def _group_words(pg: Any) -> str:
+def group_words(pg: Any) -> str:
     import torch.distributed as dist
 
     if pg is dist.group.WORLD:
@@ -703,7 +696,7 @@ def _group_words(pg: Any) -> str:
     return f"group {pg.group_name!r} (ranks {ranks})"
 
 
-def _live_groups() -> list[Any]:
+def live_groups() -> list[Any]:
     """The process groups this rank is a member of, the default one first."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
@@ -718,9 +711,9 @@ def _live_groups() -> list[Any]:
 def sequence_numbers() -> dict[str, int]:
     """Each live group's sequence number: compared between ranks after every test (~30 us)."""
     out: dict[str, int] = {}
-    for pg in _live_groups():
+    for pg in live_groups():
         with contextlib.suppress(Exception):  # a backend without sequence numbers
-            out[_group_words(pg)] = int(pg._get_sequence_number_for_group())
+            out[group_words(pg)] = int(pg._get_sequence_number_for_group())
     return out
 
 
@@ -746,9 +739,9 @@ def collective_counts() -> dict[str, tuple[int, str]] | None:
         name = str(entry.get("process_group", ("?",))[0])
         last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
     out: dict[str, tuple[int, str]] = {}
-    for pg in _live_groups():
+    for pg in live_groups():
         seq_op = last.get(str(pg.group_name))
-        out[_group_words(pg)] = seq_op if seq_op is not None else (0, "")
+        out[group_words(pg)] = seq_op if seq_op is not None else (0, "")
     return out
 
 
