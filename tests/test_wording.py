@@ -138,3 +138,28 @@ def test_b_segfaults(rank):
         ["*rank 1/2 crashed in call with SIGSEGV(-11)*", "*Fatal Python error: Segmentation fault*"]
     )
     assert "It wrote nothing" not in result.stdout.str()
+
+
+def test_stopped_rank_is_said_to_be_stopped(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        HEADER
+        + """
+import os, signal
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(3)
+def test_stops(rank):
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+"""
+    )
+    result = run_pytest("-ra")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 1/2  timed out in call after 3 s; no stack: the rank was stopped (SIGSTOP, "
+            "SIGTSTP or a debugger) and could not answer the dump signal*",
+        ]
+    )
