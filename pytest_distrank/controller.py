@@ -455,7 +455,7 @@ class Controller:
             signal.signal(signal.SIGTERM, self._old_sigterm)
         if "torch" in sys.modules:
             # The session is over: spare the interpreter's final collection over torch's objects
-            # (~0.5 s, PITFALLS 17).
+            # (~0.5 s: interpreter shutdown collects all of torch's objects).
             gc.freeze()
 
     def install_sigterm(self) -> None:

@@ -76,8 +76,8 @@ def is_subtest(report: TestReport) -> bool:
 def grace_trigger(report: TestReport) -> str | None:
     """``"failed"`` or ``"skipped"`` when ``report`` starts the peers' grace period, else None.
 
-    A plain skip starts it (the rank will not take part in the test's collectives, PITFALLS 8);
-    an xfail, a subtest and a pass do not.
+    A plain skip starts it (the rank will not take part in the test's collectives: peers
+    waiting for it in one would hang); an xfail, a subtest and a pass do not.
     """
     if is_subtest(report):
         return None

@@ -4,12 +4,13 @@ Runs in every pytest process of a launched world (each is one rank), used by its
 and by its watchdog thread. Per-rank results, verdicts, stacks and the exit code travel here, so a
 test that breaks or destroys its process group cannot break reporting.
 
-Two connections per process, each made once (PITFALLS 16): ``control`` for this module's keys,
-used only for short operations (``check`` before ``get``, never a blocking ``get`` of a key that
-may not exist: a TCPStore client holds its lock for the whole wait, and the watchdog thread must
-never be stuck behind the main thread), and ``data`` for ``init_process_group`` and the
-``dist_store`` fixture, whose waits may block. A process that a test forked never uses them: it
-makes one connection of its own (:meth:`Channel.for_fork`) to say so, then leaves.
+Two connections per process, each made once (new TCPStore client connections occasionally stall for
+seconds): ``control`` for this module's keys, used only for short operations (``check`` before
+``get``, never a blocking ``get`` of a key that may not exist: a TCPStore client holds its lock for
+the whole wait, and the watchdog thread must never be stuck behind the main thread), and ``data``
+for ``init_process_group`` and the ``dist_store`` fixture, whose waits may block. A process that a
+test forked never uses them: it makes one connection of its own (:meth:`Channel.for_fork`) to say
+so, then leaves.
 
 Who hosts the store at MASTER_ADDR:MASTER_PORT: torchrun's agent when it says so
 (``TORCHELASTIC_USE_AGENT_STORE=True``, every rank is a client); otherwise rank 0

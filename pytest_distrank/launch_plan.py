@@ -163,7 +163,8 @@ def next_shared(
     steps: tuple[Step, ...], items: list[pytest.Item], index: int
 ) -> pytest.Item | None:
     """The next test that all ranks run: module and class fixtures stay set up for it, and are
-    torn down the same way on every rank (PITFALLS 7)."""
+    torn down the same way on every rank (a rank told another next test would tear down what
+    its peers keep)."""
     for later in range(index + 1, len(items)):
         if steps[later].kind == "all":
             return items[later]

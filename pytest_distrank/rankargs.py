@@ -1,4 +1,4 @@
-"""The command line of a rank's own pytest session (PITFALLS 4).
+"""The command line of a rank's own pytest session, built by the controller.
 
 Runs in the controller. A rank re-reads the user's command line, as a pytest-xdist worker does
 (xdist sends ``config.invocation_params.args`` and overrides what the worker must own): the
@@ -15,12 +15,12 @@ filters reach every rank. From that list the controller strips what a rank must 
   pytest-cov (worker.py measures ranks itself), pytest-rerunfailures and this plugin;
 
 then adds its own: the pool's files first, the plugin under the name the controller loaded it by
-(``-p distrank`` when the entry point loaded it, PITFALLS 3; ``-p pytest_distrank.plugin`` when a
-checkout on PYTHONPATH did), no cache provider, the controller's rootdir and ini file (so node ids
-match), a basetemp per rank, ``--verbosity`` as the controller ended up with it (an int: a conftest
-may set ``config.option.verbose = True``), ``-o addopts=`` (the ini's addopts were forwarded,
-filtered, above) and, last so that it wins over the user's ``-W error``, the filter for the one
-warning the fork server causes.
+(``-p distrank`` when the entry point loaded it, as pytest refuses a second name for a registered
+plugin; ``-p pytest_distrank.plugin`` when a checkout on PYTHONPATH did), no cache provider, the
+controller's rootdir and ini file (so node ids match), a basetemp per rank, ``--verbosity`` as the
+controller ended up with it (an int: a conftest may set ``config.option.verbose = True``), ``-o
+addopts=`` (the ini's addopts were forwarded, filtered, above) and, last so that it wins over the
+user's ``-W error``, the filter for the one warning the fork server causes.
 
 How options are recognised: the walk below reads each argument with the controller's own argparse
 parser (``config._parser``), which knows every option pytest, the plugins and the initial

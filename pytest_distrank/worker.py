@@ -4,8 +4,9 @@ Runs in each rank process (started by the fork server, or spawned). Depends on n
 the plugin except :mod:`protocol`, :mod:`reaper`, :mod:`stacks` (stdlib only) and the rank-only
 :mod:`ranklogs`. A rank process:
 
-1. detaches from the fork server (so it dies with the controller, PITFALLS 1), moves into its
-   own process group (Ctrl-C is the controller's to handle), sends its output to a per-rank log;
+1. detaches from the fork server (so it dies with the controller: the fork server's alive pipe would
+   keep it up), moves into its own process group (Ctrl-C is the controller's to handle), sends its
+   output to a per-rank log;
 2. runs its own pytest session over the files that hold its pool's tests, with arguments the
    controller built (``-p distrank``, the controller's rootdir, ``-o addopts=`` ...);
 3. after collection, connects to the controller's store once, initialises the process group once,
@@ -122,7 +123,7 @@ RANK_CONTEXT = pytest.StashKey[RankContext]()
 
 
 def _detach_from_controller_tree(expected_parent: int) -> None:
-    """Die with the controller, and keep Ctrl-C out (PITFALLS 1).
+    """Die with the controller, and keep Ctrl-C out.
 
     The fork server hands every child a copy of the write end of its "alive" pipe; while a rank
     holds it, the fork server never sees the controller die. Close it, and ask the kernel to
@@ -162,7 +163,8 @@ def _rank_env(cfg: RankConfig) -> dict[str, str]:
         MASTER_ADDR=MASTER_ADDR,
         # MASTER_PORT is set once rank 0 hosts a store (see _master_store). torchrun's convention:
         # the store at MASTER_ADDR:MASTER_PORT is hosted by someone else (here: a TCPStore that
-        # rank 0 serves beside its test code), so every rank is a client (PITFALLS 2).
+        # rank 0 serves beside its test code), so every rank is a client (else rank 0 would try
+        # to host a second store on the port).
         TORCHELASTIC_USE_AGENT_STORE="True",
         TORCHELASTIC_RESTART_COUNT="0",
         DISTRANK_RANK=str(cfg.rank),
@@ -609,11 +611,11 @@ def _scope_agent_store() -> None:
     """Make ``TORCHELASTIC_USE_AGENT_STORE=True`` hold for the plugin's store only.
 
     torchrun's convention (every rank, rank 0 included, is a client of the store at
-    MASTER_ADDR:MASTER_PORT, PITFALLS 2) is right for the store rank 0 serves here, but
-    torch applies it to every ``tcp://`` and ``env://`` rendezvous of the process: a test's own
-    ``tcp://127.0.0.1:<its port>`` rendezvous then hangs, since no rank hosts that store. The
-    variable stays in the environment (code that reads it sees torchrun's value); around the
-    store creation of a rendezvous to any other port it is lifted. Wraps torch's registered
+    MASTER_ADDR:MASTER_PORT, else rank 0 hosts a second store there) is right for the store rank 0
+    serves here, but torch applies it to every ``tcp://`` and ``env://`` rendezvous of the process:
+    a test's own ``tcp://127.0.0.1:<its port>`` rendezvous then hangs, since no rank hosts that
+    store. The variable stays in the environment (code that reads it sees torchrun's value); around
+    the store creation of a rendezvous to any other port it is lifted. Wraps torch's registered
     handlers (a private table of ``torch.distributed.rendezvous``); installed once per rank.
     """
     module = importlib.import_module("torch.distributed.rendezvous")
