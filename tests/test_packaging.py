@@ -31,8 +31,14 @@ pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 60)
 
 
 def _modules() -> set[str]:
-    """The package's files in the checkout: every module, and the ``py.typed`` marker."""
-    files = {p.name for p in (ROOT / PACKAGE).iterdir() if p.suffix == ".py"}
+    """The package's files in the checkout, as paths below the package: every module of every
+    subpackage (so that a subpackage cannot silently drop out of the wheel), and ``py.typed``."""
+    top = ROOT / PACKAGE
+    files = {
+        p.relative_to(top).as_posix()
+        for p in top.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
     assert "plugin.py" in files and "__init__.py" in files
     return files | {"py.typed"}
 
@@ -112,13 +118,18 @@ def test_sdist_holds_the_sources_and_the_same_metadata(dists: dict[str, Path]) -
     version = pytest_distrank.__version__
     top = f"pytest_distrank-{version}"
     with tarfile.open(dists["sdist"]) as sdist:
-        names = set(sdist.getnames())
+        names = {member.name for member in sdist.getmembers() if member.isfile()}
         pkg_info = sdist.extractfile(f"{top}/PKG-INFO")
         assert pkg_info is not None
         meta = _metadata(pkg_info.read().decode())
     for name in ("pyproject.toml", "README.md", "PKG-INFO"):
         assert f"{top}/{name}" in names
-    packaged = {n.split("/")[-1] for n in names if n.startswith(f"{top}/{PACKAGE}/")}
+    prefix = f"{top}/{PACKAGE}/"
+    packaged = {
+        n.removeprefix(prefix)
+        for n in names
+        if n.startswith(prefix) and "__pycache__" not in n
+    }
     assert packaged == _modules()
     assert meta["Description-Content-Type"] == "text/markdown"
     assert "# pytest-distrank" in str(meta.get_payload())
