@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .worker import RANK_CONTEXT, RankContext
+from .context import RANK_CONTEXT, RankContext
 
 if TYPE_CHECKING:
     import torch

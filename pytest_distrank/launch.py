@@ -44,6 +44,7 @@ from _pytest.reports import CollectReport, TestReport
 from _pytest.runner import runtestprotocol
 
 from . import __version__
+from .context import RankContext
 from .launch_channel import Channel, ChannelError
 from .launch_env import Launch, rerun_command
 from .launch_gather import Current, gather, left_stuck, publish_early, stopped_serving, warnings_of
@@ -64,9 +65,9 @@ from .launch_rank import (
 from .launch_report import forked_report, not_run_reports, setup_error_report
 from .merge import annotate, merge_test
 from .protocol import RunTest
+from .rankside import sequence_numbers, teardown_unneeded
 from .settings import Settings, item_timeout
 from .warnings_relay import forward_warnings
-from .worker import RankContext, sequence_numbers, teardown_unneeded
 
 PLUGIN_NAME = "distrank-launch"
 

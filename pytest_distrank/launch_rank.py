@@ -34,26 +34,19 @@ import pytest
 from _pytest.reports import TestReport
 
 from . import fixtures as fixtures_module
+from .context import RANK_CONTEXT, RankContext
 from .fitness import sequences_in_step, unmatched_collectives
 from .launch_channel import ChannelError
 from .launch_report import FRESH_GROUP, relabel
-from .protocol import RankConfig, RunTest, WarningRecord
+from .protocol import RunTest, WarningRecord
+from .rankside import cap_section, group_words, live_groups, stray_forks
 from .warnings_relay import warning_record
-from .worker import (
-    RANK_CONTEXT,
-    RankContext,
-    cap_section,
-    group_words,
-    live_groups,
-    stray_forks,
-)
 
 if TYPE_CHECKING:
     from .launch import LaunchPlugin
     from .launch_gather import Current
 
 #: Captured sections longer than this are cut before they travel to rank 0.
-SECTION_LIMIT = 256 * 1024
 #: Bound on a forked process's own connection to the control store, and on what it sends there.
 FORK_CONNECT = 10.0
 #: Bound on reaping a forked process after SIGKILL.
@@ -98,20 +91,14 @@ def ensure_group(plugin: LaunchPlugin, backend: str) -> None:
         world_size=plugin.world_size,
         device_id=device_id,
     )
-    cfg = RankConfig(
-        rank=plugin.rank,
-        world_size=plugin.world_size,
-        local_rank=local_rank,
-        backend=backend,
-        init_process_group=True,
-        pool_id=plugin.inits,
-        store_path="",
-        pytest_args=(),
-        env={},
-        log_path=plugin.log_path,
-        nodeids=(),
+    plugin.ctx = RankContext(
+        plugin.rank,
+        plugin.world_size,
+        local_rank,
+        backend,
+        plugin.channel.user_store,
+        dist.group.WORLD,
     )
-    plugin.ctx = RankContext(cfg, plugin.channel.user_store, dist.group.WORLD)
     plugin.flight_mark = flight_mark()
     plugin.config.stash[RANK_CONTEXT] = plugin.ctx
     if not first:

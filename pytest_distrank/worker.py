@@ -1,8 +1,9 @@
 """The rank side: one rank process of a pool, serving "run this test" from the controller.
 
-Runs in each rank process (started by the fork server, or spawned). Depends on nothing else of
-the plugin except :mod:`protocol`, :mod:`reaper`, :mod:`stacks` (stdlib only) and the rank-only
-:mod:`ranklogs`. A rank process:
+Runs in each rank process (started by the fork server, or spawned). Imports none of the
+controller side: only :mod:`protocol`, the rank context (:mod:`context`), the rank-side modules
+:mod:`rankgroup` (its store and group), :mod:`rankside` (checks around a test), :mod:`ranklogs`,
+and the stdlib-only :mod:`reaper` and :mod:`stacks`. A rank process:
 
 1. detaches from the fork server (so it dies with the controller: the fork server's alive pipe would
    keep it up), moves into its own process group (Ctrl-C is the controller's to handle), sends its
@@ -21,16 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import dataclasses
 import faulthandler
-import importlib
 import os
 import pickle
 import signal
 import sys
 import traceback
 import warnings
-from datetime import timedelta
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,6 +37,7 @@ import pytest
 from _pytest._io import TerminalWriter
 
 from . import ranklogs, reaper
+from .context import RANK_CONTEXT, RankContext
 from .protocol import (
     Collectives,
     CountCollectives,
@@ -55,11 +54,18 @@ from .protocol import (
     compact_passed,
     phase_slots,
 )
+from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
+from .rankside import (
+    cap_section,
+    collective_counts,
+    sequence_numbers,
+    stray_forks,
+    teardown_unneeded,
+)
 from .stacks import interruption_message
 
 if TYPE_CHECKING:
-    import torch
-    import torch.distributed as dist
+    pass
 
 #: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
@@ -70,56 +76,6 @@ CONTROLLER_ONLY_PLUGINS = ("rerunfailures",)
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
 _PR_SET_PDEATHSIG = 1
-STORE_TIMEOUT = timedelta(seconds=300)
-MASTER_ADDR = "127.0.0.1"
-#: The port of the store rank 0 serves for the plugin (MASTER_PORT, unless a test changed it).
-PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
-AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
-#: Captured output sections longer than this are cut to their head and tail before sending.
-SECTION_LIMIT = 256 * 1024
-
-
-@dataclasses.dataclass
-class RankContext:
-    """What the fixtures of a rank process read: who this rank is, its store and group."""
-
-    cfg: RankConfig
-    store: Any
-    pg: Any | None
-    test: RunTest = dataclasses.field(default_factory=lambda: RunTest(-1, "", None, ""))
-    #: On rank 0: the TCPStore server behind MASTER_PORT (kept alive while it is in use).
-    master_server: Any = None
-
-    @property
-    def rank(self) -> int:
-        return self.cfg.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.cfg.world_size
-
-    @property
-    def local_rank(self) -> int:
-        return self.cfg.local_rank
-
-    @property
-    def backend(self) -> str:
-        return self.cfg.backend
-
-    def device(self) -> torch.device:
-        import torch
-
-        if "nccl" in self.cfg.backend:
-            return torch.device("cuda", self.cfg.local_rank)
-        return torch.device("cpu")
-
-    def test_store(self) -> dist.Store:
-        import torch.distributed as dist
-
-        return dist.PrefixStore(f"test{self.test.index}/", self.store)
-
-
-RANK_CONTEXT = pytest.StashKey[RankContext]()
 
 
 def _detach_from_controller_tree(expected_parent: int) -> None:
@@ -418,7 +374,7 @@ class WorkerPlugin:
         items = {item.nodeid: item for item in session.items}
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
-            self.ctx = _start_rank(self.cfg)
+            self.ctx = start_rank(self.cfg)
             config.stash[RANK_CONTEXT] = self.ctx
             config.hook.pytest_distrank_rank_setup(
                 config=config, rank=self.cfg.rank, world_size=self.cfg.world_size
@@ -459,7 +415,7 @@ class WorkerPlugin:
         teardown_unneeded(item)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
-            _master_store(self.ctx, f"test{message.index}/")
+            master_store(self.ctx, f"test{message.index}/")
         self.forks = 0
         self.warnings = []
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
@@ -468,7 +424,7 @@ class WorkerPlugin:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid
             return
         self._phase(Phase.FINISHED)
-        problem = _group_problem(self.ctx)
+        problem = group_problem(self.ctx)
         healthy = not problem
         self._flush(
             done=True,
@@ -524,243 +480,3 @@ def _start_coverage(settings: dict[str, Any] | None) -> Any:
     )
     cov.start()
     return cov
-
-
-def teardown_unneeded(item: pytest.Item) -> None:
-    """Close modules and classes the previous test left set up that this one does not need.
-
-    The controller names each test's successor in its pool, so pytest's own teardown normally
-    did this already; when the order is not known in advance (pytest-xdist schedules tests as it
-    goes) the prediction can be wrong, and pytest's SetupState would refuse the next setup.
-    """
-    state = item.session._setupstate
-    needed = set(item.listchain())
-    if all(node in needed for node in state.stack):
-        return
-    try:
-        state.teardown_exact(item)
-    except BaseException:
-        print(
-            f"pytest-distrank: error tearing down fixtures before {item.nodeid}:\n"
-            + traceback.format_exc(),
-            file=sys.stderr,
-            flush=True,
-        )
-
-
-def cap_section(content: str) -> str:
-    """Keep the head and tail of a huge captured section (tens of MB help nobody)."""
-    if len(content) <= SECTION_LIMIT:
-        return content
-    half = SECTION_LIMIT // 2
-    cut = len(content) - 2 * half
-    return f"{content[:half]}\n[... pytest-distrank cut {cut} characters ...]\n{content[-half:]}"
-
-
-def _start_rank(cfg: RankConfig) -> RankContext:
-    """Open the pool's store once, initialise the process group once."""
-    import torch.distributed as dist
-
-    store = dist.FileStore(cfg.store_path, cfg.world_size)
-    ctx = RankContext(cfg, store, None)
-    _master_store(ctx, "pool/")
-    if cfg.init_process_group:
-        device_id = None
-        if "nccl" in cfg.backend:
-            import torch
-
-            torch.cuda.set_device(cfg.local_rank)
-            # Bound to its GPU: collectives such as barrier() need not guess the device.
-            device_id = torch.device("cuda", cfg.local_rank)
-        dist.init_process_group(
-            cfg.backend,
-            store=store,
-            rank=cfg.rank,
-            world_size=cfg.world_size,
-            device_id=device_id,
-        )
-        ctx.pg = dist.group.WORLD
-    return ctx
-
-
-def _master_store(ctx: RankContext, prefix: str) -> None:
-    """Serve a TCPStore on rank 0 (port 0, chosen by the kernel) and export it as MASTER_PORT.
-
-    The port travels to the other ranks through the pool's FileStore, so nobody guesses a free
-    port. Code that reads MASTER_ADDR/MASTER_PORT, and ``init_process_group()`` with env://, find
-    a live store there.
-    """
-    import torch.distributed as dist
-
-    key = f"{prefix}master_port"
-    if ctx.rank == 0:
-        ctx.master_server = None  # drop the previous test's server first
-        ctx.master_server = dist.TCPStore(
-            MASTER_ADDR, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT
-        )
-        port = str(ctx.master_server.port)
-        ctx.store.set(key, port)
-    else:
-        port = ctx.store.get(key).decode()
-    os.environ["MASTER_PORT"] = port
-    os.environ[PLUGIN_PORT_ENV] = port
-    _scope_agent_store()
-
-
-def _scope_agent_store() -> None:
-    """Make ``TORCHELASTIC_USE_AGENT_STORE=True`` hold for the plugin's store only.
-
-    torchrun's convention (every rank, rank 0 included, is a client of the store at
-    MASTER_ADDR:MASTER_PORT, else rank 0 hosts a second store there) is right for the store rank 0
-    serves here, but torch applies it to every ``tcp://`` and ``env://`` rendezvous of the process:
-    a test's own ``tcp://127.0.0.1:<its port>`` rendezvous then hangs, since no rank hosts that
-    store. The variable stays in the environment (code that reads it sees torchrun's value); around
-    the store creation of a rendezvous to any other port it is lifted. Wraps torch's registered
-    handlers (a private table of ``torch.distributed.rendezvous``); installed once per rank.
-    """
-    module = importlib.import_module("torch.distributed.rendezvous")
-    handlers = getattr(module, "_rendezvous_handlers", None)
-    if not isinstance(handlers, dict):
-        return
-    for scheme in ("tcp", "env"):
-        original = handlers.get(scheme)
-        if original is None or getattr(original, "_distrank_scoped", False):
-            continue
-        handlers[scheme] = _scoped_handler(scheme, original)
-
-
-def _scoped_handler(scheme: str, original: Any) -> Any:
-    from urllib.parse import urlparse
-
-    def handler(url: str, **kwargs: Any) -> Any:
-        if scheme == "tcp":
-            port = str(urlparse(url).port)
-        else:
-            port = os.environ.get("MASTER_PORT", "")
-        rendezvous = original(url, **kwargs)
-        if port == os.environ.get(PLUGIN_PORT_ENV) or AGENT_STORE_ENV not in os.environ:
-            yield from rendezvous
-            return
-        value = os.environ.pop(AGENT_STORE_ENV)
-        try:
-            first = next(rendezvous)  # the store is created here: rank 0 hosts it
-        finally:
-            os.environ[AGENT_STORE_ENV] = value
-        yield first
-        yield from rendezvous
-
-    handler._distrank_scoped = True  # type: ignore[attr-defined]
-    return handler
-
-
-def stray_forks(pid: int) -> tuple[int, ...]:
-    """Children of this rank that still run its own code (forked, not exec'd, not managed).
-
-    A child of ``os.fork()`` that returns into pytest runs the rest of the test a second time.
-    Children that ``exec``'d (subprocess) have another command line; multiprocessing's own
-    children (DataLoader workers with the fork start method) are known to it and left alone.
-    """
-    import multiprocessing
-
-    def cmdline(p: int | str) -> bytes:
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                return f.read()
-        except OSError:
-            return b""
-
-    own = cmdline(pid)
-    managed = {p.pid for p in multiprocessing.active_children()}
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in managed:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
-            if cmdline(entry) == own:
-                found.append(int(entry))
-    return tuple(sorted(found))
-
-
-def group_words(pg: Any) -> str:
-    import torch.distributed as dist
-
-    if pg is dist.group.WORLD:
-        return "the default group"
-    try:
-        ranks = ", ".join(str(r) for r in dist.get_process_group_ranks(pg))
-    except Exception:
-        ranks = "?"
-    return f"group {pg.group_name!r} (ranks {ranks})"
-
-
-def live_groups() -> list[Any]:
-    """The process groups this rank is a member of, the default one first."""
-    import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
-
-    if not dist.is_initialized():
-        return []
-    groups = [dist.group.WORLD]
-    groups += [pg for pg in list(c10d._world.pg_map) if pg is not dist.group.WORLD]
-    return groups
-
-
-def sequence_numbers() -> dict[str, int]:
-    """Each live group's sequence number: compared between ranks after every test (~30 us)."""
-    out: dict[str, int] = {}
-    for pg in live_groups():
-        with contextlib.suppress(Exception):  # a backend without sequence numbers
-            out[group_words(pg)] = int(pg._get_sequence_number_for_group())
-    return out
-
-
-def collective_counts() -> dict[str, tuple[int, str]] | None:
-    """Collectives issued per group, from the flight recorder (tens of ms: only on request).
-
-    Point-to-point ops count in a group's sequence number but not here, so this tells a
-    send/recv between some ranks from a collective that only some ranks issued.
-    """
-    import torch
-
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
-        return None  # the flight recorder is off: no entries does not mean no collectives
-    try:
-        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
-        entries = pickle.loads(raw).get("entries", [])
-    except Exception:
-        return None
-    last: dict[str, tuple[int, str]] = {}
-    for entry in entries:
-        if entry.get("is_p2p"):
-            continue
-        name = str(entry.get("process_group", ("?",))[0])
-        last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
-    out: dict[str, tuple[int, str]] = {}
-    for pg in live_groups():
-        seq_op = last.get(str(pg.group_name))
-        out[group_words(pg)] = seq_op if seq_op is not None else (0, "")
-    return out
-
-
-def _group_problem(ctx: RankContext) -> str:
-    """After a test: what happened to the pool's default group ("" when it is still its own).
-
-    Under ``init_process_group=False`` whatever group the test left is destroyed here.
-    """
-    import torch.distributed as dist
-
-    if ctx.pg is None:
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-        return "left a process group that could not be destroyed" if dist.is_initialized() else ""
-    if not dist.is_initialized():
-        return "left the default process group destroyed"
-    if dist.group.WORLD is not ctx.pg:
-        return "replaced the default process group (init_process_group was called again)"
-    return ""

@@ -1,0 +1,53 @@
+"""Who this rank is, for the fixtures: the rank context that either mode builds.
+
+Runs in rank processes of both modes: a pool's rank (:mod:`worker` builds it from its start-up
+message) and a launched rank (:mod:`launch_rank` builds it from the launcher's environment).
+The fixtures (:mod:`fixtures`) read it from ``config.stash[RANK_CONTEXT]`` and import nothing of
+either mode.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .protocol import RunTest
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+
+@dataclasses.dataclass
+class RankContext:
+    """What the fixtures of a rank process read: who this rank is, its store and group."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    #: The store shared by the ranks (``dist_store`` gives each test its own prefix of it).
+    store: Any
+    #: The default process group the rank serves tests with; None under init_process_group=False.
+    pg: Any | None
+    #: The test being run (its index, node id and shared folder).
+    test: RunTest = dataclasses.field(default_factory=lambda: RunTest(-1, "", None, ""))
+    #: Pool mode, on rank 0: the TCPStore server behind MASTER_PORT (kept alive while in use).
+    master_server: Any = None
+
+    def device(self) -> torch.device:
+        import torch
+
+        if "nccl" in self.backend:
+            return torch.device("cuda", self.local_rank)
+        return torch.device("cpu")
+
+    def test_store(self) -> dist.Store:
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"test{self.test.index}/", self.store)
+
+
+RANK_CONTEXT = pytest.StashKey[RankContext]()

@@ -1,0 +1,139 @@
+"""A pool rank's store and process group: made once per rank process, checked after each test.
+
+Runs in pool-mode rank processes (:mod:`worker`). The pool's rendezvous is a FileStore in the
+controller's private folder; rank 0 also serves a TCPStore on a port the kernel picks and exports
+it as MASTER_PORT, so that code using ``env://`` finds a live store and nobody guesses a free
+port. torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to that store only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+from datetime import timedelta
+from typing import Any
+
+from .context import RankContext
+from .protocol import RankConfig
+
+STORE_TIMEOUT = timedelta(seconds=300)
+MASTER_ADDR = "127.0.0.1"
+#: The port of the store rank 0 serves for the plugin (MASTER_PORT, unless a test changed it).
+PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
+AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
+
+
+def start_rank(cfg: RankConfig) -> RankContext:
+    """Open the pool's store once, initialise the process group once."""
+    import torch.distributed as dist
+
+    store = dist.FileStore(cfg.store_path, cfg.world_size)
+    ctx = RankContext(cfg.rank, cfg.world_size, cfg.local_rank, cfg.backend, store, None)
+    master_store(ctx, "pool/")
+    if cfg.init_process_group:
+        device_id = None
+        if "nccl" in cfg.backend:
+            import torch
+
+            torch.cuda.set_device(cfg.local_rank)
+            # Bound to its GPU: collectives such as barrier() need not guess the device.
+            device_id = torch.device("cuda", cfg.local_rank)
+        dist.init_process_group(
+            cfg.backend,
+            store=store,
+            rank=cfg.rank,
+            world_size=cfg.world_size,
+            device_id=device_id,
+        )
+        ctx.pg = dist.group.WORLD
+    return ctx
+
+
+def master_store(ctx: RankContext, prefix: str) -> None:
+    """Serve a TCPStore on rank 0 (port 0, chosen by the kernel) and export it as MASTER_PORT.
+
+    The port travels to the other ranks through the pool's FileStore, so nobody guesses a free
+    port. Code that reads MASTER_ADDR/MASTER_PORT, and ``init_process_group()`` with env://, find
+    a live store there.
+    """
+    import torch.distributed as dist
+
+    key = f"{prefix}master_port"
+    if ctx.rank == 0:
+        ctx.master_server = None  # drop the previous test's server first
+        ctx.master_server = dist.TCPStore(
+            MASTER_ADDR, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT
+        )
+        port = str(ctx.master_server.port)
+        ctx.store.set(key, port)
+    else:
+        port = ctx.store.get(key).decode()
+    os.environ["MASTER_PORT"] = port
+    os.environ[PLUGIN_PORT_ENV] = port
+    _scope_agent_store()
+
+
+def _scope_agent_store() -> None:
+    """Make ``TORCHELASTIC_USE_AGENT_STORE=True`` hold for the plugin's store only.
+
+    torchrun's convention (every rank, rank 0 included, is a client of the store at
+    MASTER_ADDR:MASTER_PORT, else rank 0 hosts a second store there) is right for the store rank 0
+    serves here, but torch applies it to every ``tcp://`` and ``env://`` rendezvous of the process:
+    a test's own ``tcp://127.0.0.1:<its port>`` rendezvous then hangs, since no rank hosts that
+    store. The variable stays in the environment (code that reads it sees torchrun's value); around
+    the store creation of a rendezvous to any other port it is lifted. Wraps torch's registered
+    handlers (a private table of ``torch.distributed.rendezvous``); installed once per rank.
+    """
+    module = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(module, "_rendezvous_handlers", None)
+    if not isinstance(handlers, dict):
+        return
+    for scheme in ("tcp", "env"):
+        original = handlers.get(scheme)
+        if original is None or getattr(original, "_distrank_scoped", False):
+            continue
+        handlers[scheme] = _scoped_handler(scheme, original)
+
+
+def _scoped_handler(scheme: str, original: Any) -> Any:
+    from urllib.parse import urlparse
+
+    def handler(url: str, **kwargs: Any) -> Any:
+        if scheme == "tcp":
+            port = str(urlparse(url).port)
+        else:
+            port = os.environ.get("MASTER_PORT", "")
+        rendezvous = original(url, **kwargs)
+        if port == os.environ.get(PLUGIN_PORT_ENV) or AGENT_STORE_ENV not in os.environ:
+            yield from rendezvous
+            return
+        value = os.environ.pop(AGENT_STORE_ENV)
+        try:
+            first = next(rendezvous)  # the store is created here: rank 0 hosts it
+        finally:
+            os.environ[AGENT_STORE_ENV] = value
+        yield first
+        yield from rendezvous
+
+    handler._distrank_scoped = True  # type: ignore[attr-defined]
+    return handler
+
+
+def group_problem(ctx: RankContext) -> str:
+    """After a test: what happened to the pool's default group ("" when it is still its own).
+
+    Under ``init_process_group=False`` whatever group the test left is destroyed here.
+    """
+    import torch.distributed as dist
+
+    if ctx.pg is None:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        return "left a process group that could not be destroyed" if dist.is_initialized() else ""
+    if not dist.is_initialized():
+        return "left the default process group destroyed"
+    if dist.group.WORLD is not ctx.pg:
+        return "replaced the default process group (init_process_group was called again)"
+    return ""

@@ -1,0 +1,146 @@
+"""What a rank process of either mode does around a test, apart from talking to its reporter.
+
+Runs in rank processes of both modes (:mod:`worker` in a pool, :mod:`launch_rank` in a launched
+world): fixtures the previous test left that this one does not need, cutting huge output
+sections, the process groups' sequence numbers and flight-recorder collective counts compared
+after each test (:mod:`fitness`), and forks of the rank that a test left running its code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+import traceback
+from typing import Any
+
+import pytest
+
+#: Captured output sections longer than this are cut to their head and tail before sending.
+SECTION_LIMIT = 256 * 1024
+
+
+def teardown_unneeded(item: pytest.Item) -> None:
+    """Close modules and classes the previous test left set up that this one does not need.
+
+    The controller names each test's successor in its pool, so pytest's own teardown normally
+    did this already; when the order is not known in advance (pytest-xdist schedules tests as it
+    goes) the prediction can be wrong, and pytest's SetupState would refuse the next setup.
+    """
+    state = item.session._setupstate
+    needed = set(item.listchain())
+    if all(node in needed for node in state.stack):
+        return
+    try:
+        state.teardown_exact(item)
+    except BaseException:
+        print(
+            f"pytest-distrank: error tearing down fixtures before {item.nodeid}:\n"
+            + traceback.format_exc(),
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def cap_section(content: str) -> str:
+    """Keep the head and tail of a huge captured section (tens of MB help nobody)."""
+    if len(content) <= SECTION_LIMIT:
+        return content
+    half = SECTION_LIMIT // 2
+    cut = len(content) - 2 * half
+    return f"{content[:half]}\n[... pytest-distrank cut {cut} characters ...]\n{content[-half:]}"
+
+
+def stray_forks(pid: int) -> tuple[int, ...]:
+    """Children of this rank that still run its own code (forked, not exec'd, not managed).
+
+    A child of ``os.fork()`` that returns into pytest runs the rest of the test a second time.
+    Children that ``exec``'d (subprocess) have another command line; multiprocessing's own
+    children (DataLoader workers with the fork start method) are known to it and left alone.
+    """
+    import multiprocessing
+
+    def cmdline(p: int | str) -> bytes:
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                return f.read()
+        except OSError:
+            return b""
+
+    own = cmdline(pid)
+    managed = {p.pid for p in multiprocessing.active_children()}
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in managed:
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
+            if cmdline(entry) == own:
+                found.append(int(entry))
+    return tuple(sorted(found))
+
+
+def group_words(pg: Any) -> str:
+    import torch.distributed as dist
+
+    if pg is dist.group.WORLD:
+        return "the default group"
+    try:
+        ranks = ", ".join(str(r) for r in dist.get_process_group_ranks(pg))
+    except Exception:
+        ranks = "?"
+    return f"group {pg.group_name!r} (ranks {ranks})"
+
+
+def live_groups() -> list[Any]:
+    """The process groups this rank is a member of, the default one first."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not dist.is_initialized():
+        return []
+    groups = [dist.group.WORLD]
+    groups += [pg for pg in list(c10d._world.pg_map) if pg is not dist.group.WORLD]
+    return groups
+
+
+def sequence_numbers() -> dict[str, int]:
+    """Each live group's sequence number: compared between ranks after every test (~30 us)."""
+    out: dict[str, int] = {}
+    for pg in live_groups():
+        with contextlib.suppress(Exception):  # a backend without sequence numbers
+            out[group_words(pg)] = int(pg._get_sequence_number_for_group())
+    return out
+
+
+def collective_counts() -> dict[str, tuple[int, str]] | None:
+    """Collectives issued per group, from the flight recorder (tens of ms: only on request).
+
+    Point-to-point ops count in a group's sequence number but not here, so this tells a
+    send/recv between some ranks from a collective that only some ranks issued.
+    """
+    import torch
+
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
+        return None  # the flight recorder is off: no entries does not mean no collectives
+    try:
+        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+        entries = pickle.loads(raw).get("entries", [])
+    except Exception:
+        return None
+    last: dict[str, tuple[int, str]] = {}
+    for entry in entries:
+        if entry.get("is_p2p"):
+            continue
+        name = str(entry.get("process_group", ("?",))[0])
+        last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
+    out: dict[str, tuple[int, str]] = {}
+    for pg in live_groups():
+        seq_op = last.get(str(pg.group_name))
+        out[group_words(pg)] = seq_op if seq_op is not None else (0, "")
+    return out
