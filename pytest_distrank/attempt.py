@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from .endgame import (
     LATE,

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import pytest
-from _pytest.reports import TestReport
-from _pytest.runner import CallInfo
+from pytest import CallInfo, TestReport
 
+from . import _compat
 from .attempt import TestRun
 from .gpus import GpuUnavailable
 from .markers import DistSpec, MarkerError, spec_of
@@ -185,7 +185,7 @@ class Controller:
         if entry.error:
             pytest.fail(entry.error, pytrace=False)
         if entry.skip:
-            raise pytest.skip.Exception(entry.skip, _use_item_location=True)
+            raise _compat.skip_exception(entry.skip)
 
     # -- pytest-timeout ------------------------------------------------------------------------
 
@@ -390,9 +390,8 @@ class Controller:
         Fixtures of ordinary tests live here; a distributed test between two modules must close
         the first module's, as pytest's own teardown phase would.
         """
-        call = CallInfo.from_call(
-            lambda: item.session._setupstate.teardown_exact(nextitem), "teardown"
-        )
+        session = item.session
+        call = CallInfo.from_call(lambda: _compat.teardown_exact(session, nextitem), "teardown")
         if call.excinfo is None:
             return reports
         # Built directly, not through pytest_runtest_makereport: plugins' makereport hooks expect

@@ -28,7 +28,7 @@ import dataclasses
 import math
 from collections.abc import Iterable
 
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from .merge import label, synthesized_failure
 from .stacks import format_stack, where_blocked

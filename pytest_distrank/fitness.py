@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from .merge import synthesized_failure
 from .protocol import Reports, RunTest

@@ -14,10 +14,11 @@ may depend on them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
+from . import _compat
 from .context import RANK_CONTEXT, RankContext
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def rank_fixtures_used(item: pytest.Item) -> list[str]:
     A test may parametrize an argument called ``backend`` or define its own ``rank`` fixture;
     only names that resolve to the definitions here count.
     """
-    info = getattr(item, "_fixtureinfo", None)
+    info = _compat.fixture_info(item)
     if info is None:
         return []
     used = []
@@ -68,7 +69,7 @@ def misuse_message(nodeid: str, fixtures: list[str]) -> str:
 def _context(request: pytest.FixtureRequest) -> RankContext:
     ctx = request.config.stash.get(RANK_CONTEXT, None)
     if ctx is None:
-        item: Any = getattr(request, "_pyfuncitem", request.node)
+        item = _compat.request_item(request)
         pytest.fail(misuse_message(item.nodeid, [str(request.fixturename)]), pytrace=False)
     return ctx
 

@@ -39,11 +39,9 @@ from pathlib import Path
 from typing import IO, Any, TextIO, cast
 
 import pytest
-from _pytest._io import TerminalWriter
-from _pytest.reports import CollectReport, TestReport
-from _pytest.runner import runtestprotocol
+from pytest import CollectReport, TestReport
 
-from . import __version__
+from . import __version__, _compat
 from .context import RankContext
 from .launch_channel import Channel, ChannelError
 from .launch_env import Launch, rerun_command
@@ -313,7 +311,7 @@ class LaunchPlugin:
         with warnings.catch_warnings(record=True) as caught:
             cur.caught = caught
             try:
-                runtestprotocol(item, log=False, nextitem=following)
+                _compat.run_test_protocol(item, following)
             finally:
                 leave_if_fork(self, cur.index, item.nodeid)
         forks = end_forks(self)
@@ -379,7 +377,7 @@ class LaunchPlugin:
         self.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
         for report in cur.reports:
             if report.failed and self.log_stream is not None:
-                report.toterminal(TerminalWriter(cast(TextIO, self.log_stream)))
+                report.toterminal(_compat.terminal_writer(cast(TextIO, self.log_stream)))
 
     def merge(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> list[TestReport]:
         item = cur.item
@@ -487,7 +485,7 @@ class LaunchPlugin:
         self.current = None
         adopt_exit_code(self, session, exitstatus)
         if self.aborted:
-            session._setupstate.stack.clear()
+            _compat.forget_setup_stack(session)
 
     def leave(self, code: int, from_watchdog: bool = False) -> None:
         leave(self, code, from_watchdog)

@@ -27,7 +27,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from .endgame import (
     BEFORE_SETUP,

@@ -30,9 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from _pytest._io import TerminalWriter
-from _pytest.junitxml import xml_key
 
+from . import _compat
 from .launch_channel import LOST_EXIT, Channel, ChannelError
 from .launch_gather import publish_stopped
 from .launch_rank import leave_if_fork, wait_answering
@@ -67,11 +66,10 @@ def open_rank(plugin: LaunchPlugin) -> None:
     plugin.root = base / f"distrank-{run_id}"
     plugin.root.mkdir(parents=True, exist_ok=True)
     plugin.log_path = str(plugin.root / f"rank{plugin.rank}.log")
-    factory = getattr(config, "_tmp_path_factory", None)
-    if given and factory is not None:
+    if given:
         # The ranks of one node share the command line: each gets a basetemp of its own under
         # it (pytest empties a given basetemp, which must not happen under a peer's feet).
-        factory._given_basetemp = base / f"rank{plugin.rank}"
+        _compat.set_given_basetemp(config, base / f"rank{plugin.rank}")
     if plugin.rank != 0:
         _quiet(plugin)
     from .launch_watchdog import Watchdog
@@ -103,14 +101,11 @@ def _quiet(plugin: LaunchPlugin) -> None:
     stream = open(plugin.log_path, "w", encoding="utf-8", buffering=1)
     plugin.log_stream = stream
     reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None and hasattr(reporter, "_tw"):
-        reporter._tw = TerminalWriter(stream)
+    if _compat.can_redirect_terminal(reporter):
+        _compat.redirect_terminal(reporter, stream)
     print(f"distrank: {plugin.launch.label()}: report on rank 0; log in {plugin.log_path}")
     sys.stdout.flush()
-    xml = config.stash.get(xml_key, None)
-    if xml is not None:  # one junit file, written by rank 0
-        config.pluginmanager.unregister(xml)
-        del config.stash[xml_key]
+    _compat.drop_junit_xml(config)  # one junit file, written by rank 0
     cache = getattr(config, "cache", None)
     if cache is not None:
         # lastfailed/nodeids are rank 0's to write; N ranks writing one cache folder race.

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from . import _compat
 from .launch_channel import ChannelError
 from .launch_report import collection_mismatch, missing_collection
 from .markers import MarkerError, spec_of
@@ -155,7 +156,7 @@ def apply_on_rank0(item: pytest.Item, step: Step) -> None:
     if step.kind == "error":
         pytest.fail(step.reason, pytrace=False)
     if step.kind == "skip":
-        raise pytest.skip.Exception(step.reason, _use_item_location=True)
+        raise _compat.skip_exception(step.reason)
     check_ordinary_test(item)
 
 

@@ -25,14 +25,14 @@ import pickle
 import signal
 import time
 import traceback
-import types
 import warnings
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _pytest.reports import TestReport
+from pytest import TestReport
 
+from . import _compat
 from . import fixtures as fixtures_module
 from .context import RANK_CONTEXT, RankContext
 from .fitness import sequences_in_step, unmatched_collectives
@@ -112,14 +112,12 @@ def ensure_group(plugin: LaunchPlugin, backend: str) -> None:
 def _reset_group_fixtures(plugin: LaunchPlugin, session: pytest.Session) -> None:
     """The session-scoped ``pg``, ``backend`` and ``device`` hold the old group: finish them (and
     the user's fixtures that depend on them), so that the next test gets the new one."""
-    shim: Any = types.SimpleNamespace(node=session)
-    manager: Any = session._fixturemanager
     for name in ("pg", "backend", "device"):
-        for fixturedef in manager.getfixturedefs(name, session) or ():
+        for fixturedef in _compat.session_fixturedefs(session, name):
             if getattr(fixturedef.func, "__module__", None) != fixtures_module.__name__:
                 continue
             try:
-                fixturedef.finish(shim)
+                _compat.finish_fixture(fixturedef, session)
             except BaseException:
                 plugin.log(
                     f"distrank: {plugin.launch.label()}: error tearing down fixtures that "
@@ -229,12 +227,10 @@ def count_key(index: int) -> str:
 
 def _flight_recorder() -> list[dict[str, Any]] | None:
     """The flight recorder's entries (tens of ms); None when it is off or unavailable."""
-    import torch
-
     if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
         return None
     try:
-        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+        raw = _compat.dump_flight_recorder()
         entries = pickle.loads(raw).get("entries", [])
     except Exception:
         return None

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from .endgame import Location
 from .merge import label, synthesized_failure

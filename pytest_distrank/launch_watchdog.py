@@ -27,8 +27,9 @@ import traceback
 from typing import TYPE_CHECKING
 
 import pytest
-from _pytest.reports import TestReport
+from pytest import TestReport
 
+from . import _compat
 from .endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
 from .launch_channel import LOST_EXIT, ChannelError, dump_threads
 from .launch_gather import (
@@ -227,8 +228,8 @@ class Watchdog(threading.Thread):
         assert session is not None
         code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
         session.exitstatus = code
-        session._setupstate.stack.clear()
+        _compat.forget_setup_stack(session)
         plugin.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
         with contextlib.suppress(Exception):
-            plugin.config._ensure_unconfigure()
+            _compat.ensure_unconfigure(plugin.config)
         return int(session.exitstatus)

@@ -16,14 +16,15 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from _pytest._code.code import (
+from pytest import TestReport
+
+from ._compat import (
     ExceptionChainRepr,
     ExceptionRepr,
     ReprEntryNative,
     ReprFileLocation,
     ReprTracebackNative,
 )
-from _pytest.reports import TestReport
 
 WHENS = ("setup", "call", "teardown")
 _RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")

@@ -19,7 +19,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -29,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from . import _compat
 from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey, PoolStartError
 from .protocol import RankConfig
@@ -84,15 +84,15 @@ def start_timeout_from_env() -> Value[float] | None:
 def _fit_socket_folder() -> None:
     """Make sure the fork server's socket path fits ``AF_UNIX``; a deep TMPDIR would not.
 
-    multiprocessing binds the socket in its own temp folder (``pymp-*`` under TMPDIR, kept in
-    ``current_process()._config['tempdir']`` once made). When that path is too long, the folder
-    becomes a short one made under /tmp, for the rest of this process: every later socket of
-    multiprocessing here (a restarted fork server, a Manager) needs it too. It is removed at
-    exit, as multiprocessing removes its own.
+    multiprocessing binds the socket in its own temp folder (``pymp-*`` under TMPDIR, kept in its
+    per-process ``tempdir`` setting, :func:`_compat.mp_process_config`, once made). When that path
+    is too long, the folder becomes a short one made under /tmp, for the rest of this process:
+    every later socket of multiprocessing here (a restarted fork server, a Manager) needs it too.
+    It is removed at exit, as multiprocessing removes its own.
     """
-    from multiprocessing import process, util
+    from multiprocessing import util
 
-    config = process.current_process()._config  # type: ignore[attr-defined]
+    config = _compat.mp_process_config()
     folder = config.get("tempdir") or tempfile.gettempdir() + _PYMP_NAME
     if len(os.fsencode(folder + _LISTENER_NAME)) <= UNIX_PATH_MAX:
         return
@@ -143,9 +143,7 @@ def plugin_modules(config: pytest.Config) -> list[str]:
     xdist and execnet, pytest-cov ...: about 50 modules). Only library code: a conftest.py or
     a test module is never preloaded.
     """
-    from _pytest.config import default_plugins
-
-    names = [f"_pytest.{name}" for name in default_plugins]
+    names = _compat.default_plugin_modules()
     for plugin, _dist in config.pluginmanager.list_plugin_distinfo():
         name = getattr(plugin, "__name__", None)
         if isinstance(name, str) and not name.startswith("pytest_distrank"):
@@ -188,10 +186,9 @@ class PoolSet:
         when it cannot be made (then the next pool start tries again).
         """
         if self._workdir is None:
-            factory = getattr(self.config, "_tmp_path_factory", None)
             base: Path | None = None
             try:
-                base = factory.getbasetemp() if factory is not None else None
+                base = _compat.getbasetemp(self.config)
                 self._workdir = Path(tempfile.mkdtemp(prefix="distrank-", dir=base))
             except OSError as exc:
                 raise SessionStartError(self._workdir_problem(base, exc)) from None
@@ -355,7 +352,7 @@ class PoolSet:
             self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
         _fit_socket_folder()
         forkserver.ensure_running()
-        return int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+        return _compat.forkserver_pid()
 
     def mp_context(self, timeout: float) -> tuple[Any, int]:
         """The multiprocessing context ranks start from, and the pid that will be their parent.
@@ -375,9 +372,7 @@ class PoolSet:
         try:
             pid = self._ensure_fork_server()
         except OSError as exc:
-            from multiprocessing import process
-
-            folder = process.current_process()._config.get("tempdir")  # type: ignore[attr-defined]
+            folder = _compat.mp_process_config().get("tempdir")
             raise SessionStartError(
                 f"pytest-distrank could not start the fork server that ranks come from: {exc}\n"
                 f"Its socket goes in multiprocessing's temp folder ({folder or 'not made'}, in "
@@ -498,12 +493,7 @@ class PoolSet:
 
 def _kill_fork_server(probe: threading.Thread) -> None:
     """Kill a fork server that never got ready, and forget it (its socket, its pipe, its pid)."""
-    from multiprocessing import forkserver
-
-    server: Any = forkserver._forkserver
-    with contextlib.suppress(ProcessLookupError, TypeError):
-        os.kill(server._forkserver_pid, signal.SIGKILL)
+    _compat.kill_fork_server()
     probe.join(5)  # the probe's read of its pid ends
     if not probe.is_alive():
-        with contextlib.suppress(OSError, AttributeError):
-            server._stop()  # closes the server's pipe, reaps it, unlinks its socket
+        _compat.stop_fork_server()

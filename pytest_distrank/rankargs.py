@@ -23,11 +23,12 @@ addopts=`` (the ini's addopts were forwarded, filtered, above) and, last so that
 user's ``-W error``, the filter for the one warning the fork server causes.
 
 How options are recognised: the walk below reads each argument with the controller's own argparse
-parser (``config._parser``), which knows every option pytest, the plugins and the initial
-conftests added, with its ``dest`` and ``nargs``. So ``--opt=v``, ``--opt v``, ``-n2``, ``-n 2``
-and clusters such as ``-xvs`` read as argparse read them, and a conftest's option is forwarded
-with its value instead of its value being taken for a file. Re-parsing into a namespace would lose
-the order and the spelling; a hand-written list of flags would miss every option nobody listed.
+parser (:func:`_compat.argparse_parser`), which knows every option pytest, the plugins and the
+initial conftests added, with its ``dest`` and ``nargs``. So ``--opt=v``, ``--opt v``, ``-n2``,
+``-n 2`` and clusters such as ``-xvs`` read as argparse read them, and a conftest's option is
+forwarded with its value instead of its value being taken for a file. Re-parsing into a namespace
+would lose the order and the spelling; a hand-written list of flags would miss every option nobody
+listed.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from . import _compat
 
 #: The fork server imported the plugin before the rank's pytest session could mark it for
 #: assertion rewriting; that warning must not become an error under filterwarnings=error or -W
@@ -98,10 +101,10 @@ def forwarded_args(
 ) -> list[str]:
     """The controller's options as pytest read them (ini ``addopts``, ``PYTEST_ADDOPTS``, the
     command line), less positional arguments and what a rank must not take (see the module)."""
-    parser = _argparse_parser(config)
-    actions: dict[str, argparse.Action] = dict(parser._option_string_actions)
+    parser = _compat.argparse_parser(config)
+    actions = _compat.option_actions(parser)
     stripped = set(STRIPPED_DESTS)
-    for group in config._parser._groups:
+    for group in _compat.option_groups(config):
         if group.name in STRIPPED_GROUPS:
             stripped.update(option.dest for option in group.options)
     given = [str(a) for a in config.getini("addopts")]
@@ -132,16 +135,6 @@ def _plugin_name(config: pytest.Config) -> str:
     from . import plugin
 
     return config.pluginmanager.get_name(plugin) or "distrank"
-
-
-def _argparse_parser(config: pytest.Config) -> argparse.ArgumentParser:
-    """The controller's argparse parser, with every option it knows (private pytest API)."""
-    parser = config._parser
-    build = getattr(parser, "_getparser", None)  # pytest 8 builds one per parse
-    if build is not None:
-        built: argparse.ArgumentParser = build()
-        return built
-    return parser.optparser  # pytest >= 9: one parser, options added to it as they come
 
 
 def _expand_arg_files(args: list[str], parser: argparse.ArgumentParser, base: Path) -> list[str]:

@@ -9,11 +9,11 @@ port. torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to t
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 from datetime import timedelta
 from typing import Any
 
+from . import _compat
 from .context import RankContext
 from .protocol import RankConfig
 
@@ -85,9 +85,8 @@ def _scope_agent_store() -> None:
     the store creation of a rendezvous to any other port it is lifted. Wraps torch's registered
     handlers (a private table of ``torch.distributed.rendezvous``); installed once per rank.
     """
-    module = importlib.import_module("torch.distributed.rendezvous")
-    handlers = getattr(module, "_rendezvous_handlers", None)
-    if not isinstance(handlers, dict):
+    handlers = _compat.rendezvous_handlers()
+    if handlers is None:
         return
     for scheme in ("tcp", "env"):
         original = handlers.get(scheme)

@@ -24,6 +24,8 @@ import logging
 from types import TracebackType
 from typing import Generic, TypeVar
 
+from . import _compat
+
 _HandlerType = TypeVar("_HandlerType", bound=logging.Handler)
 
 
@@ -123,9 +125,4 @@ def install() -> bool:
 
     Returns False (and changes nothing) if this pytest has no ``catching_logs`` to replace.
     """
-    import _pytest.logging
-
-    if not isinstance(getattr(_pytest.logging, "catching_logs", None), type):
-        return False
-    _pytest.logging.catching_logs = RankCatchingLogs  # type: ignore[misc,assignment]
-    return True
+    return _compat.replace_catching_logs(RankCatchingLogs)

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from . import _compat
+
 #: Captured output sections longer than this are cut to their head and tail before sending.
 SECTION_LIMIT = 256 * 1024
 
@@ -28,12 +30,11 @@ def teardown_unneeded(item: pytest.Item) -> None:
     did this already; when the order is not known in advance (pytest-xdist schedules tests as it
     goes) the prediction can be wrong, and pytest's SetupState would refuse the next setup.
     """
-    state = item.session._setupstate
     needed = set(item.listchain())
-    if all(node in needed for node in state.stack):
+    if all(node in needed for node in _compat.setup_stack(item.session)):
         return
     try:
-        state.teardown_exact(item)
+        _compat.teardown_exact(item.session, item)
     except BaseException:
         print(
             f"pytest-distrank: error tearing down fixtures before {item.nodeid}:\n"
@@ -124,12 +125,10 @@ def collective_counts() -> dict[str, tuple[int, str]] | None:
     Point-to-point ops count in a group's sequence number but not here, so this tells a
     send/recv between some ranks from a collective that only some ranks issued.
     """
-    import torch
-
     if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
         return None  # the flight recorder is off: no entries does not mean no collectives
     try:
-        raw = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+        raw = _compat.dump_flight_recorder()
         entries = pickle.loads(raw).get("entries", [])
     except Exception:
         return None

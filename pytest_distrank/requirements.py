@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from . import _compat
 from .markers import DistSpec, MarkerError, min_gpus
 
 FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
@@ -131,4 +132,4 @@ def check_ordinary_test(item: pytest.Item) -> None:
     if item.get_closest_marker("requires_nccl") is not None:
         reason = skip_reason(DistSpec(1, "nccl", False, True, gpus))
     if reason:
-        raise pytest.skip.Exception(reason, _use_item_location=True)
+        raise _compat.skip_exception(reason)

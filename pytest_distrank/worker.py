@@ -34,9 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from _pytest._io import TerminalWriter
 
-from . import ranklogs, reaper
+from . import _compat, ranklogs, reaper
 from .context import RANK_CONTEXT, RankContext
 from .protocol import (
     Collectives,
@@ -85,14 +84,7 @@ def _detach_from_controller_tree(expected_parent: int) -> None:
     holds it, the fork server never sees the controller die. Close it, and ask the kernel to
     SIGKILL this rank when its parent (the fork server, or the controller under spawn) dies.
     """
-    from multiprocessing import forkserver
-
-    server: Any = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if fd is not None:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        server._forkserver_alive_fd = None
+    _compat.close_fork_server_alive_fd()
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
@@ -239,10 +231,10 @@ class WorkerPlugin:
         # beside the rank's log, so that the log holds only what the test itself wrote and
         # faulthandler's dumps: the excerpts shown for a crash stay readable.
         reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None and hasattr(reporter, "_tw"):
+        if _compat.can_redirect_terminal(reporter):
             path = self.cfg.log_path.removesuffix(".log") + ".pytest.log"
             stream = open(path, "a", encoding="utf-8", buffering=1)
-            reporter._tw = TerminalWriter(stream)
+            _compat.redirect_terminal(reporter, stream)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
@@ -438,7 +430,7 @@ class WorkerPlugin:
         self._phase(Phase.STOPPING)
         errors: list[str] = []
         try:
-            session._setupstate.teardown_exact(None)
+            _compat.teardown_exact(session, None)
         except BaseException as exc:
             errors.append("".join(traceback.format_exception(exc)))
         if self.coverage is not None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from _pytest.reports import TestReport
+from pytest import TestReport
 
 from pytest_distrank.endgame import (
     BEFORE_SETUP,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from _pytest._code.code import ExceptionChainRepr
-from _pytest.reports import TestReport
+from pytest import TestReport
 
+from pytest_distrank._compat import ExceptionChainRepr
 from pytest_distrank.merge import merge_test, rank_story, synthesized_failure
 
 LOCATION = ("test_x.py", 3, "test_x")

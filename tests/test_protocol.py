@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _pytest.reports import TestReport
-from _pytest.runner import CallInfo
+from pytest import CallInfo, TestReport
 
 from pytest_distrank.controller import rebuild_passed
 from pytest_distrank.protocol import compact_passed

@@ -1,0 +1,304 @@
+"""Every private pytest, CPython and torch API the plugin uses, each behind one named function.
+
+Imported in every process of both modes: the controller, pool rank processes (and the fork server
+that preloads the plugin), and the ranks of a launched world. So it imports no torch at module
+level (the torch functions import it when called) and nothing that a process lacks.
+
+The rule: no other module of the package imports ``_pytest`` or touches a private attribute of
+pytest's objects (``tests/test_imports.py`` checks it). Where pytest exports a name
+(``pytest.TestReport``, ``pytest.CollectReport``, ``pytest.CallInfo``) the public name is used
+instead. Each function's docstring says why the private access is needed and what breaks if it
+changes; the guards (``getattr`` defaults, ``hasattr``) are those the call sites always had.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import types
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import pytest
+
+# Failure reports are built from pytest's own repr classes so that the terminal, ``-ra`` and
+# junitxml render them as any other failure; a rename breaks every merged failure report (and
+# the import of merge.py). No public names exist for them.
+from _pytest._code.code import (
+    ExceptionChainRepr,
+    ExceptionRepr,
+    ReprEntryNative,
+    ReprFileLocation,
+    ReprTracebackNative,
+)
+from _pytest._io import TerminalWriter
+from _pytest.junitxml import xml_key
+from _pytest.runner import runtestprotocol
+
+__all__ = [
+    "ExceptionChainRepr",
+    "ExceptionRepr",
+    "ReprEntryNative",
+    "ReprFileLocation",
+    "ReprTracebackNative",
+    "argparse_parser",
+    "can_redirect_terminal",
+    "close_fork_server_alive_fd",
+    "default_plugin_modules",
+    "drop_junit_xml",
+    "dump_flight_recorder",
+    "ensure_unconfigure",
+    "finish_fixture",
+    "fixture_info",
+    "forget_setup_stack",
+    "forkserver_pid",
+    "getbasetemp",
+    "kill_fork_server",
+    "mp_process_config",
+    "option_actions",
+    "option_groups",
+    "redirect_terminal",
+    "rendezvous_handlers",
+    "replace_catching_logs",
+    "request_item",
+    "run_test_protocol",
+    "session_fixturedefs",
+    "set_given_basetemp",
+    "setup_stack",
+    "skip_exception",
+    "stop_fork_server",
+    "teardown_exact",
+    "terminal_writer",
+]
+
+# -- running a test and its fixtures -------------------------------------------------------------
+
+
+def run_test_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """pytest's runtest protocol without logging (launcher ranks run it; no public API; a changed
+    signature breaks every launcher-mode test)."""
+    runtestprotocol(item, log=False, nextitem=nextitem)
+
+
+def teardown_exact(session: pytest.Session, nextitem: pytest.Item | None) -> None:
+    """Tear down what ``nextitem`` does not need (None: everything), as pytest's teardown phase
+    does; without SetupState the controller and ranks cannot keep fixtures in step."""
+    session._setupstate.teardown_exact(nextitem)
+
+
+def setup_stack(session: pytest.Session) -> list[object]:
+    """The nodes pytest holds set up, outermost first; if ``stack`` changes shape, the check
+    before a rank's next test fails."""
+    return list(session._setupstate.stack)
+
+
+def forget_setup_stack(session: pytest.Session) -> None:
+    """Drop every set-up node without tearing it down (after a stuck rank its teardown could
+    hang); if ``stack`` goes, launcher mode hangs in teardown after a stuck test."""
+    session._setupstate.stack.clear()
+
+
+def session_fixturedefs(session: pytest.Session, name: str) -> Sequence[Any]:
+    """The fixture definitions ``name`` resolves to at session level (no public lookup); a change
+    breaks the reset of ``pg``/``backend``/``device`` when a launcher rank replaces its group."""
+    manager: Any = session._fixturemanager
+    defs: Sequence[Any] = manager.getfixturedefs(name, session) or ()
+    return defs
+
+
+def finish_fixture(fixturedef: Any, session: pytest.Session) -> None:
+    """Finish a session fixture (and its dependants) with a stand-in request holding only
+    ``node``: high risk, breaks if ``FixtureDef.finish`` reads more of its request."""
+    shim: Any = types.SimpleNamespace(node=session)
+    fixturedef.finish(shim)
+
+
+def fixture_info(item: pytest.Item) -> Any | None:
+    """The item's resolved fixtures (``_fixtureinfo``; None for items without one): if renamed,
+    no test is told that it uses a rank fixture without a world_size marker."""
+    return getattr(item, "_fixtureinfo", None)
+
+
+def request_item(request: pytest.FixtureRequest) -> Any:
+    """The test function item a fixture request is for (``_pyfuncitem``, else ``request.node``):
+    only names the test in the misuse message."""
+    return getattr(request, "_pyfuncitem", request.node)
+
+
+def skip_exception(reason: str) -> BaseException:
+    """A skip reported at the item's location, as a marker's skip is (``_use_item_location`` is a
+    private keyword); if removed, every skip decided before a test runs raises TypeError."""
+    return pytest.skip.Exception(reason, _use_item_location=True)
+
+
+# -- session, config, reporting ------------------------------------------------------------------
+
+
+def getbasetemp(config: pytest.Config) -> Path | None:
+    """pytest's basetemp, made on first use (``config._tmp_path_factory``; None when the tmpdir
+    plugin is off): if renamed, the session folder moves to the system temp folder."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    return factory.getbasetemp() if factory is not None else None
+
+
+def set_given_basetemp(config: pytest.Config, path: Path) -> None:
+    """Give this launcher rank its own ``--basetemp`` (a write to ``_given_basetemp``; nothing
+    without the tmpdir plugin): high risk, if ignored the ranks of a node empty each other's."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is not None:
+        factory._given_basetemp = path
+
+
+def ensure_unconfigure(config: pytest.Config) -> None:
+    """Run pytest's unconfigure (from the launcher watchdog thread, which ends a stuck run): high
+    risk, a change leaves plugins unconfigured (or raises, which the caller suppresses)."""
+    config._ensure_unconfigure()
+
+
+def can_redirect_terminal(reporter: object) -> bool:
+    """Whether the terminal reporter has the writer :func:`redirect_terminal` replaces (``_tw``);
+    when it has not, rank reports go to the terminal as usual."""
+    return reporter is not None and hasattr(reporter, "_tw")
+
+
+def redirect_terminal(reporter: Any, stream: TextIO) -> None:
+    """Send a rank's terminal report to ``stream`` (no public way); call only when
+    :func:`can_redirect_terminal` said yes."""
+    reporter._tw = TerminalWriter(stream)
+
+
+def terminal_writer(stream: TextIO) -> TerminalWriter:
+    """pytest's TerminalWriter over ``stream``, for ``report.toterminal`` (it takes no other):
+    if moved, a launcher rank's log loses its failure tracebacks."""
+    return TerminalWriter(stream)
+
+
+def drop_junit_xml(config: pytest.Config) -> None:
+    """Unregister junitxml in a launcher rank other than 0 (``xml_key``): if moved, the import of
+    this module fails, and every rank would write the same junit file."""
+    xml = config.stash.get(xml_key, None)
+    if xml is not None:
+        config.pluginmanager.unregister(xml)
+        del config.stash[xml_key]
+
+
+def default_plugin_modules() -> list[str]:
+    """pytest's built-in plugin modules, preloaded by the fork server; ``[]`` when pytest no
+    longer has ``_pytest.config.default_plugins`` (they are then imported by each rank)."""
+    try:
+        from _pytest.config import default_plugins
+    except ImportError:
+        return []
+    return [f"_pytest.{name}" for name in default_plugins]
+
+
+def replace_catching_logs(replacement: type) -> bool:
+    """Make pytest's logging plugin use ``replacement`` for ``_pytest.logging.catching_logs``;
+    False (nothing changed) when this pytest has none, and ranks keep pytest's own."""
+    import _pytest.logging
+
+    if not isinstance(getattr(_pytest.logging, "catching_logs", None), type):
+        return False
+    _pytest.logging.catching_logs = replacement  # type: ignore[misc,assignment]
+    return True
+
+
+def argparse_parser(config: pytest.Config) -> argparse.ArgumentParser:
+    """The controller's argparse parser, with every option it knows (``config._parser``); if it
+    changes, rank command lines cannot be built and no pool starts."""
+    parser = config._parser
+    build = getattr(parser, "_getparser", None)  # pytest 8 builds one per parse
+    if build is not None:
+        built: argparse.ArgumentParser = build()
+        return built
+    return parser.optparser  # pytest >= 9: one parser, options added to it as they come
+
+
+def option_groups(config: pytest.Config) -> list[Any]:
+    """pytest's option groups (``config._parser._groups``), to strip whole groups from rank
+    command lines; if renamed, no pool starts."""
+    return list(config._parser._groups)
+
+
+def option_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    """argparse's table of option strings to actions (CPython private); without it the controller's
+    arguments cannot be read for the ranks."""
+    return dict(parser._option_string_actions)
+
+
+# -- CPython multiprocessing -----------------------------------------------------------------------
+
+
+def mp_process_config() -> dict[str, Any]:
+    """multiprocessing's per-process settings (``current_process()._config``, holding ``tempdir``
+    where its sockets go); if renamed, fork server starts fail with AttributeError."""
+    from multiprocessing import process
+
+    config: dict[str, Any] = process.current_process()._config  # type: ignore[attr-defined]
+    return config
+
+
+def forkserver_pid() -> int:
+    """The running fork server's pid (``forkserver._forkserver._forkserver_pid``, unguarded as
+    always); if renamed, every fork server pool start fails."""
+    from multiprocessing import forkserver
+
+    return int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+
+
+def kill_fork_server() -> None:
+    """SIGKILL a fork server that never got ready (its private pid); if the attribute goes,
+    AttributeError reaches the caller, as it always did."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with contextlib.suppress(ProcessLookupError, TypeError):
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+
+
+def stop_fork_server() -> None:
+    """Forget a killed fork server (``_stop``: its pipe, its zombie, its socket); when missing,
+    nothing is forgotten and the next start may find a stale server."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with contextlib.suppress(OSError, AttributeError):
+        server._stop()  # closes the server's pipe, reaps it, unlinks its socket
+
+
+def close_fork_server_alive_fd() -> None:
+    """Close a forked rank's copy of the fork server's alive pipe (``_forkserver_alive_fd``); if
+    renamed, nothing is closed and ranks outlive a dead controller until PDEATHSIG fires."""
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None
+
+
+# -- torch (imported lazily: the controller never imports torch for gloo) ------------------------
+
+
+def rendezvous_handlers() -> dict[str, Any] | None:
+    """torch's registered rendezvous handlers (``_rendezvous_handlers``); None when torch has no
+    such table, and tests' own rendezvous then see torchrun's agent-store setting unscoped."""
+    import importlib
+
+    module = importlib.import_module("torch.distributed.rendezvous")
+    handlers = getattr(module, "_rendezvous_handlers", None)
+    return handlers if isinstance(handlers, dict) else None
+
+
+def dump_flight_recorder() -> bytes:
+    """The NCCL/gloo flight recorder's pickled dump (``_dump_fr_trace``); callers treat any
+    exception as "no entries", so a change only loses the collective counts."""
+    import torch
+
+    raw: bytes = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+    return raw
