@@ -135,7 +135,7 @@ class Attempt:
         self.result.warnings[rank.rank] = message.warnings
         if message.forks:
             ws = self.pool.key.world_size
-            report = forked_report(rank.rank, ws, message.forks, self.test, self.location)
+            report = forked_report(rank.rank, ws, message.forks, self.test.nodeid, self.location)
             self.result.reports[rank.rank].append(report)
             self._unfit(f"{self.test.nodeid} left forked processes")
         if message.pg_problem:

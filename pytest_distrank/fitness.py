@@ -9,12 +9,13 @@ innocent test never inherits the damage.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
 from .merge import synthesized_failure
 from .protocol import Reports, RunTest
+from .reaper import proc_stat
 
 Location = tuple[str, int | None, str]
 #: Per rank: group (in words) -> sequence number, as in ``Reports.sequence``.
@@ -110,7 +111,7 @@ def foreign_report(
 
 
 def forked_report(
-    rank: int, world_size: int, pids: tuple[int, ...], test: RunTest, location: Location
+    rank: int, world_size: int, pids: Sequence[int], nodeid: str, location: Location
 ) -> TestReport:
     """A failure for a test that left forks of the rank running the rank's own code."""
     listed = ", ".join(str(p) for p in pids)
@@ -124,18 +125,15 @@ def forked_report(
         "multiprocessing, which manages its children). The child was killed with the pool, "
         "and the pool was replaced."
     )
-    return synthesized_failure(
-        test.nodeid, location, "call", crash, text, note=crash, stop=time.time()
-    )
+    return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
 
 
 def why_silent(pid: int) -> str:
     """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
+    stat = proc_stat(pid)
+    if stat is None:
         return ""
+    state = stat[0]
     if state in ("T", "t"):
         return (
             "no stack: the rank was stopped (SIGSTOP, SIGTSTP or a debugger) and could not "

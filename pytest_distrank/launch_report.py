@@ -11,11 +11,11 @@ could not reach, and pool mode's check failures (:mod:`fitness`) told as launche
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
+from . import fitness
 from .endgame import Location
 from .merge import label, synthesized_failure
 
@@ -72,19 +72,14 @@ def stopped_report(
 def forked_report(
     nodeid: str, location: Location, rank: int, world_size: int, pids: Sequence[int]
 ) -> TestReport:
-    """A failure for a test that left forks of the rank running the rank's own code (the row in
-    pool mode's words, :func:`fitness.forked_report`)."""
-    listed = ", ".join(str(p) for p in pids)
-    crash = (
-        f"forked pid {listed} which still ran the rank's own code when the test ended: "
-        "it returns into pytest and runs the rest of the test again"
-    )
-    text = (
-        f"{label(rank, world_size)} {crash}.\n"
+    """Pool mode's failure for a test that left forks of the rank running the rank's own code
+    (:func:`fitness.forked_report`), with what launcher mode did about them."""
+    report = fitness.forked_report(rank, world_size, pids, nodeid, location)
+    more = (
         "End a child made with os.fork() with os._exit() (or use subprocess, or "
         f"multiprocessing, which manages its children). The rank killed it. {FRESH_GROUP}"
     )
-    return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
+    return relabel(report, rank, world_size, more)
 
 
 def relabel(report: TestReport, rank: int, world_size: int, more: str) -> TestReport:

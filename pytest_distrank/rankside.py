@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from . import _compat
+from .reaper import living_children
 
 #: Captured output sections longer than this are cut to their head and tail before sending.
 SECTION_LIMIT = 256 * 1024
@@ -71,18 +72,7 @@ def stray_forks(pid: int) -> tuple[int, ...]:
 
     own = cmdline(pid)
     managed = {p.pid for p in multiprocessing.active_children()}
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in managed:
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
-            if cmdline(entry) == own:
-                found.append(int(entry))
+    found = [c for c in living_children(pid) if c not in managed and cmdline(c) == own]
     return tuple(sorted(found))
 
 

@@ -34,18 +34,35 @@ def become_subreaper() -> None:
         libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+def proc_stat(pid: int | str) -> tuple[str, int] | None:
+    """A process's state letter (``R``, ``S``, ``T``, ``Z`` ...) and parent pid, from /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return fields[0].decode(), int(fields[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _parents() -> dict[int, int]:
     """pid -> parent pid of every process (a /proc walk: a few ms)."""
     out: dict[int, int] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-            out[int(entry)] = int(fields[1])
-        except (OSError, IndexError, ValueError):
-            continue
+        if entry.isdigit():
+            stat = proc_stat(entry)
+            if stat is not None:
+                out[int(entry)] = stat[1]
+    return out
+
+
+def living_children(pid: int) -> list[int]:
+    """The direct children of ``pid`` that have not exited (zombies left out)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = proc_stat(entry)
+            if stat is not None and stat[1] == pid and stat[0] != "Z":
+                out.append(int(entry))
     return out
 
 
