@@ -1,7 +1,7 @@
 """Who this rank is, for the fixtures: the rank context that either mode builds.
 
-Runs in rank processes of both modes: a pool's rank (:mod:`worker` builds it from its start-up
-message) and a launched rank (:mod:`launch_rank` builds it from the launcher's environment).
+Runs in rank processes of both modes: a pool's rank (:mod:`pool.worker` builds it from its start-up
+message) and a launched rank (:mod:`launch.rank` builds it from the launcher's environment).
 The fixtures (:mod:`fixtures`) read it from ``config.stash[RANK_CONTEXT]`` and import nothing of
 either mode.
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .protocol import RunTest
+from .records import RunTest
 
 if TYPE_CHECKING:
     import torch

@@ -1,8 +1,8 @@
 """The end of one distributed test, written once for both modes.
 
 Runs wherever a test's outcome is decided: in the controller (pool mode, :mod:`pool`) and in
-rank 0 of a launched world (launcher mode, :mod:`launch_gather` in its main thread and
-:mod:`launch_watchdog` in its watchdog thread). Pure logic over time stamps and reports: no
+rank 0 of a launched world (launcher mode, :mod:`launch.gather` in its main thread and
+:mod:`launch.watchdog` in its watchdog thread). Pure logic over time stamps and reports: no
 torch, no processes, no clock of its own (callers pass ``now``), so that it is unit-tested
 without ranks (``tests/test_endgame.py``).
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pytest import TestReport
 
 from .merge import synthesized_failure
-from .protocol import Reports, RunTest
 from .reaper import proc_stat
+from .records import Reports, RunTest
 
 Location = tuple[str, int | None, str]
 #: Per rank: group (in words) -> sequence number, as in ``Reports.sequence``.

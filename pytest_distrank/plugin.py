@@ -35,7 +35,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def _in_rank(config: pytest.Config) -> bool:
-    from .worker import WorkerPlugin
+    from .pool.worker import WorkerPlugin
 
     return any(isinstance(p, WorkerPlugin) for p in config.pluginmanager.get_plugins())
 
@@ -48,15 +48,15 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(fixtures, "distrank-fixtures")
     if _in_rank(config):
         return
-    from .launch_env import launch_of
+    from .launch.env import launch_of
 
     launch = launch_of(config)
     if launch is not None:  # launcher mode: this process is one rank of a launched world
-        from .launch import start_launched
+        from .launch.plugin import start_launched
 
         start_launched(config, launch)
         return
-    from .controller import Controller
+    from .pool.controller import Controller
 
     controller = Controller(config, Settings.from_config(config))
     config.pluginmanager.register(controller, CONTROLLER_NAME)
@@ -73,7 +73,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     controller = config.pluginmanager.get_plugin(CONTROLLER_NAME)
     if controller is None:
         return None
-    from .terminal import header_line
+    from .pool.terminal import header_line
 
     return header_line(controller, __version__)
 
@@ -82,7 +82,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     controller = terminalreporter.config.pluginmanager.get_plugin(CONTROLLER_NAME)
     if controller is None:
         return
-    from .terminal import summary_lines
+    from .pool.terminal import summary_lines
 
     lines = summary_lines(controller)
     if lines:

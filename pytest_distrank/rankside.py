@@ -1,6 +1,6 @@
 """What a rank process of either mode does around a test, apart from talking to its reporter.
 
-Runs in rank processes of both modes (:mod:`worker` in a pool, :mod:`launch_rank` in a launched
+Runs in rank processes of both modes (:mod:`pool.worker` in a pool, :mod:`launch.rank` in a launched
 world): fixtures the previous test left that this one does not need, cutting huge output
 sections, the process groups' sequence numbers and flight-recorder collective counts compared
 after each test (:mod:`fitness`), and forks of the rank that a test left running its code.

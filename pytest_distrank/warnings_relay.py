@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from .merge import merge_warnings
-from .protocol import WarningRecord
+from .records import WarningRecord
 
 
 def warning_category(module: str, qualname: str) -> type[Warning]:

@@ -164,7 +164,7 @@ def test_sequences_compared_as_increments_since_the_last_test() -> None:
 
 def test_unmatched_collectives_name_the_rank_with_more() -> None:
     from pytest_distrank.fitness import unmatched_collectives
-    from pytest_distrank.protocol import RunTest
+    from pytest_distrank.records import RunTest
 
     counts = {0: {"the default group": (3, "gloo:all_reduce")}, 1: {"the default group": (2, "")}}
     test = RunTest(1, "t.py::test_x", None, "")

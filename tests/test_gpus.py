@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank import gpus
+from pytest_distrank.pool import gpus
 
 from .conftest import TAG_ENV, RunPytest, wait_gone
 
@@ -41,7 +41,7 @@ def test_lease(rank):
 #: Holds the locks of GPUs 0..N-1 like a pool would, until killed.
 HOLDER = """
 import sys, time
-from pytest_distrank import gpus
+from pytest_distrank.pool import gpus
 lease = gpus.lease(int(sys.argv[2]), sys.argv[1], wait=0)
 print("holding", lease.cuda_visible_devices, flush=True)
 time.sleep(600)

@@ -17,83 +17,110 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pytest_distrank"
 
+
+def modules_in(folder: Path, prefix: str = "") -> set[str]:
+    """Dotted names (below the package) of the modules in ``folder``, ``__init__`` left out."""
+    return {prefix + p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+
+
 #: Pool mode, controller side.
-POOL_CONTROLLER = {"controller", "pool", "poolset", "attempt", "rankargs", "gpus", "terminal"}
-#: Pool mode, rank side (rank processes started by the controller).
-POOL_RANK = {"worker", "rankgroup", "ranklogs"}
+POOL_CONTROLLER = {
+    f"pool.{m}"
+    for m in ("controller", "pool", "poolset", "attempt", "rankargs", "gpus", "terminal")
+}
+#: Pool mode, rank side (the fork server and the rank processes it forks).
+POOL_RANK = {"pool.worker", "pool.rankgroup", "pool.ranklogs", "pool.preload"}
+#: Pool mode, both sides.
+POOL_BOTH = {"pool.protocol"}
+POOL = modules_in(PACKAGE / "pool", "pool.")
 #: Launcher mode.
-LAUNCH = {p.stem for p in PACKAGE.glob("launch*.py")}
-#: Used by both modes; import neither mode.
-SHARED = {
-    "_compat",
-    "context",
+LAUNCH = modules_in(PACKAGE / "launch", "launch.")
+#: The top level: what both modes use, and the plugin's entry (whose gate alone may import a
+#: mode, lazily, inside the hook that picks it).
+SHARED = modules_in(PACKAGE) - {"plugin"}
+#: Modules that import no torch (they run in the controller, which never imports it for gloo).
+NO_TORCH = {
+    "records",
+    "pool.protocol",
+    "merge",
     "endgame",
     "fitness",
-    "fixtures",
-    "hookspecs",
-    "markers",
-    "merge",
-    "preload",
-    "protocol",
-    "rankside",
-    "reaper",
-    "requirements",
-    "settings",
     "stacks",
+    "reaper",
     "warnings_relay",
 }
-#: Modules that import no torch (they run in the controller, which never imports it for gloo).
-NO_TORCH = {"protocol", "merge", "endgame", "fitness", "stacks", "reaper", "warnings_relay"}
+
+
+def path_of(module: str) -> Path:
+    return PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
 
 
 def imports_of(module: str) -> set[str]:
-    """Every module ``module`` imports, as top-level names for absolute imports and as the
-    package module name for the plugin's own (relative) imports."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text())
+    """Every module ``module`` imports: absolute imports by their full name, the plugin's own
+    (relative) imports resolved to dotted names below the package (``pool.worker``, ``merge``)."""
+    package = module.split(".")[:-1]
+    tree = ast.parse(path_of(module).read_text())
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
+                base = package[: len(package) - (node.level - 1)]
                 if node.module:
-                    found.add(node.module.split(".")[0])
-                else:
-                    found.update(alias.name for alias in node.names)
+                    found.add(".".join([*base, *node.module.split(".")]))
+                else:  # "from .. import x": x is a module of that package (or a name in it)
+                    found.update(".".join([*base, alias.name]) for alias in node.names)
             elif node.module:
                 found.add(node.module)
     return found
 
 
 def own(names: set[str]) -> set[str]:
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
-    return {n for n in names if n in modules}
+    """The package's own modules among ``names``."""
+    return names & (SHARED | POOL | LAUNCH | {"plugin"})
 
 
 def test_every_module_has_a_place() -> None:
-    modules = {p.stem for p in PACKAGE.glob("*.py")} - {"__init__", "plugin"}
-    placed = POOL_CONTROLLER | POOL_RANK | LAUNCH | SHARED
-    assert modules - placed == set(), "new modules need a place in the import rules"
+    assert POOL == POOL_CONTROLLER | POOL_RANK | POOL_BOTH, "new pool modules need a side"
+    assert "records" in SHARED and "context" in SHARED and "pool.worker" in POOL
+    assert "launch.plugin" in LAUNCH
 
 
-@pytest.mark.parametrize("module", sorted(POOL_RANK))
-def test_rank_side_imports_nothing_of_the_controller_side(module: str) -> None:
-    assert own(imports_of(module)) & (POOL_CONTROLLER | LAUNCH) == set()
+def test_the_import_reader_resolves_relative_imports() -> None:
+    assert {"pool.protocol", "records", "pool.rankgroup", "_compat"} <= imports_of("pool.worker")
+    assert "launch.channel" in imports_of("launch.plugin")
+
+
+@pytest.mark.parametrize("module", sorted(POOL_RANK | POOL_BOTH))
+def test_pool_rank_side_imports_nothing_of_the_controller_side(module: str) -> None:
+    assert own(imports_of(module)) & (POOL_CONTROLLER | LAUNCH | {"plugin"}) == set()
 
 
 @pytest.mark.parametrize("module", sorted(LAUNCH))
 def test_launcher_mode_imports_nothing_of_pool_mode(module: str) -> None:
-    assert own(imports_of(module)) & (POOL_CONTROLLER | POOL_RANK) == set()
+    assert own(imports_of(module)) & POOL == set()
 
 
-@pytest.mark.parametrize("module", sorted(POOL_CONTROLLER | POOL_RANK))
+@pytest.mark.parametrize("module", sorted(POOL))
 def test_pool_mode_imports_nothing_of_launcher_mode(module: str) -> None:
     assert own(imports_of(module)) & LAUNCH == set()
 
 
 @pytest.mark.parametrize("module", sorted(SHARED))
-def test_shared_modules_import_neither_mode(module: str) -> None:
-    assert own(imports_of(module)) & (POOL_CONTROLLER | POOL_RANK | LAUNCH) == set()
+def test_top_level_modules_import_neither_mode(module: str) -> None:
+    assert own(imports_of(module)) & (POOL | LAUNCH) == set()
+
+
+def test_the_plugin_imports_a_mode_only_inside_a_function() -> None:
+    tree = ast.parse(path_of("plugin").read_text())
+    at_module_level = {
+        "." * node.level + (node.module or "")
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert not {m for m in at_module_level if m.startswith((".pool", ".launch"))}
+    assert {"pool.controller", "launch.plugin"} <= imports_of("plugin")
 
 
 @pytest.mark.parametrize("module", sorted(NO_TORCH))
@@ -101,9 +128,10 @@ def test_modules_that_run_anywhere_import_no_torch(module: str) -> None:
     assert not {n for n in imports_of(module) if n == "torch" or n.startswith("torch.")}
 
 
-def test_the_protocol_imports_only_the_standard_library() -> None:
-    allowed = {"__future__", "dataclasses", "enum", "typing"}
-    assert imports_of("protocol") <= allowed
+@pytest.mark.parametrize("module", ["records", "pool.protocol"])
+def test_the_records_and_the_pool_protocol_import_only_the_standard_library(module: str) -> None:
+    allowed = {"__future__", "dataclasses", "enum", "typing", "records"}
+    assert imports_of(module) <= allowed
 
 
 #: The private attributes ``_compat.py`` wraps; no other module of the package may spell them. A
@@ -143,14 +171,14 @@ def imports_pytest_internals(path: Path) -> bool:
 
 
 def test_only_compat_imports_pytest_internals() -> None:
-    files = [p for p in PACKAGE.glob("*.py") if p.stem != "_compat"] + sorted(TESTS.glob("*.py"))
+    files = [p for p in PACKAGE.rglob("*.py") if p.stem != "_compat"] + sorted(TESTS.rglob("*.py"))
     assert [p.name for p in files if imports_pytest_internals(p)] == []
     assert imports_pytest_internals(PACKAGE / "_compat.py")  # the check sees an import
 
 
-@pytest.mark.parametrize("module", sorted({p.stem for p in PACKAGE.glob("*.py")} - {"_compat"}))
+@pytest.mark.parametrize("module", sorted((SHARED | POOL | LAUNCH | {"plugin"}) - {"_compat"}))
 def test_only_compat_touches_private_attributes(module: str) -> None:
-    source = (PACKAGE / f"{module}.py").read_text()
+    source = path_of(module).read_text()
     patterns = {s: (r"(?<!\w)" if s[0] == "_" else "") + re.escape(s) for s in PRIVATE_SPELLINGS}
     assert [s for s, pattern in patterns.items() if re.search(pattern, source)] == []
 

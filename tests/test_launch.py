@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.launch_env import Launch, LaunchError, detect, rerun_command
-from pytest_distrank.launch_report import collection_mismatch
+from pytest_distrank.launch.env import Launch, LaunchError, detect, rerun_command
+from pytest_distrank.launch.report import collection_mismatch
 from pytest_distrank.settings import LAUNCHER, OPTIONS
 
 from .conftest import TAG_ENV, wait_gone
@@ -160,7 +160,7 @@ def test_off_ignores_the_launcher_and_a_named_launcher_must_be_there() -> None:
     env = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", **RDZV}
     assert detect(env, "off") is None
     assert detect({}) is None
-    # RANK & co. set by spawn mode for its own ranks (and what a test there starts): not launched
+    # RANK & co. set by pool mode for its own ranks (and what a test there starts): not launched
     assert detect({**env, "DISTRANK_RANK": "0"}) is None
     with pytest.raises(LaunchError, match="SLURM_PROCID/SLURM_NTASKS are not set") as info:
         detect(env, "slurm", "DISTRANK_LAUNCHER=slurm (environment)")

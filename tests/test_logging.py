@@ -1,6 +1,6 @@
 """End-to-end: log capture inside ranks (caplog, "Captured log" sections) works as in pytest.
 
-Ranks replace pytest's per-phase handler attachment with relays (pytest_distrank/ranklogs.py);
+Ranks replace pytest's per-phase handler attachment with relays (pytest_distrank/pool/ranklogs.py);
 these tests pin down that records from propagating and non-propagating loggers, torch's
 included, still reach caplog and the report sections in every phase.
 """

@@ -1,4 +1,4 @@
-"""Unit tests of marker parsing (markers.py) and settings helpers (settings.py, pool.py)."""
+"""Unit tests of marker parsing (markers.py) and settings helpers (settings.py, pool/pool.py)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ Current thread 0x00007f0000000002 (most recent call first):
   File "/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
   File "/proj/test_x.py", line 12 in test_x
   File "/site-packages/_pytest/python.py", line 187 in pytest_pyfunc_call
-  File "/pkg/pytest_distrank/worker.py", line 161 in rank_main
+  File "/pkg/pytest_distrank/pool/worker.py", line 161 in rank_main
 """
 
 

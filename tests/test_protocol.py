@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pytest import CallInfo, TestReport
 
-from pytest_distrank.controller import rebuild_passed
-from pytest_distrank.protocol import compact_passed
+from pytest_distrank.pool.controller import rebuild_passed
+from pytest_distrank.records import compact_passed
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The command line of a rank's own pytest session (rankargs.py), end to end and unit by unit.
+"""The command line of a rank's own pytest session (pool/rankargs.py), end to end and unit by unit.
 
 Runs in the outer pytest process. The end-to-end tests run pytest in a subprocess through
 ``run_pytest`` (``pytest -p distrank ARGS`` with the process-leak check); the unit tests build the
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.rankargs import REWRITE_WARNING_FILTER, rank_pytest_args
+from pytest_distrank.pool.rankargs import REWRITE_WARNING_FILTER, rank_pytest_args
 
 from .conftest import RunPytest
 

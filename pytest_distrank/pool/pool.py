@@ -21,9 +21,8 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from . import reaper
-from .attempt import Attempt, Deserialize, TestRun
-from .endgame import (
+from .. import reaper
+from ..endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
     DUMP_WAIT,
@@ -32,9 +31,19 @@ from .endgame import (
     Position,
     clamp_wait,
 )
-from .fitness import (
+from ..fitness import (
     why_silent,
 )
+from ..records import Reports, RunTest
+from ..stacks import (
+    format_stack,
+    read_from,
+    signal_name,
+    tail,
+    user_file,
+    where_blocked,
+)
+from .attempt import Attempt, Deserialize, TestRun
 from .gpus import GpuLease
 from .protocol import (
     Collectives,
@@ -44,19 +53,9 @@ from .protocol import (
     Phase,
     RankConfig,
     Ready,
-    Reports,
-    RunTest,
     Shutdown,
     Stopped,
     phase_slots,
-)
-from .stacks import (
-    format_stack,
-    read_from,
-    signal_name,
-    tail,
-    user_file,
-    where_blocked,
 )
 from .worker import DUMP_SIGNAL, rank_main
 

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 import pytest
 
 LAUNCHER_NAMES = ("torchrun", "slurm", "mpi")
-#: Set by spawn mode in its rank processes (worker.py), and inherited by what they start.
+#: Set by pool mode in its rank processes (pool/worker.py), and inherited by what they start.
 SPAWNED_RANK_ENV = "DISTRANK_RANK"
 #: The name users read for each launcher, in messages.
 TITLES = {"torchrun": "torchrun", "slurm": "Slurm (srun)", "mpi": "MPI (mpirun)"}
@@ -260,7 +260,7 @@ def detect(
         return None
     if requested == "auto":
         if _present(env, SPAWNED_RANK_ENV):
-            # RANK, MASTER_ADDR... were set by pytest-distrank's own spawn mode for one of its
+            # RANK, MASTER_ADDR... were set by pytest-distrank's own pool mode for one of its
             # rank processes: a pytest started from a test in there is not a launched rank.
             return None
         for launcher in LAUNCHER_NAMES:
@@ -268,7 +268,7 @@ def detect(
             if scheme is not None:
                 if env[scheme.size].strip() == "1":
                     # One process (``srun -n1 pytest``, a CI job on a Slurm node): nothing to
-                    # run in lock-step with; the usual mode starts pools of any size.
+                    # run in lock-step with; pool mode starts pools of any size.
                     return None
                 return _build(env, scheme, chosen)
         return None
@@ -291,7 +291,7 @@ def detect(
 
 def launch_of(config: pytest.Config) -> Launch | None:
     """:func:`detect` for this process, with ``--distrank-launcher`` resolved (UsageError)."""
-    from .settings import LAUNCHER, resolve
+    from ..settings import LAUNCHER, resolve
 
     choice = resolve(config, LAUNCHER)
     try:

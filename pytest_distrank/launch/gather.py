@@ -7,7 +7,7 @@ polls while the main thread is in the test, and gathers when the main thread is 
 :func:`publish_stopped` when ``pytest.exit()`` or ``KeyboardInterrupt`` ends its session.
 
 Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
-send time, test index, node id: :func:`launch_rank.identity`); anything else fails the test as
+send time, test index, node id: :func:`rank.identity`); anything else fails the test as
 pool mode's :func:`fitness.foreign_report` does. A rank whose session ended (``fatal/<rank>``) is
 lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
 
@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pytest import TestReport
 
-from .endgame import (
+from ..endgame import (
     BEFORE_SETUP,
     DUMP_WAIT,
     LATE,
@@ -42,15 +42,15 @@ from .endgame import (
     grace_trigger,
     unfinished_report,
 )
-from .fitness import foreign_report
-from .launch_channel import POLL_MAX
-from .launch_rank import identity, warning_records
-from .launch_report import FRESH_GROUP, relabel, silent_report, stopped_report
-from .protocol import Reports, RunTest, WarningRecord
-from .settings import Value
+from ..fitness import foreign_report
+from ..records import Reports, RunTest, WarningRecord
+from ..settings import Value
+from .channel import POLL_MAX
+from .rank import identity, warning_records
+from .report import FRESH_GROUP, relabel, silent_report, stopped_report
 
 if TYPE_CHECKING:
-    from .launch import LaunchPlugin
+    from .plugin import LaunchPlugin
 
 
 @dataclasses.dataclass
@@ -317,7 +317,7 @@ def _stopped_reports(
 
 
 def _strays(plugin: LaunchPlugin, cur: Current, per_rank: dict[int, list[TestReport]]) -> bool:
-    """What processes the test forked sent (``stray/<test>/<rank>``, :func:`launch_rank.
+    """What processes the test forked sent (``stray/<test>/<rank>``, :func:`rank.
     leave_if_fork`): it fails the test. One counter read when none; returns False when any."""
     channel = plugin.channel
     assert channel is not None

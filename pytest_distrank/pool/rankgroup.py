@@ -13,8 +13,8 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from . import _compat
-from .context import RankContext
+from .. import _compat
+from ..context import RankContext
 from .protocol import RankConfig
 
 STORE_TIMEOUT = timedelta(seconds=300)

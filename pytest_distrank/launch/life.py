@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from . import _compat
-from .launch_channel import LOST_EXIT, Channel, ChannelError
-from .launch_gather import publish_stopped
-from .launch_rank import leave_if_fork, wait_answering
-from .stacks import interruption_message
+from .. import _compat
+from ..stacks import interruption_message
+from .channel import LOST_EXIT, Channel, ChannelError
+from .gather import publish_stopped
+from .rank import leave_if_fork, wait_answering
 
 if TYPE_CHECKING:
-    from .launch import LaunchPlugin
+    from .plugin import LaunchPlugin
 
 #: Bound on connecting to the control store and agreeing on the run id.
 CONNECT_TIMEOUT = 120.0
@@ -72,7 +72,7 @@ def open_rank(plugin: LaunchPlugin) -> None:
         _compat.set_given_basetemp(config, base / f"rank{plugin.rank}")
     if plugin.rank != 0:
         _quiet(plugin)
-    from .launch_watchdog import Watchdog
+    from .watchdog import Watchdog
 
     plugin.watchdog = Watchdog(plugin)
     plugin.watchdog.start()

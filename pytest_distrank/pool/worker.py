@@ -35,33 +35,30 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import _compat, ranklogs, reaper
-from .context import RANK_CONTEXT, RankContext
-from .protocol import (
-    Collectives,
-    CountCollectives,
-    Fatal,
-    PassedPhase,
-    Phase,
-    RankConfig,
-    Ready,
-    Reports,
-    RunTest,
-    Shutdown,
-    Stopped,
-    WarningRecord,
-    compact_passed,
-    phase_slots,
-)
-from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
-from .rankside import (
+from .. import _compat, reaper
+from ..context import RANK_CONTEXT, RankContext
+from ..rankside import (
     cap_section,
     collective_counts,
     sequence_numbers,
     stray_forks,
     teardown_unneeded,
 )
-from .stacks import interruption_message
+from ..records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
+from ..stacks import interruption_message
+from . import ranklogs
+from .protocol import (
+    Collectives,
+    CountCollectives,
+    Fatal,
+    Phase,
+    RankConfig,
+    Ready,
+    Shutdown,
+    Stopped,
+    phase_slots,
+)
+from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
 
 if TYPE_CHECKING:
     pass

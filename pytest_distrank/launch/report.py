@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
-from . import fitness
-from .endgame import Location
-from .merge import label, synthesized_failure
+from .. import fitness
+from ..endgame import Location
+from ..merge import label, synthesized_failure
 
 #: What follows a check's failure in launcher mode (pool mode replaces the pool instead).
 FRESH_GROUP = (

@@ -4,12 +4,12 @@ Runs in every pytest process of the launched world: plugin.py's configure gate r
 :class:`LaunchPlugin` instead of the Controller when :func:`launch_env.launch_of` finds a launched
 world. The plugin starts no rank processes of its own. Every rank:
 
-1. connects to the control store at MASTER_ADDR:MASTER_PORT (:mod:`launch_channel`), agrees on a
+1. connects to the control store at MASTER_ADDR:MASTER_PORT (:mod:`channel`), agrees on a
    run id, and (ranks other than 0) sends its terminal report to a per-rank log file;
 2. collects as pytest always does, sends its ordered node ids to rank 0, and gets back rank 0's
    plan: for every test, run on all ranks / rank 0 only / skip / error (or, when the ranks
    collected different tests, an error naming the ranks and node ids, and no test runs);
-3. runs the tests of the launched world size in lock-step with the same fixtures as spawn mode,
+3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode,
    and sends its phase reports to rank 0 (with the test's warnings, its groups' sequence numbers
    and its pid), which merges them (:func:`merge.merge_test`) and replays one report per phase,
    each distinct warning once (:mod:`warnings_relay`); ranks other than 0 wait for rank 0's
@@ -17,10 +17,10 @@ world. The plugin starts no rank processes of its own. Every rank:
 4. exits with rank 0's exit code, all ranks together.
 
 A rank whose session ``pytest.exit()`` or ``KeyboardInterrupt`` ends in a test tells rank 0, which
-fails the test and ends the run (:func:`launch_gather.publish_stopped`). A process that a test
-forked and that comes back into the rank's code leaves at once (:func:`launch_rank.leave_if_fork`).
+fails the test and ends the run (:func:`gather.publish_stopped`). A process that a test
+forked and that comes back into the rank's code leaves at once (:func:`rank.leave_if_fork`).
 
-A watchdog thread in every rank (:mod:`launch_watchdog`) enforces the deadline and the failure
+A watchdog thread in every rank (:mod:`watchdog`) enforces the deadline and the failure
 grace while the main thread may be stuck in a C++ collective.
 """
 
@@ -41,14 +41,19 @@ from typing import IO, Any, TextIO, cast
 import pytest
 from pytest import CollectReport, TestReport
 
-from . import __version__, _compat
-from .context import RankContext
-from .launch_channel import Channel, ChannelError
-from .launch_env import Launch, rerun_command
-from .launch_gather import Current, gather, left_stuck, publish_early, stopped_serving, warnings_of
-from .launch_life import adopt_exit_code, interrupted, leave, lost, open_rank, park
-from .launch_plan import Step, apply_on_rank0, exchange, next_shared
-from .launch_rank import (
+from .. import __version__, _compat
+from ..context import RankContext
+from ..merge import annotate, merge_test
+from ..rankside import sequence_numbers, teardown_unneeded
+from ..records import RunTest
+from ..settings import Settings, item_timeout
+from ..warnings_relay import forward_warnings
+from .channel import Channel, ChannelError
+from .env import Launch, rerun_command
+from .gather import Current, gather, left_stuck, publish_early, stopped_serving, warnings_of
+from .life import adopt_exit_code, interrupted, leave, lost, open_rank, park
+from .plan import Step, apply_on_rank0, exchange, next_shared
+from .rank import (
     check_collectives,
     deserialize,
     end_forks,
@@ -60,12 +65,7 @@ from .launch_rank import (
     wait_answering,
     warning_records,
 )
-from .launch_report import forked_report, not_run_reports, setup_error_report
-from .merge import annotate, merge_test
-from .protocol import RunTest
-from .rankside import sequence_numbers, teardown_unneeded
-from .settings import Settings, item_timeout
-from .warnings_relay import forward_warnings
+from .report import forked_report, not_run_reports, setup_error_report
 
 PLUGIN_NAME = "distrank-launch"
 
@@ -462,7 +462,7 @@ class LaunchPlugin:
     @pytest.hookimpl
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
         """``pytest.exit()`` or ``KeyboardInterrupt`` ended this rank's session (see
-        :func:`launch_life.interrupted`)."""
+        :func:`life.interrupted`)."""
         interrupted(self, excinfo.value)
 
     # -- reports on the wire -------------------------------------------------------------------

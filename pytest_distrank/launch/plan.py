@@ -18,15 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import _compat
-from .launch_channel import ChannelError
-from .launch_report import collection_mismatch, missing_collection
-from .markers import MarkerError, spec_of
-from .requirements import check_ordinary_test, skip_reason
-from .settings import item_timeout
+from .. import _compat
+from ..markers import MarkerError, spec_of
+from ..requirements import check_ordinary_test, skip_reason
+from ..settings import item_timeout
+from .channel import ChannelError
+from .report import collection_mismatch, missing_collection
 
 if TYPE_CHECKING:
-    from .launch import LaunchPlugin
+    from .plugin import LaunchPlugin
 
 #: Bound on the other ranks' collection, counted from rank 0's.
 COLLECT_TIMEOUT = 120.0

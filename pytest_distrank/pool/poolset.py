@@ -28,13 +28,13 @@ from typing import Any
 
 import pytest
 
-from . import _compat
+from .. import _compat
+from ..settings import GPU_LOCK_DIR, Settings, Value, parse_seconds
+from ..settings import PRELOAD as PRELOAD_OPTION
 from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey, PoolStartError
 from .protocol import RankConfig
 from .rankargs import coverage_settings, rank_pytest_args
-from .settings import GPU_LOCK_DIR, Settings, Value, parse_seconds
-from .settings import PRELOAD as PRELOAD_OPTION
 
 #: Modules the fork server imports once, so that every rank starts with them in memory. The last
 #: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
@@ -43,7 +43,7 @@ PRELOAD = [
     "torch.distributed",
     "pytest",
     "pytest_distrank.plugin",
-    "pytest_distrank.preload",
+    "pytest_distrank.pool.preload",
 ]
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0

@@ -32,19 +32,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pytest import TestReport
 
-from . import _compat
-from . import fixtures as fixtures_module
-from .context import RANK_CONTEXT, RankContext
-from .fitness import sequences_in_step, unmatched_collectives
-from .launch_channel import ChannelError
-from .launch_report import FRESH_GROUP, relabel
-from .protocol import RunTest, WarningRecord
-from .rankside import cap_section, group_words, live_groups, stray_forks
-from .warnings_relay import warning_record
+from .. import _compat
+from .. import fixtures as fixtures_module
+from ..context import RANK_CONTEXT, RankContext
+from ..fitness import sequences_in_step, unmatched_collectives
+from ..rankside import cap_section, group_words, live_groups, stray_forks
+from ..records import RunTest, WarningRecord
+from ..warnings_relay import warning_record
+from .channel import ChannelError
+from .report import FRESH_GROUP, relabel
 
 if TYPE_CHECKING:
-    from .launch import LaunchPlugin
-    from .launch_gather import Current
+    from .gather import Current
+    from .plugin import LaunchPlugin
 
 #: Captured sections longer than this are cut before they travel to rank 0.
 #: Bound on a forked process's own connection to the control store, and on what it sends there.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from .endgame import (
+from ..endgame import (
     LATE,
     LATE_REASON,
     Endgame,
@@ -26,7 +26,7 @@ from .endgame import (
     fill_passed,
     unfinished_report,
 )
-from .fitness import (
+from ..fitness import (
     foreign_report,
     forked_report,
     is_own,
@@ -34,9 +34,10 @@ from .fitness import (
     unmatched_collectives,
     why_silent,
 )
-from .merge import synthesized_failure
-from .protocol import Fatal, FromRank, Reports, RunTest, WarningRecord
-from .stacks import read_from, signal_name, trim_fault_dump
+from ..merge import synthesized_failure
+from ..records import Reports, RunTest, WarningRecord
+from ..stacks import read_from, signal_name, trim_fault_dump
+from .protocol import Fatal, FromRank
 
 if TYPE_CHECKING:
     from .pool import Pool, Rank

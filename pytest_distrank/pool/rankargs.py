@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 
-from . import _compat
+from .. import _compat
 
 #: The fork server imported the plugin before the rank's pytest session could mark it for
 #: assertion rewriting; that warning must not become an error under filterwarnings=error or -W
@@ -132,7 +132,7 @@ def _plugin_name(config: pytest.Config) -> str:
     (``pytest_distrank.plugin``) when ``-p``, ``PYTEST_PLUGINS`` or a conftest's
     ``pytest_plugins`` imported it from a checkout that is not installed.
     """
-    from . import plugin
+    from .. import plugin
 
     return config.pluginmanager.get_name(plugin) or "distrank"
 

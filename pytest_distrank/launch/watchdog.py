@@ -7,7 +7,7 @@ does not need it:
 - rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
 - while a distributed test runs, rank 0 watches the other ranks' early failures, last reports
   and ended sessions (``pytest.exit()``). When :class:`endgame.Endgame`'s rule ends the wait
-  (the rule :func:`launch_gather.gather` follows once the main thread is out of the test) and
+  (the rule :func:`gather.gather` follows once the main thread is out of the test) and
   its own main thread is still in the test,
   it finishes the session itself: it reports the test (rank 0's own stuck or timed-out report,
   synthesized from its stack, merged with the peers' reports or stacks), reports the remaining
@@ -29,10 +29,12 @@ from typing import TYPE_CHECKING
 import pytest
 from pytest import TestReport
 
-from . import _compat
-from .endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
-from .launch_channel import LOST_EXIT, ChannelError, dump_threads
-from .launch_gather import (
+from .. import _compat
+from ..endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
+from ..stacks import where_blocked
+from ..warnings_relay import forward_warnings
+from .channel import LOST_EXIT, ChannelError, dump_threads
+from .gather import (
     Current,
     gather,
     left_stuck,
@@ -41,12 +43,10 @@ from .launch_gather import (
     stopped_serving,
     warnings_of,
 )
-from .launch_rank import identity, warning_records
-from .stacks import where_blocked
-from .warnings_relay import forward_warnings
+from .rank import identity, warning_records
 
 if TYPE_CHECKING:
-    from .launch import LaunchPlugin
+    from .plugin import LaunchPlugin
 
 TICK = 0.05
 HEARTBEAT_EVERY = 1.0

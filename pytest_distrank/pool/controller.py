@@ -26,17 +26,17 @@ from typing import Any, Literal, cast
 import pytest
 from pytest import CallInfo, TestReport
 
-from . import _compat
+from .. import _compat
+from ..markers import DistSpec, MarkerError, spec_of
+from ..merge import annotate, merge_test, synthesized_failure
+from ..records import PassedPhase, RunTest
+from ..requirements import check_ordinary_test, gpus_needed, skip_reason
+from ..settings import Settings, Value, item_timeout
+from ..warnings_relay import forward_warnings
 from .attempt import TestRun
 from .gpus import GpuUnavailable
-from .markers import DistSpec, MarkerError, spec_of
-from .merge import annotate, merge_test, synthesized_failure
 from .pool import Pool, PoolKey, PoolStartError, PoolUnfit
 from .poolset import PoolSet, SessionStartError
-from .protocol import PassedPhase, RunTest
-from .requirements import check_ordinary_test, gpus_needed, skip_reason
-from .settings import Settings, Value, item_timeout
-from .warnings_relay import forward_warnings
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0

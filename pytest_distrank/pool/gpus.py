@@ -32,7 +32,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .requirements import visible_gpu_count
+from ..requirements import visible_gpu_count
 
 #: How often a waiting pool looks for released GPUs.
 POLL_SECONDS = 0.2

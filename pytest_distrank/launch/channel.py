@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from .launch_env import Launch
+from .env import Launch
 
 #: Polling of the control store: start fast (a test costs milliseconds), back off to this.
 POLL_MAX = 0.02
