@@ -302,3 +302,23 @@ def dump_flight_recorder() -> bytes:
 
     raw: bytes = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
     return raw
+
+
+def process_groups() -> list[Any]:
+    """Every process group this rank created, the default one included.
+
+    torch.distributed lists them nowhere public (``distributed_c10d._world.pg_map``, torch 2.x);
+    the sequence-number check after each test needs the subgroups a test created too.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    return list(c10d._world.pg_map)
+
+
+def sequence_number(pg: Any) -> int:
+    """The number of collectives and point-to-point ops ``pg`` has issued on this rank.
+
+    ``ProcessGroup._get_sequence_number_for_group()`` (torch 2.x, private; raises on a backend
+    without sequence numbers): compared between ranks after every test (~30 us).
+    """
+    return int(pg._get_sequence_number_for_group())

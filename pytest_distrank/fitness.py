@@ -1,9 +1,10 @@
 """Is a pool fit for its next test? The checks after each test, and what their failures say.
 
-Runs in the controller (pool mode). Pure logic over what ranks sent: no processes, no torch. A
-pool whose ranks disagree (a collective only some ranks issued, reports from a process the test
-forked) is replaced, and the test that left it so fails with the reason, so that the next,
-innocent test never inherits the damage.
+Runs where a test's outcome is decided: in the controller (pool mode) and in rank 0 of a launched
+world (launcher mode, :mod:`launch.gather` and :mod:`launch.group`). Pure logic over what ranks
+sent: no processes, no torch. A pool whose ranks disagree (a collective only some ranks issued,
+reports from a process the test forked) is replaced, and the test that left it so fails with the
+reason, so that the next, innocent test never inherits the damage.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """N per-rank reports -> the reports pytest sees for one distributed test.
 
-Runs in the controller. Pure logic over pytest's report objects; imports no torch.
+Runs where one report per test is written: in the controller (pool mode) and in rank 0 of a
+launched world (launcher mode, main thread or watchdog). Pure logic over pytest's report
+objects; imports no torch.
 
 Policy (outcome precedence over ranks): any rank failed, crashed or hung -> failed; otherwise any
 rank skipped -> skipped (the reason says which ranks); otherwise any rank xfailed -> xfailed;

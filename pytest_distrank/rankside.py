@@ -1,9 +1,10 @@
 """What a rank process of either mode does around a test, apart from talking to its reporter.
 
-Runs in rank processes of both modes (:mod:`pool.worker` in a pool, :mod:`launch.rank` in a launched
-world): fixtures the previous test left that this one does not need, cutting huge output
-sections, the process groups' sequence numbers and flight-recorder collective counts compared
-after each test (:mod:`fitness`), and forks of the rank that a test left running its code.
+Runs in rank processes of both modes (:mod:`pool.worker` in a pool; :mod:`launch.plugin`,
+:mod:`launch.session` and :mod:`launch.group` in a launched world): fixtures the previous test left
+that this one does not need, cutting huge output sections, the process groups' sequence numbers and
+flight-recorder collective counts compared after each test (:mod:`fitness`), and forks of the rank
+that a test left running its code.
 """
 
 from __future__ import annotations
@@ -91,12 +92,11 @@ def group_words(pg: Any) -> str:
 def live_groups() -> list[Any]:
     """The process groups this rank is a member of, the default one first."""
     import torch.distributed as dist
-    from torch.distributed import distributed_c10d as c10d
 
     if not dist.is_initialized():
         return []
     groups = [dist.group.WORLD]
-    groups += [pg for pg in list(c10d._world.pg_map) if pg is not dist.group.WORLD]
+    groups += [pg for pg in _compat.process_groups() if pg is not dist.group.WORLD]
     return groups
 
 
@@ -105,7 +105,7 @@ def sequence_numbers() -> dict[str, int]:
     out: dict[str, int] = {}
     for pg in live_groups():
         with contextlib.suppress(Exception):  # a backend without sequence numbers
-            out[group_words(pg)] = int(pg._get_sequence_number_for_group())
+            out[group_words(pg)] = _compat.sequence_number(pg)
     return out
 
 

@@ -1,6 +1,8 @@
 """Capability probes: is a backend built in, how many GPUs are visible -> skip reasons.
 
-Runs in the controller, before any rank process starts. Never initialises CUDA: the GPU count
+Runs where tests are planned: in the controller (pool mode), before any rank process starts,
+and in rank 0 of a launched world (launcher mode, :mod:`launch.plan`), whose decisions every
+rank follows. Never initialises CUDA: the GPU count
 comes from ``torch.cuda.device_count()``, which asks NVML first, and a CPU build of torch answers 0
 without touching a driver.
 

@@ -1,9 +1,10 @@
 """Resolved plugin settings, with where each value came from.
 
-Runs in the controller (the pytest process). Precedence, lowest to highest: built-in default <
-ini file < environment variable < command line < marker. Every option has one help text, shared by
-its command-line flag and its ini key (the pytest-timeout convention), and every validation error
-names the option, the bad value and where it came from.
+Runs in every pytest process of both modes: the controller and its pool ranks (which re-read the
+user's command line), and every rank of a launched world. Precedence, lowest to highest: built-in
+default < ini file < environment variable < command line < marker. Every option has one help text,
+shared by its command-line flag and its ini key (the pytest-timeout convention), and every
+validation error names the option, the bad value and where it came from.
 """
 
 from __future__ import annotations

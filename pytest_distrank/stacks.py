@@ -1,8 +1,10 @@
 """Reading what ranks left behind: faulthandler stack dumps, log tails, exit statuses.
 
-Runs in the controller. Pure text processing over a rank's log file (stdlib only), so that a
-failure report can say where a rank was blocked ("blocked in barrier at ...:5356, called from
-test_x at test_x.py:12") and show just the frames that matter.
+Runs in the controller (pool mode), in rank 0 of a launched world (launcher mode), and in the ranks
+of both modes (:func:`interruption_message`, for a session that ended in a test). Pure text
+processing over a rank's log file and stack dumps (stdlib only), so that a failure report can say
+where a rank was blocked ("blocked in barrier at ...:5356, called from test_x at test_x.py:12") and
+show just the frames that matter.
 """
 
 from __future__ import annotations

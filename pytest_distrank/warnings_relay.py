@@ -1,6 +1,6 @@
 """The ranks' warnings, into the reporting session's warnings summary.
 
-Runs where one report per test is written: in the controller (pool mode, :mod:`controller`) and
+Runs where one report per test is written: in the controller (pool mode, :mod:`pool.controller`) and
 in rank 0 of a launched world (launcher mode, :mod:`launch`). Ranks record their tests' warnings
 as :data:`protocol.WarningRecord` tuples (category module and qualname, message, file, line) and
 send them with their last reports; here each distinct warning of a test is recorded once, through

@@ -3,16 +3,20 @@
 Every rank collects the same tests and runs them in the same order; rank 0 gathers each test's
 reports from its peers through a control store, merges them and is the only one to print.
 
-- ``plugin``: the pytest hooks (:class:`~plugin.LaunchPlugin`), delegating to the modules below.
+- ``plugin``: :class:`~plugin.LaunchPlugin`, the pytest hooks, delegating to the objects below.
 - ``env``: the launcher's environment read into a :class:`~env.Launch`; the rerun command.
-- ``keys``: the control store's keys and payloads, one function per key, typed.
+- ``keys``: the wire protocol: the control store's keys (a function each) and payloads
+  (a ``TypedDict`` each), with who writes them.
 - ``channel``: the control store connection: short operations, heartbeats, waiting for keys.
-- ``life``: the rank's session: run id, folders, quiet ranks, leaving together, a lost channel.
+- ``session``: :class:`~session.RankSession`, the rank's own state: channel, run id, folders,
+  log, forks, the exit together, a lost channel; and which thread owns which field.
 - ``plan``: the collection exchange and rank 0's step for each test.
-- ``rank``: one rank's part of a test: its group, its reports, leaving a forked child.
-- ``gather``: rank 0 collecting one test's reports (the end of a test: :mod:`endgame`).
+- ``group``: :class:`~group.GroupKeeper`, the rank's process group, re-created when needed, and
+  the collective counts that say whether the ranks stayed in step.
+- ``gather``: the running test (:class:`~gather.Current`); rank 0 collecting its reports (the
+  end of a test: :mod:`endgame`); a rank's early failure or ended session.
 - ``report``: launcher-mode wording of synthesized reports.
-- ``watchdog``: the thread that notices a stuck test, a dead peer or a lost channel.
+- ``watchdog``: the thread that keeps every wait bounded, given the session and two callbacks.
 
 Import rules (checked by ``tests/test_imports.py``): nothing here imports pool mode
 (:mod:`pytest_distrank.pool`); the package's top-level modules import nothing from here except

@@ -1,6 +1,6 @@
 """Which launcher started this process, and who this rank is: environment variables -> a Launch.
 
-Runs in every pytest process that loads the plugin (not in spawn-mode ranks), at configure time:
+Runs in every pytest process that loads the plugin (not in pool mode's ranks), at configure time:
 plugin.py's gate asks it whether this process is a rank of a launched world (torchrun, srun,
 mpirun) before it starts anything else, and imports nothing heavy (no torch), so that asking
 costs an ordinary session nothing. :func:`detect` is pure logic over an environment mapping,

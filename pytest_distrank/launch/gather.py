@@ -7,7 +7,7 @@ polls while the main thread is in the test, and gathers when the main thread is 
 :func:`publish_stopped` when ``pytest.exit()`` or ``KeyboardInterrupt`` ends its session.
 
 Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
-send time, test index, node id: :func:`rank.identity`); anything else fails the test as
+send time, test index, node id: :func:`keys.identity`); anything else fails the test as
 pool mode's :func:`fitness.foreign_report` does. A rank whose session ended (``fatal/<rank>``) is
 lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
 
@@ -24,7 +24,8 @@ import dataclasses
 import os
 import time
 import warnings
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from pytest import TestReport
@@ -45,12 +46,11 @@ from ..endgame import (
 from ..fitness import foreign_report
 from ..records import Reports, RunTest, WarningRecord
 from ..settings import Value
+from ..warnings_relay import warning_record
+from . import keys
 from .channel import POLL_MAX
-from .rank import identity, warning_records
 from .report import FRESH_GROUP, relabel, silent_report, stopped_report
-
-if TYPE_CHECKING:
-    from .plugin import LaunchPlugin
+from .session import RankSession
 
 
 @dataclasses.dataclass
@@ -77,7 +77,7 @@ class Current:
     #: This rank's warnings so far (the main thread's ``catch_warnings`` log, live).
     caught: list[warnings.WarningMessage] = dataclasses.field(default_factory=list)
     #: Rank 0: the ranks whose pytest session ended (their ``fatal/<rank>`` payloads).
-    stopped: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    stopped: dict[int, keys.Fatal] = dataclasses.field(default_factory=dict)
     #: Rank 0: when to look for ended sessions again without a sign (monotonic).
     fatal_at: float = 0.0
     #: Rank 0: what the peers sent with their last reports: warnings, sequence numbers.
@@ -99,73 +99,73 @@ class Current:
         return cls(index, item, game)
 
 
-def publish_early(plugin: LaunchPlugin, cur: Current, report: TestReport) -> None:
+def publish_early(rs: RankSession, cur: Current, report: TestReport) -> None:
     """This rank failed or skipped: tell rank 0 now, so that its grace period starts now.
 
     A subtest, an xfail or a pass starts no grace (:func:`endgame.grace_trigger`): nothing to say.
     A process the test forked says nothing here: the control connection is the rank's.
     """
     kind = grace_trigger(report)
-    if kind is None or os.getpid() != plugin.pid:
+    if kind is None or os.getpid() != rs.pid:
         return
-    first = plugin.rank not in cur.early_ranks
-    cur.early_ranks.add(plugin.rank)
-    cur.game.note_trigger(plugin.rank, kind, time.monotonic())
-    if plugin.rank != 0 and first and plugin.channel is not None:
-        key = f"early/{cur.index}/{plugin.rank}"
-        payload = {"kind": kind, "when": report.when, **identity(cur.index, cur.item.nodeid)}
-        plugin.channel.put(key, payload)
-        plugin.channel.add(f"early/{cur.index}", 1)
+    first = rs.rank not in cur.early_ranks
+    cur.early_ranks.add(rs.rank)
+    cur.game.note_trigger(rs.rank, kind, time.monotonic())
+    if rs.rank != 0 and first:
+        key = keys.early(cur.index, rs.rank)
+        payload: keys.Early = {
+            "kind": kind,
+            "when": report.when,
+            **keys.identity(cur.index, cur.item.nodeid),
+        }
+        rs.channel.put(key, payload)
+        rs.channel.add(keys.early_count(cur.index), 1)
 
 
-def publish_stopped(plugin: LaunchPlugin, cur: Current | None, message: str) -> None:
+def publish_stopped(rs: RankSession, cur: Current | None, message: str) -> None:
     """A rank other than 0: ``pytest.exit()`` or ``KeyboardInterrupt`` ended its session (in
     ``cur``, or between tests): tell rank 0, which stops waiting for it and ends the run."""
-    assert plugin.channel is not None
     index, nodeid = (cur.index, cur.item.nodeid) if cur is not None else (-1, "")
-    payload = {
+    payload: keys.Fatal = {
         "message": message,
         "when": cur.when if cur is not None else "",
-        "reports": [plugin.serialize(r) for r in list(cur.reports)] if cur is not None else [],
+        "reports": [rs.serialize(r) for r in list(cur.reports)] if cur is not None else [],
         "warnings": warning_records(cur.caught) if cur is not None else [],
-        **identity(index, nodeid),
+        **keys.identity(index, nodeid),
     }
-    plugin.channel.put(f"fatal/{plugin.rank}", payload)
+    rs.channel.put(keys.fatal(rs.rank), payload)
     if cur is not None:
-        plugin.channel.add(f"early/{cur.index}", 1)  # rank 0 looks at once, not within a second
+        rs.channel.add(keys.early_count(cur.index), 1)  # rank 0 looks at once, not within a second
 
 
 #: Rank 0 looks for ended sessions this often without a sign (a rank interrupted between tests).
 FATAL_EVERY = 1.0
 
 
-def poll_early(plugin: LaunchPlugin, cur: Current) -> None:
+def poll_early(rs: RankSession, cur: Current) -> None:
     """Rank 0: note the other ranks' early failures and skips, and ranks whose session ended
     (one counter read when none, and a look for ended sessions every ``FATAL_EVERY``)."""
-    channel = plugin.channel
-    assert channel is not None
-    count = channel.add(f"early/{cur.index}", 0)
+    channel = rs.channel
+    count = channel.add(keys.early_count(cur.index), 0)
     now = time.monotonic()
     if count == cur.early_seen and now < cur.fatal_at:
         return
     cur.early_seen, cur.fatal_at = count, now + FATAL_EVERY
-    for rank in range(1, plugin.world_size):
-        if rank not in cur.stopped and channel.has(f"fatal/{rank}"):
-            cur.stopped[rank] = channel.get(f"fatal/{rank}")
+    for rank in range(1, rs.world_size):
+        if rank not in cur.stopped and channel.has(keys.fatal(rank)):
+            cur.stopped[rank] = channel.get(keys.fatal(rank))
             cur.game.note_lost(rank, "stopped serving", now)
-        key = f"early/{cur.index}/{rank}"
+        key = keys.early(cur.index, rank)
         if rank not in cur.early_ranks and channel.has(key):
-            data = channel.get(key)
+            data: keys.Early = channel.get(key)
             cur.early_ranks.add(rank)
-            if foreign(plugin, cur, rank, data) is None:
+            if foreign(rs, cur, rank, data) is None:
                 cur.game.note_trigger(rank, str(data["kind"]), now)
 
 
-def foreign(
-    plugin: LaunchPlugin, cur: Current, rank: int, data: dict[str, Any]
-) -> TestReport | None:
+def foreign(rs: RankSession, cur: Current, rank: int, data: keys.Identity) -> TestReport | None:
     """A failure when ``data`` was not sent by ``rank``'s own process for this very test."""
-    pid = plugin.pids[rank] if rank < len(plugin.pids) else 0
+    pid = rs.pids[rank] if rank < len(rs.pids) else 0
     sender = int(data.get("pid", -1))
     index, nodeid = int(data.get("index", -1)), str(data.get("nodeid", ""))
     item = cur.item
@@ -173,7 +173,7 @@ def foreign(
         return None
     message = Reports(rank, index, nodeid, sender, (), True)
     test = RunTest(cur.index, item.nodeid, None, "")
-    report = foreign_report(rank, pid, plugin.world_size, message, test, item.location)
+    report = foreign_report(rank, pid, rs.world_size, message, test, item.location)
     if sender != pid:
         more = (
             "A process forked by the test (os.fork(), multiprocessing's fork) that returns into "
@@ -183,18 +183,18 @@ def foreign(
         )
     else:
         more = f"The rank's control messages are out of step with rank 0. {FRESH_GROUP}"
-    return relabel(report, rank, plugin.world_size, more)
+    return relabel(report, rank, rs.world_size, more)
 
 
 def _take_foreign(
-    plugin: LaunchPlugin,
+    rs: RankSession,
     cur: Current,
     per_rank: dict[int, list[TestReport]],
     rank: int,
-    data: dict[str, Any],
+    data: keys.Identity,
 ) -> bool:
     """Fail the test for a foreign payload of ``rank``; return whether it was foreign."""
-    report = foreign(plugin, cur, rank, data)
+    report = foreign(rs, cur, rank, data)
     if report is None:
         return False
     per_rank.setdefault(rank, []).append(report)
@@ -202,32 +202,30 @@ def _take_foreign(
     return True
 
 
-def poll_finished(plugin: LaunchPlugin, cur: Current) -> None:
+def poll_finished(rs: RankSession, cur: Current) -> None:
     """Rank 0's watchdog: note the peers whose last reports are waiting in the store (one
     counter read when none is new). They stay there for :func:`gather` to take."""
-    assert plugin.channel is not None
-    count = plugin.channel.add(f"done/{cur.index}", 0)
+    count = rs.channel.add(keys.done_count(cur.index), 0)
     if count == cur.done_seen:
         return
     cur.done_seen = count
     for rank in sorted(cur.game.pending - {0}):
-        if plugin.channel.has(f"report/{cur.index}/{rank}"):
+        if rs.channel.has(keys.report(cur.index, rank)):
             cur.game.note_finished(rank)
 
 
 def _take_report(
-    plugin: LaunchPlugin, cur: Current, per_rank: dict[int, list[TestReport]], rank: int
+    rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]], rank: int
 ) -> bool:
     """Read one rank's last reports; return whether its process group survived the test.
 
     A payload from another process (or for another test) fails the test; the rank's own
     reports may still come, as in pool mode.
     """
-    assert plugin.channel is not None
-    data = plugin.channel.take(f"report/{cur.index}/{rank}")
-    if _take_foreign(plugin, cur, per_rank, rank, data):
+    data: keys.PeerReport = rs.channel.take(keys.report(cur.index, rank))
+    if _take_foreign(rs, cur, per_rank, rank, data):
         return False
-    reports = [plugin.deserialize(d) for d in data["reports"]]
+    reports = [rs.deserialize(d) for d in data["reports"]]
     per_rank.setdefault(rank, []).extend(reports)
     cur.game.note_reports(rank, reports, time.monotonic())
     cur.game.note_finished(rank)
@@ -241,13 +239,18 @@ def _record(data: Any) -> WarningRecord:
     return (str(module), str(qualname), str(text), str(filename), int(lineno))
 
 
+def warning_records(caught: Iterable[warnings.WarningMessage]) -> list[WarningRecord]:
+    """The test's warnings, as they travel to rank 0 (``merge.merge_warnings``' records)."""
+    return [warning_record(w) for w in list(caught)]
+
+
 def warnings_of(cur: Current) -> dict[int, list[WarningRecord]]:
     """Rank 0: every rank's warnings in the test (its own from its live log)."""
     return {0: warning_records(cur.caught), **cur.peer_warnings}
 
 
 def gather(
-    plugin: LaunchPlugin, cur: Current, own: list[TestReport] | None = None
+    rs: RankSession, cur: Current, own: list[TestReport] | None = None
 ) -> tuple[dict[int, list[TestReport]], list[int], bool]:
     """Every rank's reports of the test (rank 0's: ``own``, else what it made).
 
@@ -257,27 +260,26 @@ def gather(
     finish (reported from their stacks: the run cannot go on with them), and whether every
     peer's process group survived.
     """
-    channel = plugin.channel
-    assert channel is not None
+    channel = rs.channel
     game = cur.game
     if own is None:
         game.note_finished(0)
     per_rank: dict[int, list[TestReport]] = {0: list(cur.reports if own is None else own)}
-    missing = set(range(1, plugin.world_size))
+    missing = set(range(1, rs.world_size))
     healthy = True
     done_seen = 0
     delay = 0.0005
     while True:
-        poll_early(plugin, cur)
+        poll_early(rs, cur)
         missing -= cur.stopped.keys()
         if not missing:
             break
-        done = channel.add(f"done/{cur.index}", 0)
+        done = channel.add(keys.done_count(cur.index), 0)
         if done != done_seen:
             done_seen = done
             for rank in sorted(missing):
-                if channel.has(f"report/{cur.index}/{rank}"):
-                    healthy = _take_report(plugin, cur, per_rank, rank) and healthy
+                if channel.has(keys.report(cur.index, rank)):
+                    healthy = _take_report(rs, cur, per_rank, rank) and healthy
             missing -= game.finished
             delay = 0.0005
             if not missing:
@@ -288,26 +290,26 @@ def gather(
         delay = min(delay * 2, POLL_MAX)
     stuck: list[int] = []
     if missing:
-        stuck, late_healthy = _conclude(plugin, cur, per_rank, sorted(missing))
+        stuck, late_healthy = _conclude(rs, cur, per_rank, sorted(missing))
         healthy = healthy and late_healthy
     for rank, data in sorted(cur.stopped.items()):
-        per_rank.setdefault(rank, []).extend(_stopped_reports(plugin, cur, rank, data))
-    return per_rank, stuck, _strays(plugin, cur, per_rank) and healthy and not cur.stopped
+        per_rank.setdefault(rank, []).extend(_stopped_reports(rs, cur, rank, data))
+    return per_rank, stuck, _strays(rs, cur, per_rank) and healthy and not cur.stopped
 
 
 def _stopped_reports(
-    plugin: LaunchPlugin, cur: Current, rank: int, data: dict[str, Any]
+    rs: RankSession, cur: Current, rank: int, data: keys.Fatal
 ) -> list[TestReport]:
     """The reports of a rank whose pytest session ended: what it sent, and how it ended."""
     item = cur.item
     if int(data.get("index", -1)) != cur.index:  # it ended between tests: this one never began
         pos, reports = BEFORE_SETUP, []
     else:
-        report = foreign(plugin, cur, rank, data)
+        report = foreign(rs, cur, rank, data)
         if report is not None:
             return [report]
         pos = Position.in_phase(str(data.get("when") or "call"))
-        reports = [plugin.deserialize(d) for d in data.get("reports", [])]
+        reports = [rs.deserialize(d) for d in data.get("reports", [])]
         cur.peer_warnings[rank] = [_record(w) for w in data.get("warnings", [])]
     fill_passed(reports, item.nodeid, item.location, pos.when)
     message = str(data.get("message", ""))
@@ -316,17 +318,16 @@ def _stopped_reports(
     return reports
 
 
-def _strays(plugin: LaunchPlugin, cur: Current, per_rank: dict[int, list[TestReport]]) -> bool:
-    """What processes the test forked sent (``stray/<test>/<rank>``, :func:`rank.
+def _strays(rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]]) -> bool:
+    """What processes the test forked sent (``stray/<test>/<rank>``, :meth:`session.RankSession.
     leave_if_fork`): it fails the test. One counter read when none; returns False when any."""
-    channel = plugin.channel
-    assert channel is not None
-    if not channel.add(f"stray/{cur.index}", 0):
+    channel = rs.channel
+    if not channel.add(keys.stray_count(cur.index), 0):
         return True
-    for rank in range(plugin.world_size):
-        key = f"stray/{cur.index}/{rank}"
+    for rank in range(rs.world_size):
+        key = keys.stray(cur.index, rank)
         if channel.has(key):
-            _take_foreign(plugin, cur, per_rank, rank, channel.take(key))
+            _take_foreign(rs, cur, per_rank, rank, channel.take(key))
     return False
 
 
@@ -352,7 +353,7 @@ def left_stuck(cur: Current, ranks: list[int]) -> str:
 
 
 def _conclude(
-    plugin: LaunchPlugin, cur: Current, per_rank: dict[int, list[TestReport]], missing: list[int]
+    rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]], missing: list[int]
 ) -> tuple[list[int], bool]:
     """Ask the ranks that did not finish for their stacks; report them as stuck or timed out.
 
@@ -360,26 +361,27 @@ def _conclude(
     rank finished on evidence; after the deadline it finished too late (a timeout). Returns the
     ranks still stuck and whether the late ranks' process groups survived.
     """
-    channel = plugin.channel
-    assert channel is not None
+    channel = rs.channel
     game = cur.game
     why = game.trigger or f"timeout after {game.timeout:g} s"
-    channel.put(f"abort/{cur.index}", {"reason": why})
-    answers: dict[int, dict[str, Any]] = {}
+    abort: keys.Abort = {"reason": why}
+    channel.put(keys.abort(cur.index), abort)
+    reported: dict[int, keys.PeerReport] = {}
+    stacks: dict[int, keys.Stack] = {}
     end = time.monotonic() + DUMP_WAIT
     while True:
         for rank in missing:
-            if rank in answers:
+            if rank in reported or rank in stacks:
                 continue
-            if channel.has(f"report/{cur.index}/{rank}"):
-                data = channel.take(f"report/{cur.index}/{rank}")
-                if not _take_foreign(plugin, cur, per_rank, rank, data):
-                    answers[rank] = {"report": data}
-            elif channel.has(f"stack/{cur.index}/{rank}"):
-                data = channel.get(f"stack/{cur.index}/{rank}")
-                if not _take_foreign(plugin, cur, per_rank, rank, data):
-                    answers[rank] = {"stack": data}
-        if len(answers) == len(missing) or time.monotonic() >= end:
+            if channel.has(keys.report(cur.index, rank)):
+                data: keys.PeerReport = channel.take(keys.report(cur.index, rank))
+                if not _take_foreign(rs, cur, per_rank, rank, data):
+                    reported[rank] = data
+            elif channel.has(keys.stack(cur.index, rank)):
+                stack: keys.Stack = channel.get(keys.stack(cur.index, rank))
+                if not _take_foreign(rs, cur, per_rank, rank, stack):
+                    stacks[rank] = stack
+        if len(reported) + len(stacks) == len(missing) or time.monotonic() >= end:
             break
         time.sleep(POLL_MAX)
     item = cur.item
@@ -389,31 +391,31 @@ def _conclude(
     stuck: list[int] = []
     healthy = True
     for rank in missing:
-        answer = answers.get(rank, {})
-        log = plugin.logs.get(rank, "?")
-        if "report" in answer:
+        log = rs.logs.get(rank, "?")
+        if rank in reported:
+            report = reported[rank]
             game.note_finished(rank)
             reports = per_rank.setdefault(rank, [])
-            reports.extend(plugin.deserialize(d) for d in answer["report"]["reports"])
-            healthy = healthy and bool(answer["report"]["healthy"])
-            cur.peer_warnings[rank] = [_record(w) for w in answer["report"].get("warnings", [])]
+            reports.extend(rs.deserialize(d) for d in report["reports"])
+            healthy = healthy and bool(report["healthy"])
+            cur.peer_warnings[rank] = [_record(w) for w in report.get("warnings", [])]
             if timed_out:
                 info = Unfinished(LATE, "", log, "stuck", game, now, LATE_REASON)
                 rep = unfinished_report(
-                    nodeid, location, test_file, rank, plugin.world_size, info, wall
+                    nodeid, location, test_file, rank, rs.world_size, info, wall
                 )
                 reports.append(rep)
             continue
         stuck.append(rank)
-        if "stack" not in answer:
+        if rank not in stacks:
             reports = per_rank.get(rank, [])
             fill_passed(reports, nodeid, location, "call")
-            reports.append(silent_report(nodeid, location, rank, plugin.world_size, log, wall))
+            reports.append(silent_report(nodeid, location, rank, rs.world_size, log, wall))
             per_rank[rank] = reports
             continue
-        stack = answer["stack"]
+        stack = stacks[rank]
         reports = per_rank.setdefault(rank, [])
-        reports.extend(plugin.deserialize(d) for d in stack.get("reports", []))
+        reports.extend(rs.deserialize(d) for d in stack.get("reports", []))
         cur.peer_warnings[rank] = [_record(w) for w in stack.get("warnings", [])]
         pos = Position.in_phase(str(stack.get("when", "call")))
         fill_passed(reports, nodeid, location, pos.when)
@@ -421,6 +423,6 @@ def _conclude(
             continue  # its own failure is the story; it was stuck cleaning up after it
         info = Unfinished(pos, str(stack.get("dump", "")), log, "stuck", game, now)
         reports.append(
-            unfinished_report(nodeid, location, test_file, rank, plugin.world_size, info, wall)
+            unfinished_report(nodeid, location, test_file, rank, rs.world_size, info, wall)
         )
     return stuck, healthy

@@ -1,7 +1,7 @@
 """Launcher mode, after collection: do all ranks have the same tests, and what runs where.
 
 Runs in every rank of a launched world, in :func:`pytest_collection_finish` of
-:class:`launch.LaunchPlugin`. Every rank sends its ordered node ids to rank 0; rank 0 compares
+:class:`plugin.LaunchPlugin`. Every rank sends its ordered node ids to rank 0; rank 0 compares
 them and, when they agree, decides for every test (:func:`decide`) whether all ranks run it, rank
 0 alone runs it (no ``world_size`` marker), or rank 0 reports it skipped or errored without
 running it. Its decisions travel back as the plan, so that every rank makes the same ones
@@ -14,19 +14,17 @@ import dataclasses
 import os
 import socket
 import time
-from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from .. import _compat
 from ..markers import MarkerError, spec_of
 from ..requirements import check_ordinary_test, skip_reason
-from ..settings import item_timeout
+from ..settings import Settings, item_timeout
+from . import keys
 from .channel import ChannelError
 from .report import collection_mismatch, missing_collection
-
-if TYPE_CHECKING:
-    from .plugin import LaunchPlugin
+from .session import RankSession
 
 #: Bound on the other ranks' collection, counted from rank 0's.
 COLLECT_TIMEOUT = 120.0
@@ -53,29 +51,28 @@ class Plan:
     logs: dict[int, str]
 
 
-def exchange(plugin: LaunchPlugin, session: pytest.Session) -> Plan:
+def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Plan:
     """Send this rank's node ids to rank 0 and get the plan back (rank 0: make it)."""
-    channel = plugin.channel
-    assert channel is not None
+    channel = rs.channel
     nodeids = [item.nodeid for item in session.items]
-    mine = {
+    mine: keys.Collected = {
         "nodeids": nodeids,
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "log": plugin.log_path,
+        "log": rs.log_path,
     }
     try:
-        channel.put(f"collect/{plugin.rank}", mine)
-        if plugin.rank == 0:
-            data = _make(plugin, session, nodeids)
-            channel.put("plan", data)
+        channel.put(keys.collect(rs.rank), mine)
+        if rs.rank == 0:
+            data = _make(rs, settings, session, nodeids)
+            channel.put(keys.PLAN, data)
         else:
             until = time.monotonic() + 2 * COLLECT_TIMEOUT
-            if channel.wait_any(["plan"], until, watch_rank0=True) is None:
+            if channel.wait_any([keys.PLAN], until, watch_rank0=True) is None:
                 raise ChannelError(f"rank 0 sent no plan within {2 * COLLECT_TIMEOUT:.0f} s")
-            data = channel.get("plan")
+            data = channel.get(keys.PLAN)
     except ChannelError as exc:
-        return Plan(f"pytest-distrank: {plugin.launch.label()}: {exc}", (), (), {})
+        return Plan(f"pytest-distrank: {rs.launch.label()}: {exc}", (), (), {})
     return Plan(
         error=data["error"],
         steps=tuple(Step(**s) for s in data["steps"]),
@@ -84,47 +81,54 @@ def exchange(plugin: LaunchPlugin, session: pytest.Session) -> Plan:
     )
 
 
-def _make(plugin: LaunchPlugin, session: pytest.Session, nodeids: list[str]) -> dict[str, Any]:
-    channel = plugin.channel
-    assert channel is not None
+def _make(
+    rs: RankSession, settings: Settings, session: pytest.Session, nodeids: list[str]
+) -> keys.PlanData:
+    channel = rs.channel
     deadline = time.monotonic() + COLLECT_TIMEOUT
     collected: dict[int, list[str]] = {0: nodeids}
     pids = {0: os.getpid()}
     logs = {0: "(rank 0 prints the report)"}
     missing = []
-    for rank in range(1, plugin.world_size):
-        key = f"collect/{rank}"
+    for rank in range(1, rs.world_size):
+        key = keys.collect(rank)
         if channel.wait_any([key], deadline) is None:
             missing.append(rank)
             continue
-        data = channel.take(key)
+        data: keys.Collected = channel.take(key)
         collected[rank] = list(data["nodeids"])
         pids[rank] = int(data["pid"])
         logs[rank] = f"{data['host']}:{data['log']}"
-    who = f"{plugin.world_size} ranks, {plugin.launch.launcher}"
+    who = f"{rs.world_size} ranks, {rs.launch.launcher}"
     if missing:
         error: str | None = missing_collection(missing, COLLECT_TIMEOUT, logs)
     else:
         error = collection_mismatch(collected, who)
-    steps = [] if error else [dataclasses.asdict(decide(plugin, item)) for item in session.items]
+    steps: list[keys.StepData] = []
+    if not error:
+        steps = [_step_data(decide(rs, settings, item)) for item in session.items]
     return {
         "error": error,
         "steps": steps,
-        "pids": [pids.get(r, 0) for r in range(plugin.world_size)],
-        "logs": logs,
+        "pids": [pids.get(r, 0) for r in range(rs.world_size)],
+        "logs": {str(rank): log for rank, log in logs.items()},
     }
 
 
-def decide(plugin: LaunchPlugin, item: pytest.Item) -> Step:
+def _step_data(step: Step) -> keys.StepData:
+    return {"kind": step.kind, "reason": step.reason, "backend": step.backend}
+
+
+def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
     """Rank 0's decision for one test (see :class:`Step`)."""
-    ws = plugin.world_size
-    launcher = plugin.launch.launcher
-    size = plugin.settings.world_size
+    ws = rs.world_size
+    launcher = rs.launch.launcher
+    size = settings.world_size
     # A bare world_size() means the launched size, unless the user set a default size.
     default = ws if size.source == "default" else size.value
     try:
-        spec = spec_of(item, default, plugin.settings.backend.value)
-        item_timeout(item, plugin.settings.timeout)
+        spec = spec_of(item, default, settings.backend.value)
+        item_timeout(item, settings.timeout)
     except (MarkerError, ValueError) as exc:
         return Step("error", f"{item.nodeid}: {exc}")
     if spec is None:
@@ -144,7 +148,7 @@ def decide(plugin: LaunchPlugin, item: pytest.Item) -> Step:
             "fixture, or run this test without a launcher",
         )
     # GPUs are counted per node: a rank needs one on its own machine.
-    local = dataclasses.replace(spec, world_size=plugin.launch.local_world_size or ws)
+    local = dataclasses.replace(spec, world_size=rs.launch.local_world_size or ws)
     reason = skip_reason(local)
     if reason:
         return Step("skip", reason)

@@ -1,7 +1,7 @@
 """Launcher mode: pytest inside a launched world (torchrun, srun, mpirun), one rank per process.
 
 Runs in every pytest process of the launched world: plugin.py's configure gate registers
-:class:`LaunchPlugin` instead of the Controller when :func:`launch_env.launch_of` finds a launched
+:class:`LaunchPlugin` instead of the Controller when :func:`env.launch_of` finds a launched
 world. The plugin starts no rank processes of its own. Every rank:
 
 1. connects to the control store at MASTER_ADDR:MASTER_PORT (:mod:`channel`), agrees on a
@@ -18,10 +18,19 @@ world. The plugin starts no rank processes of its own. Every rank:
 
 A rank whose session ``pytest.exit()`` or ``KeyboardInterrupt`` ends in a test tells rank 0, which
 fails the test and ends the run (:func:`gather.publish_stopped`). A process that a test
-forked and that comes back into the rank's code leaves at once (:func:`rank.leave_if_fork`).
+forked and that comes back into the rank's code leaves at once
+(:meth:`session.RankSession.leave_if_fork`).
 
 A watchdog thread in every rank (:mod:`watchdog`) enforces the deadline and the failure
 grace while the main thread may be stuck in a C++ collective.
+
+This class keeps the pytest hooks and what they share (the plan, the running test, whether the
+run ended); the rank's session (:class:`session.RankSession`), its process group
+(:class:`group.GroupKeeper`) and the watchdog own the rest. Which thread owns which field:
+everything here belongs to the main thread, except ``current`` (the watchdog reads it, and
+:class:`gather.Current` says which of its fields the watchdog may write) and, once the watchdog
+has taken a test over, ``ended``, ``aborted`` and ``current`` (the main thread is stuck in the
+test then, and never comes back: the process exits from the watchdog).
 """
 
 from __future__ import annotations
@@ -29,127 +38,78 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import sys
-import threading
 import time
 import traceback
 import warnings
 from collections.abc import Generator
-from pathlib import Path
-from typing import IO, Any, TextIO, cast
+from typing import TextIO, cast
 
 import pytest
 from pytest import CollectReport, TestReport
 
 from .. import __version__, _compat
-from ..context import RankContext
 from ..merge import annotate, merge_test
 from ..rankside import sequence_numbers, teardown_unneeded
 from ..records import RunTest
 from ..settings import Settings, item_timeout
+from ..stacks import interruption_message
 from ..warnings_relay import forward_warnings
-from .channel import Channel, ChannelError
+from . import keys
+from .channel import ChannelError
 from .env import Launch, rerun_command
-from .gather import Current, gather, left_stuck, publish_early, stopped_serving, warnings_of
-from .life import adopt_exit_code, interrupted, leave, lost, open_rank, park
-from .plan import Step, apply_on_rank0, exchange, next_shared
-from .rank import (
-    check_collectives,
-    deserialize,
-    end_forks,
-    ensure_group,
-    group_healthy,
-    identity,
-    leave_if_fork,
-    serialize,
-    wait_answering,
+from .gather import (
+    Current,
+    gather,
+    left_stuck,
+    publish_early,
+    publish_stopped,
+    stopped_serving,
     warning_records,
+    warnings_of,
 )
+from .group import GroupKeeper
+from .plan import Step, apply_on_rank0, exchange, next_shared
 from .report import forked_report, not_run_reports, setup_error_report
+from .session import RankSession, park
+from .watchdog import Watchdog
 
 PLUGIN_NAME = "distrank-launch"
 
 
 def start_launched(config: pytest.Config, launch: Launch) -> None:
-    """The configure gate found a launched world (:func:`launch_env.launch_of`): become a rank."""
-    plugin = LaunchPlugin(config, launch, Settings.from_config(config))
+    """The configure gate found a launched world (:func:`env.launch_of`): become a rank."""
+    rs = RankSession.open(config, launch)
+    plugin = LaunchPlugin(config, rs, Settings.from_config(config))
     config.pluginmanager.register(plugin, PLUGIN_NAME)
-    plugin.start()
+    plugin.watchdog.start()
 
 
 class LaunchPlugin:
-    """The pytest plugin object of one rank of a launched world."""
+    """The pytest plugin object of one rank of a launched world: pytest's hooks."""
 
-    def __init__(self, config: pytest.Config, launch: Launch, settings: Settings) -> None:
+    def __init__(self, config: pytest.Config, rs: RankSession, settings: Settings) -> None:
         self.config = config
-        self.launch = launch
+        self.rs = rs
+        self.launch = rs.launch
         self.settings = settings
-        self.rank = launch.rank
-        self.world_size = launch.world_size
-        self.channel: Channel | None = None
-        self.root = Path()
-        self.log_path = ""
-        self.log_stream: IO[str] | None = None
+        self.rank = rs.rank
+        self.world_size = rs.world_size
+        self.group = GroupKeeper(rs)
+        self.watchdog = Watchdog(rs, lambda: self.current, self._finish_from_watchdog)
         self.session: pytest.Session | None = None
         self.steps: tuple[Step, ...] = ()
         self.index_of: dict[int, int] = {}
         self.items: list[pytest.Item] = []
-        self.pids: tuple[int, ...] = ()
-        self.logs: dict[int, str] = {}
+        #: The index of the test pytest is in (the last one, between tests).
         self.index = -1
+        #: The distributed test this rank runs now (the watchdog reads it).
         self.current: Current | None = None
-        self.gen = 0
-        self.inits = 0
-        self.group_key: tuple[str, int] | None = None
-        self.ctx: RankContext | None = None
         #: Why the run stopped early: the remaining tests are not run (None while it goes on).
         self.ended: str | None = None
         #: A rank was left stuck: the world is broken, fixtures are not torn down at the end.
         self.aborted = False
         self.collect_error: str | None = None
-        self.exit_code: int | None = None
-        self.lock = threading.Lock()
-        self.exiting = False
-        self.terminated = False
-        self.main_ident = threading.get_ident()
         self.distributed_tests = 0
-        self.watchdog: Any = None
-        #: This rank's own pid: a process the test forked has another.
-        self.pid = os.getpid()
-        #: Forks made during the running test (os.register_at_fork): only then are they looked for.
-        self.forks = 0
-        #: Rank 0: the groups' sequence numbers per rank after the last test found in step.
-        self.sequence_base: dict[int, dict[str, int]] = {}
-        #: Rank 0: what the distrank summary says besides the numbers (a group re-created...).
-        self.notes: list[str] = []
-        #: Ranks other than 0: the last distributed test this rank ran (rank 0 may ask about it).
-        self.last_index = -1
-        #: The flight recorder's last record when this rank's group was created.
-        self.flight_mark = -1
-
-    # -- start ---------------------------------------------------------------------------------
-
-    def start(self) -> None:
-        os.register_at_fork(after_in_parent=self._note_fork)
-        open_rank(self)
-
-    def _note_fork(self) -> None:
-        self.forks += 1
-
-    def on_sigterm(self, signum: int, frame: object) -> None:
-        self.terminated = True
-        raise KeyboardInterrupt(
-            f"pytest-distrank: {self.launch.label()} got SIGTERM: the launcher is stopping this "
-            "rank (typically because another rank exited or crashed; the launcher's output says "
-            "which)"
-        )
-
-    def log(self, text: str) -> None:
-        """A line in this rank's own report (its log file; rank 0: stderr)."""
-        stream = self.log_stream if self.log_stream is not None else sys.stderr
-        with contextlib.suppress(OSError, ValueError):
-            stream.write(text.rstrip("\n") + "\n")
-            stream.flush()
 
     # -- header and summary --------------------------------------------------------------------
 
@@ -163,7 +123,7 @@ class LaunchPlugin:
         if self.world_size > 1:
             lines.append(
                 f"distrank: rank 0 reports for all {self.world_size} ranks; the others log to "
-                f"{self.root}{os.sep}rank<N>.log on their nodes"
+                f"{self.rs.root}{os.sep}rank<N>.log on their nodes"
             )
         return lines
 
@@ -178,9 +138,9 @@ class LaunchPlugin:
         )
         terminalreporter.write_line(
             f"{tests} on {self.world_size} ranks ({self.launch.launcher}); logs of the other "
-            f"ranks: {', '.join(f'rank {r}: {p}' for r, p in sorted(self.logs.items()) if r)}"
+            f"ranks: {', '.join(f'rank {r}: {p}' for r, p in sorted(self.rs.logs.items()) if r)}"
         )
-        for note in self.notes:
+        for note in self.group.notes:
             terminalreporter.write_line(note)
         if self.ended:
             terminalreporter.write_line(f"run ended early: {self.ended}")
@@ -190,8 +150,8 @@ class LaunchPlugin:
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.session = session
         self.items = list(session.items)
-        plan = exchange(self, session)
-        self.pids, self.logs = plan.pids, plan.logs
+        plan = exchange(self.rs, self.settings, session)
+        self.rs.pids, self.rs.logs = plan.pids, plan.logs
         if plan.error:
             self.collect_error = plan.error
             self.ended = "the ranks did not collect the same tests"
@@ -246,28 +206,26 @@ class LaunchPlugin:
                 self._run_peer(item, index)
             return True
         except ChannelError as exc:
-            self._lost(exc)
-            return True
+            self.rs.lost(exc)
 
     def _await_turn(self, index: int) -> bool:
         """Ranks other than 0: wait for rank 0's verdict on the test before this one."""
-        assert self.channel is not None and self.session is not None
+        assert self.session is not None
         if index == 0:
             return True
-        key = f"verdict/{index - 1}"
-        found = wait_answering(self, [key, "stopped", "exit"])
-        if found == "exit":
-            verdict: dict[str, Any] = {"action": "stop", "reason": "rank 0 ended the session"}
+        found = self.group.wait([keys.verdict(index - 1), keys.STOPPED, keys.EXIT])
+        verdict: keys.Verdict
+        if found == keys.EXIT:
+            verdict = {"action": "stop", "reason": "rank 0 ended the session", "gen": 0}
         else:
-            assert found is not None
-            verdict = self.channel.get(found)
+            verdict = self.rs.channel.get(found)
         if verdict["action"] != "continue":
             self.ended = str(verdict["reason"])
             self.aborted = verdict["action"] == "abort"
             self.session.shouldstop = f"distrank: {self.ended}"
-            self.log(f"distrank: {self.launch.label()}: rank 0 stopped the run: {self.ended}")
+            self.rs.log(f"distrank: {self.launch.label()}: rank 0 stopped the run: {self.ended}")
             return False
-        self.gen = int(verdict["gen"])
+        self.group.gen = int(verdict["gen"])
         return True
 
     def _start(self, item: pytest.Item, index: int) -> Current:
@@ -292,57 +250,58 @@ class LaunchPlugin:
         item = cur.item
         step = self.steps[cur.index]
         try:
-            ensure_group(self, step.backend)
+            assert self.session is not None
+            self.group.ensure(step.backend, self.session)
         except Exception:
             message = (
                 f"{self.launch.label()}: could not initialise the process group (backend "
                 f"{step.backend}) for {item.nodeid}:\n{traceback.format_exc()}"
             )
             cur.reports.append(setup_error_report(item.nodeid, item.location, message, time.time()))
-            publish_early(self, cur, cur.reports[-1])
+            publish_early(self.rs, cur, cur.reports[-1])
             return False
-        assert self.ctx is not None
+        assert self.group.ctx is not None
         following = next_shared(self.steps, self.items, cur.index)
-        shared = self.root / "shared" / f"{cur.index}-{_safe(item.name)}"
-        self.ctx.test = RunTest(
+        shared = self.rs.root / "shared" / f"{cur.index}-{_safe(item.name)}"
+        self.group.ctx.test = RunTest(
             cur.index, item.nodeid, following.nodeid if following else None, str(shared)
         )
-        self.forks = 0
+        self.rs.forks = 0
         with warnings.catch_warnings(record=True) as caught:
             cur.caught = caught
             try:
                 _compat.run_test_protocol(item, following)
             finally:
-                leave_if_fork(self, cur.index, item.nodeid)
-        forks = end_forks(self)
+                self.rs.leave_if_fork(cur.index, item.nodeid)
+        forks = self.rs.end_forks()
         if forks:
             report = forked_report(item.nodeid, item.location, self.rank, self.world_size, forks)
             cur.reports.append(report)
-            publish_early(self, cur, report)
+            publish_early(self.rs, cur, report)
         return not forks
 
     def _run_rank0(self, item: pytest.Item, index: int) -> None:
-        assert self.channel is not None
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         cur = self._start(item, index)
-        inits = self.inits
+        group = self.group
+        inits = group.inits
         fine = self._run_here(cur)
-        with self.lock:
+        with self.rs.lock:
             cur.done = True
             taken = cur.taken_over
         if taken:
             park()  # the watchdog reports this test and ends the run; it exits the process
-        healthy = fine and group_healthy(self)
+        healthy = fine and group.healthy()
         sequence = sequence_numbers() if healthy else {}
-        per_rank, stuck, peers_healthy = gather(self, cur)
-        if self.inits != inits:
-            self.sequence_base = {}  # a new group: its sequence numbers start from 0
+        per_rank, stuck, peers_healthy = gather(self.rs, cur)
+        if group.inits != inits:
+            group.sequence_base = {}  # a new group: its sequence numbers start from 0
         if healthy and peers_healthy and not stuck:
             cur.sequences[0] = sequence
-            healthy = check_collectives(self, cur, per_rank)
+            healthy = group.check_collectives(cur, per_rank)
         if not (healthy and peers_healthy):
-            self.gen += 1  # every rank re-initialises its group before the next test
+            group.gen += 1  # every rank re-initialises its group before the next test
         merged = self.merge(cur, per_rank)
         forward_warnings(item, warnings_of(cur), self.world_size)
         self.current = None
@@ -354,30 +313,30 @@ class LaunchPlugin:
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:
-        assert self.channel is not None
+        rs = self.rs
         cur = self._start(item, index)
         fine = self._run_here(cur)
-        with self.lock:
+        with rs.lock:
             cur.done = True
             taken = cur.taken_over
         if taken:
             park()  # the watchdog is leaving with rank 0's exit code
-        healthy = fine and group_healthy(self)
-        payload = {
-            "reports": [self.serialize(r) for r in cur.reports],
+        healthy = fine and self.group.healthy()
+        payload: keys.PeerReport = {
+            "reports": [rs.serialize(r) for r in cur.reports],
             "healthy": healthy,
             "warnings": warning_records(cur.caught),
             "sequence": sequence_numbers() if healthy else {},
-            **identity(index, item.nodeid),
+            **keys.identity(index, item.nodeid),
         }
-        self.channel.put(f"report/{index}/{self.rank}", payload)
-        self.channel.add(f"done/{index}", 1)
-        self.last_index = index
+        rs.channel.put(keys.report(index, self.rank), payload)
+        rs.channel.add(keys.done_count(index), 1)
+        self.group.last_index = index
         self.current = None
-        self.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
+        rs.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
         for report in cur.reports:
-            if report.failed and self.log_stream is not None:
-                report.toterminal(_compat.terminal_writer(cast(TextIO, self.log_stream)))
+            if report.failed and rs.log_stream is not None:
+                report.toterminal(_compat.terminal_writer(cast(TextIO, rs.log_stream)))
 
     def merge(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> list[TestReport]:
         item = cur.item
@@ -388,7 +347,7 @@ class LaunchPlugin:
             merged = merge_test(per_rank, self.world_size)
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && "
         rerun += rerun_command(self.launch, item.nodeid)
-        annotate(merged, per_rank, self.world_size, self.pids, rerun)
+        annotate(merged, per_rank, self.world_size, self.rs.pids, rerun)
         return merged
 
     def _log_not_run(self, item: pytest.Item, reason: str) -> None:
@@ -436,42 +395,64 @@ class LaunchPlugin:
             cur.reports.append(report)
             if report.failed or (report.skipped and not hasattr(report, "wasxfail")):
                 with contextlib.suppress(ChannelError):
-                    publish_early(self, cur, report)
+                    publish_early(self.rs, cur, report)
         return report
 
     def pytest_runtest_logfinish(self, nodeid: str, location: tuple[str, int | None, str]) -> None:
         """Rank 0: the verdict on this test, which the other ranks wait for."""
-        leave_if_fork(self, self.index, nodeid)  # a fork of a test run by rank 0 alone
-        if self.rank != 0 or self.channel is None or self.session is None:
+        self.rs.leave_if_fork(self.index, nodeid)  # a fork of a test run by rank 0 alone
+        if self.rank != 0 or self.session is None:
             return
         session = self.session
+        gen = self.group.gen
+        verdict: keys.Verdict
         if self.ended is not None:
-            verdict = {"action": "abort", "reason": self.ended, "gen": self.gen}
+            verdict = {"action": "abort", "reason": self.ended, "gen": gen}
         elif session.shouldfail or session.shouldstop:
             reason = str(session.shouldfail or session.shouldstop)
-            verdict = {"action": "stop", "reason": reason, "gen": self.gen}
+            verdict = {"action": "stop", "reason": reason, "gen": gen}
         else:
-            verdict = {"action": "continue", "reason": "", "gen": self.gen}
+            verdict = {"action": "continue", "reason": "", "gen": gen}
+        channel = self.rs.channel
         try:
-            if verdict["action"] != "continue" and not self.channel.has("stopped"):
-                self.channel.put("stopped", verdict)
-            self.channel.put(f"verdict/{self.index}", verdict)
+            if verdict["action"] != "continue" and not channel.has(keys.STOPPED):
+                channel.put(keys.STOPPED, verdict)
+            channel.put(keys.verdict(self.index), verdict)
         except ChannelError as exc:
-            self._lost(exc)
+            self.rs.lost(exc)
 
     @pytest.hookimpl
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
-        """``pytest.exit()`` or ``KeyboardInterrupt`` ended this rank's session (see
-        :func:`life.interrupted`)."""
-        interrupted(self, excinfo.value)
+        """``pytest.exit()`` or ``KeyboardInterrupt`` ended this rank's session (main thread).
 
-    # -- reports on the wire -------------------------------------------------------------------
-
-    def serialize(self, report: TestReport) -> dict[str, Any]:
-        return serialize(self.config, report)
-
-    def deserialize(self, data: dict[str, Any]) -> TestReport:
-        return deserialize(self.config, data)
+        In a distributed test the ranks are no longer in step: fixtures are not torn down (their
+        teardown may wait on a peer). A rank other than 0 tells rank 0, which fails the test
+        with why and where and ends the run; rank 0 reports its own interruption as pytest does,
+        and its exit code (published at session finish) releases the other ranks.
+        """
+        rs = self.rs
+        cur = self.current
+        rs.leave_if_fork(cur.index if cur else self.index, cur.item.nodeid if cur else "")
+        with rs.lock:
+            taken = cur is not None and cur.taken_over
+            if cur is not None:
+                cur.done = True
+        if taken:
+            park()  # the watchdog reports the test and ends the process
+        self.current = None
+        if rs.terminated or rs.exiting or (cur is None and self.rank == 0):
+            return
+        self.aborted = self.aborted or cur is not None
+        if self.rank == 0:
+            return
+        where = cur.item.nodeid if cur is not None else "a pause between tests"
+        message = interruption_message(excinfo.value, where)
+        rs.log(
+            f"distrank: {self.launch.label()}: {message.splitlines()[0]}; this rank's session "
+            "ends; rank 0 fails the test and ends the run"
+        )
+        with contextlib.suppress(ChannelError):
+            publish_stopped(rs, cur, message)
 
     # -- the end -------------------------------------------------------------------------------
 
@@ -483,15 +464,41 @@ class LaunchPlugin:
         wait in a collective on the stuck (or gone) rank, with no deadline left to end it.
         """
         self.current = None
-        adopt_exit_code(self, session, exitstatus)
+        self.rs.adopt_exit_code(session, exitstatus, self.group.wait)
         if self.aborted:
             _compat.forget_setup_stack(session)
 
-    def leave(self, code: int, from_watchdog: bool = False) -> None:
-        leave(self, code, from_watchdog)
+    # -- rank 0's watchdog ends the run --------------------------------------------------------
 
-    def _lost(self, exc: ChannelError) -> None:
-        lost(self, exc)
+    def _finish_from_watchdog(self, cur: Current, own: list[TestReport]) -> int:
+        """Rank 0's main thread is stuck in ``cur`` (the watchdog thread calls this): report the
+        test with rank 0's ``own`` reports, the remaining tests as not run, and end the session
+        as pytest does after its test loop (summary, junitxml, unconfigure). Returns the exit
+        code.
+
+        Fixture teardown is skipped: fixtures set up for the stuck test may themselves wait on
+        the stuck group, and the main thread is still inside the test.
+        """
+        per_rank, stuck, _ = gather(self.rs, cur, own)
+        merged = self.merge(cur, per_rank)
+        forward_warnings(cur.item, warnings_of(cur), self.world_size)
+        self.aborted = True
+        self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, [0, *stuck])
+        self.current = None
+        ihook = cur.item.ihook
+        for report in merged:
+            ihook.pytest_runtest_logreport(report=report)
+        ihook.pytest_runtest_logfinish(nodeid=cur.item.nodeid, location=cur.item.location)
+        self.log_not_run_after(cur.index, self.ended)
+        session = self.session
+        assert session is not None
+        code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
+        session.exitstatus = code
+        _compat.forget_setup_stack(session)
+        self.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
+        with contextlib.suppress(Exception):
+            _compat.ensure_unconfigure(self.config)
+        return int(session.exitstatus)
 
 
 def _safe(name: str) -> str:

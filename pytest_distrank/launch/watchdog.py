@@ -9,13 +9,18 @@ does not need it:
   and ended sessions (``pytest.exit()``). When :class:`endgame.Endgame`'s rule ends the wait
   (the rule :func:`gather.gather` follows once the main thread is out of the test) and
   its own main thread is still in the test,
-  it finishes the session itself: it reports the test (rank 0's own stuck or timed-out report,
-  synthesized from its stack, merged with the peers' reports or stacks), reports the remaining
-  tests as not run, lets the terminal summary and junitxml be written
-  (``pytest_sessionfinish``, ``pytest_unconfigure``), publishes the exit code and exits;
+  it finishes the session itself: it synthesizes rank 0's own stuck or timed-out report from its
+  stack and hands it to the plugin's ``finish`` callback (which merges it with the peers' reports
+  or stacks, reports the remaining tests as not run and lets the terminal summary and junitxml be
+  written), then publishes the exit code and exits;
 - the other ranks publish their stacks (and their reports and warnings so far, with their pid)
   when their deadline passes or when rank 0 asks (``abort/<test>``), then wait for rank 0's exit
   code and exit with it.
+
+The watchdog gets the rank's :class:`~session.RankSession` and two callbacks, nothing else: what
+the main thread is running (``current``) and, on rank 0, how to end the run from here
+(``finish``). It writes only what :class:`~gather.Current` says it may (``taken_over``,
+``stack_sent``, under the session's lock where the main thread races it).
 """
 
 from __future__ import annotations
@@ -24,58 +29,50 @@ import contextlib
 import threading
 import time
 import traceback
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-import pytest
 from pytest import TestReport
 
-from .. import _compat
 from ..endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
 from ..stacks import where_blocked
-from ..warnings_relay import forward_warnings
+from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
-from .gather import (
-    Current,
-    gather,
-    left_stuck,
-    poll_early,
-    poll_finished,
-    stopped_serving,
-    warnings_of,
-)
-from .rank import identity, warning_records
-
-if TYPE_CHECKING:
-    from .plugin import LaunchPlugin
+from .gather import Current, poll_early, poll_finished, warning_records
+from .session import RankSession
 
 TICK = 0.05
 HEARTBEAT_EVERY = 1.0
 #: Bound on waiting for rank 0's exit code after this rank was left stuck.
 EXIT_WAIT = 60.0
 
+#: Rank 0: end the run from the watchdog with rank 0's own reports of the stuck test; returns
+#: the exit code.
+Finish = Callable[[Current, list[TestReport]], int]
+
 
 class Watchdog(threading.Thread):
     """The rank's watchdog thread (daemonic: it never keeps the process alive)."""
 
-    def __init__(self, plugin: LaunchPlugin) -> None:
+    def __init__(
+        self, rs: RankSession, current: Callable[[], Current | None], finish: Finish
+    ) -> None:
         super().__init__(name="distrank-watchdog", daemon=True)
-        self.plugin = plugin
-        self._stopped = threading.Event()
+        self.rs = rs
+        self.current = current
+        self.finish = finish
         self._beat_at = 0.0
         self._complained = False
 
-    def stop(self) -> None:
-        self._stopped.set()
-
     def run(self) -> None:
-        while not self._stopped.wait(TICK):
+        stopping = self.rs.stopping
+        while not stopping.wait(TICK):
             try:
                 self.tick()
             except ChannelError as exc:
-                if self._stopped.is_set():
+                if stopping.is_set():
                     return
-                if self.plugin.rank != 0:
-                    self.plugin._lost(exc)
+                if self.rs.rank != 0:
+                    self.rs.lost(exc)
                 self._complain(f"control channel error: {exc}")
             except Exception:
                 self._complain(traceback.format_exc())
@@ -83,109 +80,92 @@ class Watchdog(threading.Thread):
     def _complain(self, text: str) -> None:
         if not self._complained:
             self._complained = True
-            self.plugin.log(f"distrank: {self.plugin.launch.label()}: watchdog: {text}")
+            self.rs.log(f"pytest-distrank: {self.rs.launch.label()}: watchdog: {text}")
 
     def tick(self) -> None:
-        plugin = self.plugin
-        assert plugin.channel is not None
+        rs = self.rs
         now = time.monotonic()
-        if plugin.rank == 0 and now - self._beat_at >= HEARTBEAT_EVERY:
-            plugin.channel.add("heartbeat", 1)
+        if rs.rank == 0 and now - self._beat_at >= HEARTBEAT_EVERY:
+            rs.channel.add(keys.HEARTBEAT, 1)
             self._beat_at = now
-        cur = plugin.current
+        cur = self.current()
         if cur is None or cur.done:
             return
         game = cur.game
-        if plugin.rank == 0:
+        if rs.rank == 0:
             # Rank 0 itself is pending until its main thread is done (then gather decides).
-            poll_early(plugin, cur)
+            poll_early(rs, cur)
             if game.seconds_left(now) == 0.0:
-                poll_finished(plugin, cur)  # who is left decides whether FINISH_WAIT applies
+                poll_finished(rs, cur)  # who is left decides whether FINISH_WAIT applies
                 if game.expired(now):
                     self._take_over(cur)
             return
         deadline = game.deadline
         late = deadline is not None and now >= deadline
-        abort = plugin.channel.has(f"abort/{cur.index}")
+        abort = rs.channel.has(keys.abort(cur.index))
         if (late or abort) and not cur.stack_sent:
             self._send_stack(cur, "its deadline passed" if late else "rank 0 asked")
-        if abort or plugin.channel.has("exit"):
+        if abort or rs.channel.has(keys.EXIT):
             self._leave_stuck(cur)
 
     # -- ranks other than 0 --------------------------------------------------------------------
 
     def _send_stack(self, cur: Current, why: str) -> None:
-        plugin = self.plugin
-        assert plugin.channel is not None
-        dump = dump_threads(plugin.main_ident)
-        plugin.log(
-            f"distrank: {plugin.launch.label()}: stacks in {cur.when} of {cur.item.nodeid} "
+        rs = self.rs
+        dump = dump_threads(rs.main_ident)
+        rs.log(
+            f"distrank: {rs.launch.label()}: stacks in {cur.when} of {cur.item.nodeid} "
             f"({why}):\n{dump}"
         )
-        payload = {
+        payload: keys.Stack = {
             "dump": dump,
             "when": cur.when,
-            "reports": [plugin.serialize(r) for r in list(cur.reports)],
+            "reports": [rs.serialize(r) for r in list(cur.reports)],
             "warnings": warning_records(cur.caught),
-            **identity(cur.index, cur.item.nodeid),
+            **keys.identity(cur.index, cur.item.nodeid),
         }
-        plugin.channel.put(f"stack/{cur.index}/{plugin.rank}", payload)
+        rs.channel.put(keys.stack(cur.index, rs.rank), payload)
         cur.stack_sent = True
 
     def _leave_stuck(self, cur: Current) -> None:
-        plugin = self.plugin
-        assert plugin.channel is not None
-        with plugin.lock:
+        rs = self.rs
+        with rs.lock:
             if cur.done:
                 return  # the main thread finished after all; rank 0's verdict reaches it
             cur.taken_over = True
-        where = where_blocked(dump_threads(plugin.main_ident), str(cur.item.path))
-        plugin.log(
-            f"distrank: {plugin.launch.label()}: rank 0 ended the run while this rank was still "
+        where = where_blocked(dump_threads(rs.main_ident), str(cur.item.path))
+        rs.log(
+            f"distrank: {rs.launch.label()}: rank 0 ended the run while this rank was still "
             f"in {cur.when} of {cur.item.nodeid} ({where}); leaving with rank 0's exit code"
         )
         code = LOST_EXIT
         with contextlib.suppress(ChannelError):
             until = time.monotonic() + EXIT_WAIT
-            if plugin.channel.wait_any(["exit"], until, watch_rank0=True) == "exit":
-                code = int(plugin.channel.get("exit"))
-        plugin.exit_code = code
-        plugin.leave(code, from_watchdog=True)
+            if rs.channel.wait_any([keys.EXIT], until, watch_rank0=True) == keys.EXIT:
+                code = int(rs.channel.get(keys.EXIT))
+        rs.leave(code, from_watchdog=True)
 
     # -- rank 0 --------------------------------------------------------------------------------
 
     def _take_over(self, cur: Current) -> None:
         """Rank 0's main thread is stuck in the test: report it and end the session from here."""
-        plugin = self.plugin
-        with plugin.lock:
+        rs = self.rs
+        with rs.lock:
             if cur.done or cur.taken_over:
                 return
             cur.taken_over = True
         code = 1
         try:
-            own = self._own_reports(cur)
-            per_rank, stuck, _ = gather(plugin, cur, own)
-            merged = plugin.merge(cur, per_rank)
-            forward_warnings(cur.item, warnings_of(cur), plugin.world_size)
-            plugin.aborted = True
-            plugin.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, [0, *stuck])
-            plugin.current = None
-            ihook = cur.item.ihook
-            for report in merged:
-                ihook.pytest_runtest_logreport(report=report)
-            ihook.pytest_runtest_logfinish(nodeid=cur.item.nodeid, location=cur.item.location)
-            plugin.log_not_run_after(cur.index, plugin.ended)
-            code = self._finish_session()
+            code = self.finish(cur, self._own_reports(cur))
         except BaseException:
-            plugin.log(
-                f"pytest-distrank: {plugin.launch.label()}: error while ending the run from the "
+            rs.log(
+                f"pytest-distrank: {rs.launch.label()}: error while ending the run from the "
                 f"watchdog:\n{traceback.format_exc()}"
             )
-        plugin.exit_code = code
-        plugin.leave(code, from_watchdog=True)
+        rs.leave(code, from_watchdog=True)
 
     def _own_reports(self, cur: Current) -> list[TestReport]:
-        plugin = self.plugin
+        rs = self.rs
         item = cur.item
         reports = list(cur.reports)
         out, err = self._suspend_capture()
@@ -193,12 +173,12 @@ class Watchdog(threading.Thread):
         fill_passed(reports, item.nodeid, item.location, pos.when)
         if failed_itself(reports):
             return reports  # rank 0's own failure is the story; it was stuck cleaning up
-        dump = dump_threads(plugin.main_ident)
-        with contextlib.suppress(OSError), open(plugin.log_path, "a", encoding="utf-8") as log:
+        dump = dump_threads(rs.main_ident)
+        with contextlib.suppress(OSError), open(rs.log_path, "a", encoding="utf-8") as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
-        info = Unfinished(pos, dump, plugin.log_path, "stuck", cur.game, time.monotonic())
+        info = Unfinished(pos, dump, rs.log_path, "stuck", cur.game, time.monotonic())
         report = unfinished_report(
-            item.nodeid, item.location, str(item.path), 0, plugin.world_size, info, time.time()
+            item.nodeid, item.location, str(item.path), 0, rs.world_size, info, time.time()
         )
         for name, text in (("stdout", out), ("stderr", err)):
             if text:
@@ -208,7 +188,7 @@ class Watchdog(threading.Thread):
 
     def _suspend_capture(self) -> tuple[str, str]:
         """Give the terminal back (the stuck test's capture is active) and read its output."""
-        capman = self.plugin.config.pluginmanager.getplugin("capturemanager")
+        capman = self.rs.config.pluginmanager.getplugin("capturemanager")
         if capman is None:
             return "", ""
         with contextlib.suppress(Exception):
@@ -216,20 +196,3 @@ class Watchdog(threading.Thread):
             out, err = capman.read_global_capture()
             return str(out), str(err)
         return "", ""
-
-    def _finish_session(self) -> int:
-        """What pytest does after its test loop: session finish (summary, junitxml), unconfigure.
-
-        Fixture teardown is skipped: fixtures set up for the stuck test may themselves wait on
-        the stuck group, and the main thread is still inside the test.
-        """
-        plugin = self.plugin
-        session = plugin.session
-        assert session is not None
-        code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
-        session.exitstatus = code
-        _compat.forget_setup_stack(session)
-        plugin.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
-        with contextlib.suppress(Exception):
-            _compat.ensure_unconfigure(plugin.config)
-        return int(session.exitstatus)

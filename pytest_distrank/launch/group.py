@@ -1,0 +1,242 @@
+"""Launcher mode, one rank's process group: kept, re-created, and checked after each test.
+
+Runs in every rank of a launched world, in the main thread only (the watchdog never touches the
+group). The default process group is initialised over the control store's ``data`` connection,
+in a key space of its own per initialisation: once before the first distributed test, again when
+a test asks for another backend, and again on every rank when a test left any rank's group
+destroyed or replaced, or out of step (rank 0's verdict carries a generation number that says
+so). The fixtures read ``config.stash[RANK_CONTEXT]``, exactly as in pool mode's ranks.
+
+After a test every rank sends its groups' sequence numbers with its reports; when they disagree,
+rank 0 asks every rank for its collective counts from the flight recorder (``count/<test>``),
+which the other ranks answer while they wait for anything else (:meth:`GroupKeeper.wait`), and
+fails the test on the ranks that issued collectives their peers did not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import time
+import traceback
+from typing import Any
+
+import pytest
+from pytest import TestReport
+
+from .. import _compat
+from .. import fixtures as fixtures_module
+from ..context import RANK_CONTEXT, RankContext
+from ..fitness import sequences_in_step, unmatched_collectives
+from ..rankside import group_words, live_groups
+from ..records import RunTest
+from . import keys
+from .channel import ChannelError
+from .gather import Current
+from .report import FRESH_GROUP, relabel
+from .session import RankSession
+
+#: Bound on the other ranks' answers when rank 0 asks for their collective counts.
+COUNT_WAIT = 10.0
+
+
+class GroupKeeper:
+    """The rank's default process group and what is known about its step (main thread only)."""
+
+    def __init__(self, rank_session: RankSession) -> None:
+        self.rs = rank_session
+        #: The group's context, as the fixtures see it (None before the first distributed test).
+        self.ctx: RankContext | None = None
+        #: The generation rank 0's verdicts ask for; a new one re-creates the group everywhere.
+        self.gen = 0
+        #: How many times this rank initialised a group (each in a key space of its own).
+        self.inits = 0
+        self.key: tuple[str, int] | None = None
+        #: The flight recorder's last record when this rank's group was created.
+        self.flight_mark = -1
+        #: Rank 0: the groups' sequence numbers per rank after the last test found in step.
+        self.sequence_base: dict[int, dict[str, int]] = {}
+        #: Ranks other than 0: the last distributed test this rank ran (rank 0 may ask about it).
+        self.last_index = -1
+        #: Rank 0: what the distrank summary says besides the numbers (a group re-created...).
+        self.notes: list[str] = []
+
+    def healthy(self) -> bool:
+        """Is the default group still the one this rank initialised?"""
+        import torch.distributed as dist
+
+        ctx = self.ctx
+        return ctx is not None and dist.is_initialized() and dist.group.WORLD is ctx.pg
+
+    def ensure(self, backend: str, session: pytest.Session) -> None:
+        """Initialise the default group for this backend and generation, unless it is up."""
+        import torch.distributed as dist
+
+        rs = self.rs
+        key = (backend, self.gen)
+        if self.key == key and self.healthy():
+            return
+        first = self.ctx is None
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        device_id = None
+        local_rank = rs.launch.local_rank
+        if "nccl" in backend:
+            import torch
+
+            torch.cuda.set_device(local_rank)
+            device_id = torch.device("cuda", local_rank)
+        self.inits += 1
+        self.key = None
+        dist.init_process_group(
+            backend,
+            store=rs.channel.pg_store(self.inits),
+            rank=rs.rank,
+            world_size=rs.world_size,
+            device_id=device_id,
+        )
+        self.ctx = RankContext(
+            rs.rank, rs.world_size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
+        )
+        self.flight_mark = flight_mark()
+        rs.config.stash[RANK_CONTEXT] = self.ctx
+        if not first:
+            self._reset_group_fixtures(session)
+        rs.config.hook.pytest_distrank_rank_setup(
+            config=rs.config, rank=rs.rank, world_size=rs.world_size
+        )
+        self.key = key
+
+    def _reset_group_fixtures(self, session: pytest.Session) -> None:
+        """The session-scoped ``pg``, ``backend`` and ``device`` hold the old group: finish them
+        (and the user's fixtures that depend on them), so that the next test gets the new one."""
+        for name in ("pg", "backend", "device"):
+            for fixturedef in _compat.session_fixturedefs(session, name):
+                if getattr(fixturedef.func, "__module__", None) != fixtures_module.__name__:
+                    continue
+                try:
+                    _compat.finish_fixture(fixturedef, session)
+                except BaseException:
+                    self.rs.log(
+                        f"pytest-distrank: {self.rs.launch.label()}: error tearing down fixtures "
+                        f"that depend on {name!r} after the process group was replaced:\n"
+                        + traceback.format_exc()
+                    )
+
+    # -- ranks other than 0: waiting, and answering rank 0 meanwhile -----------------------------
+
+    def wait(self, wanted: list[str]) -> str:
+        """Ranks other than 0: the first of ``wanted`` keys to exist (no deadline: rank 0's
+        heartbeat bounds it), answering meanwhile rank 0's request for this rank's collective
+        counts after its last test (:meth:`check_collectives`)."""
+        channel = self.rs.channel
+        while True:
+            asked = [keys.count_request(self.last_index)] if self.last_index >= 0 else []
+            found = channel.wait_any([*wanted, *asked], None, watch_rank0=True)
+            assert found is not None  # no deadline: it returns a key or raises
+            if found not in asked:
+                return found
+            answer: keys.Counts = {"counts": collective_counts(self.flight_mark)}
+            channel.put(keys.counts(self.last_index, self.rs.rank), answer)
+            self.last_index = -1
+
+    # -- rank 0: are the groups in step after a test? -----------------------------------------
+
+    def check_collectives(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> bool:
+        """Rank 0, after a test that every rank finished with its group intact: did the members of
+        each group issue the same collectives? Returns False when the group must be created anew.
+
+        As in pool mode (:mod:`fitness`): sequence numbers first (sent with every rank's last
+        reports), the flight recorder only when they differ (a second round through the control
+        store, :func:`count_collectives`); the rank with more collectives fails the test.
+        """
+        if sequences_in_step(cur.sequences, self.sequence_base):
+            self.sequence_base = dict(cur.sequences)
+            return True
+        item = cur.item
+        counts = self.count_collectives(cur.index, COUNT_WAIT)
+        if counts is None:
+            self.notes.append(
+                f"process group created anew after {item.nodeid}: the sequence numbers of a group "
+                "differ between ranks (point-to-point ops, or a collective only some ranks issued) "
+                "and the flight recorder could not tell which (TORCH_FR_BUFFER_SIZE=0?)"
+            )
+            return False
+        test = RunTest(cur.index, item.nodeid, None, "")
+        found = unmatched_collectives(counts, self.rs.world_size, test, item.location)
+        for rank, report, _ in found:
+            more = (
+                "A collective that not every member of the group issues stays pending and would be "
+                f"matched by the next test's collective. {FRESH_GROUP}"
+            )
+            per_rank.setdefault(rank, []).append(relabel(report, rank, self.rs.world_size, more))
+        if found:
+            return False
+        self.sequence_base = dict(cur.sequences)
+        return True
+
+    def count_collectives(
+        self, index: int, wait: float
+    ) -> dict[int, dict[str, tuple[int, str]]] | None:
+        """Rank 0: every rank's collectives per group after test ``index``, from the flight
+        recorder; None when a rank's recorder is off or a rank did not answer within ``wait``
+        seconds."""
+        channel = self.rs.channel
+        own = collective_counts(self.flight_mark)
+        if own is None:
+            return None
+        counts: dict[int, dict[str, tuple[int, str]]] = {0: own}
+        try:
+            channel.put(keys.count_request(index), 1)
+            end = time.monotonic() + wait
+            for rank in range(1, self.rs.world_size):
+                key = keys.counts(index, rank)
+                if channel.wait_any([key], end) is None:
+                    return None
+                data: keys.Counts = channel.take(key)
+                answer = data["counts"]
+                if answer is None:
+                    return None
+                counts[rank] = {str(g): (int(n), str(op)) for g, (n, op) in answer.items()}
+        except ChannelError:
+            return None
+        return counts
+
+
+def _flight_recorder() -> list[dict[str, Any]] | None:
+    """The flight recorder's entries (tens of ms); None when it is off or unavailable."""
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
+        return None
+    try:
+        raw = _compat.dump_flight_recorder()
+        entries = pickle.loads(raw).get("entries", [])
+    except Exception:
+        return None
+    return list(entries)
+
+
+def flight_mark() -> int:
+    """The flight recorder's last record id, taken when the rank creates its group."""
+    entries = _flight_recorder() or []
+    return max((int(e.get("record_id", -1)) for e in entries), default=-1)
+
+
+def collective_counts(mark: int) -> dict[str, tuple[int, str]] | None:
+    """Collectives issued per live group since the group was created (record id > ``mark``).
+
+    Pool mode's :func:`rankside.collective_counts` without the records of earlier groups: a group
+    created anew here gets the old one's name (the default group is "0" again), and its records
+    stay in the recorder.
+    """
+    entries = _flight_recorder()
+    if entries is None:
+        return None
+    last: dict[str, tuple[int, str]] = {}
+    for entry in entries:
+        if entry.get("is_p2p") or int(entry.get("record_id", -1)) <= mark:
+            continue
+        name = str(entry.get("process_group", ("?",))[0])
+        last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
+    return {group_words(pg): last.get(str(pg.group_name), (0, "")) for pg in live_groups()}

@@ -1,0 +1,198 @@
+"""Launcher mode's wire protocol: the control store's keys and their payloads, in one place.
+
+Imported by every module of launcher mode, in every rank (main thread and watchdog). The control
+store is a ``torch.distributed.TCPStore`` reached through :class:`channel.Channel`, which keeps
+each run's keys under a prefix of its own (``distrank/r<restart>/ctl/``) and stores JSON. Each
+key has one function here that spells it, and each payload one ``TypedDict``; a key without a
+payload type is a counter (:meth:`channel.Channel.add`) or holds a plain value.
+
+Who writes what (rank 0 is "0", the others "N"; "main"/"watchdog" is the thread):
+
+=================================  ========  =================================================
+key                                writer    meaning
+=================================  ========  =================================================
+``run``                            0 main    the run id every rank's folder is named after
+``collect/<rank>``                 all main  :class:`Collected`: the rank's node ids, pid, log
+``plan``                           0 main    :class:`PlanData`: what every test does
+``verdict/<test>``                 0 main    :class:`Verdict`: go on, stop or abort after it
+``stopped``                        0 main    :class:`Verdict`: the run stops (first one only)
+``early/<test>`` (counter)         N main    how many early payloads were written
+``early/<test>/<rank>``            N main    :class:`Early`: the rank failed or skipped
+``report/<test>/<rank>``           N main    :class:`PeerReport`: the rank's last reports
+``done/<test>`` (counter)          N main    how many last reports were written
+``abort/<test>``                   0         :class:`Abort`: stop waiting, send your stacks
+``stack/<test>/<rank>``            N wdog    :class:`Stack`: the rank's threads and reports
+``fatal/<rank>``                   N main    :class:`Fatal`: the rank's pytest session ended
+``stray/<test>`` (counter)         forks     how many forked processes said they left
+``stray/<test>/<rank>``            forks     :class:`Identity` of a forked process
+``count/<test>``                   0 main    rank 0 asks for collective counts after the test
+``counts/<test>/<rank>``           N main    :class:`Counts`: the rank's collective counts
+``heartbeat`` (counter)            0 wdog    bumped every second while rank 0 lives
+``exit``                           0         rank 0's exit code (an int)
+``bye`` (counter)                  all       ranks that reached the end (they leave together)
+=================================  ========  =================================================
+
+Every payload a rank sends about a test carries its :class:`Identity` (pid at send time, test
+index, node id): rank 0 credits it to no other test and no other process.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal, TypedDict
+
+#: The run id (rank 0 makes it).
+RUN = "run"
+#: Rank 0's plan for every test.
+PLAN = "plan"
+#: The first verdict that stopped the run.
+STOPPED = "stopped"
+#: Rank 0's exit code.
+EXIT = "exit"
+#: Counter bumped by rank 0's watchdog every second.
+HEARTBEAT = "heartbeat"
+#: Counter of ranks that reached the end.
+BYE = "bye"
+
+
+def collect(rank: int) -> str:
+    return f"collect/{rank}"
+
+
+def verdict(index: int) -> str:
+    return f"verdict/{index}"
+
+
+def early_count(index: int) -> str:
+    return f"early/{index}"
+
+
+def early(index: int, rank: int) -> str:
+    return f"early/{index}/{rank}"
+
+
+def report(index: int, rank: int) -> str:
+    return f"report/{index}/{rank}"
+
+
+def done_count(index: int) -> str:
+    return f"done/{index}"
+
+
+def abort(index: int) -> str:
+    return f"abort/{index}"
+
+
+def stack(index: int, rank: int) -> str:
+    return f"stack/{index}/{rank}"
+
+
+def fatal(rank: int) -> str:
+    return f"fatal/{rank}"
+
+
+def stray_count(index: int) -> str:
+    return f"stray/{index}"
+
+
+def stray(index: int, rank: int) -> str:
+    return f"stray/{index}/{rank}"
+
+
+def count_request(index: int) -> str:
+    """Rank 0's request for every rank's collective counts after test ``index``."""
+    return f"count/{index}"
+
+
+def counts(index: int, rank: int) -> str:
+    return f"counts/{index}/{rank}"
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
+class Identity(TypedDict):
+    """Who sent a payload about a test, and which test."""
+
+    pid: int
+    index: int
+    nodeid: str
+
+
+def identity(index: int, nodeid: str) -> Identity:
+    """This process's identity for a payload about test ``index`` (the pid at send time: a
+    process the test forked has another)."""
+    return {"pid": os.getpid(), "index": index, "nodeid": nodeid}
+
+
+class Collected(TypedDict):
+    nodeids: list[str]
+    pid: int
+    host: str
+    log: str
+
+
+class StepData(TypedDict):
+    """One test's step (:class:`plan.Step` as a dict)."""
+
+    kind: str
+    reason: str
+    backend: str
+
+
+class PlanData(TypedDict):
+    #: Why no test runs (the ranks collected different tests), or None.
+    error: str | None
+    steps: list[StepData]
+    pids: list[int]
+    #: rank (as a string: JSON) -> ``host:path`` of its log.
+    logs: dict[str, str]
+
+
+class Verdict(TypedDict):
+    action: Literal["continue", "stop", "abort"]
+    reason: str
+    #: The process group generation the next test runs in (a new one: every rank re-creates it).
+    gen: int
+
+
+class Early(Identity):
+    #: The grace trigger (:func:`endgame.grace_trigger`): "failed" or "skipped".
+    kind: str
+    when: str
+
+
+class PeerReport(Identity):
+    #: pytest's serialized reports (``pytest_report_to_serializable``).
+    reports: list[dict[str, Any]]
+    #: Whether the rank's default process group survived the test.
+    healthy: bool
+    #: :data:`records.WarningRecord` lists (JSON makes tuples lists).
+    warnings: list[Any]
+    #: Group (in words) -> sequence number.
+    sequence: dict[str, int]
+
+
+class Stack(Identity):
+    #: Every thread's stack (:func:`channel.dump_threads`).
+    dump: str
+    when: str
+    reports: list[dict[str, Any]]
+    warnings: list[Any]
+
+
+class Fatal(Identity):
+    #: How the rank's session ended (:func:`stacks.interruption_message`).
+    message: str
+    when: str
+    reports: list[dict[str, Any]]
+    warnings: list[Any]
+
+
+class Abort(TypedDict):
+    reason: str
+
+
+class Counts(TypedDict):
+    #: Group (in words) -> [collectives issued, the last one's op]; None: flight recorder off.
+    counts: dict[str, Any] | None
