@@ -5,7 +5,7 @@ that preloads the plugin), and the ranks of a launched world. So it imports no t
 level (the torch functions import it when called) and nothing that a process lacks.
 
 The rule: no other module of the package imports ``_pytest`` or touches a private attribute of
-pytest's objects (``tests/test_imports.py`` checks it). Where pytest exports a name
+pytest's objects (``tests/unit/test_imports.py`` checks it). Where pytest exports a name
 (``pytest.TestReport``, ``pytest.CollectReport``, ``pytest.CallInfo``) the public name is used
 instead. Each function's docstring says why the private access is needed and what breaks if it
 changes; the guards (``getattr`` defaults, ``hasattr``) are those the call sites always had.

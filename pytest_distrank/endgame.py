@@ -4,7 +4,7 @@ Runs wherever a test's outcome is decided: in the controller (pool mode, :mod:`p
 rank 0 of a launched world (launcher mode, :mod:`launch.gather` in its main thread and
 :mod:`launch.watchdog` in its watchdog thread). Pure logic over time stamps and reports: no
 torch, no processes, no clock of its own (callers pass ``now``), so that it is unit-tested
-without ranks (``tests/test_endgame.py``).
+without ranks (``tests/unit/test_endgame.py``).
 
 The rule:
 

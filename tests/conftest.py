@@ -1,54 +1,20 @@
-"""Helpers for the plugin's end-to-end tests (run in the outer pytest process).
+"""Fixtures of the plugin's tests (run in the outer pytest process).
 
-Every end-to-end test runs pytest in a subprocess (``runpytest_subprocess``) so that rank
-processes never belong to this process, with a hard timeout, and afterwards checks that no
-process the inner session started is still alive: each inner session is tagged through an
-environment variable that its fork server and ranks inherit.
+``run_pytest`` runs an end-to-end case; ``fake_gpus`` gives GPU leasing four fake GPUs. The
+helpers they use (the process tag, the leak check) are in ``helpers.py``.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-TAG_ENV = "DISTRANK_TEST_TAG"
-#: Bound on one inner pytest run; a deadlocked case fails instead of hanging CI.
-RUN_TIMEOUT = 180
-
-
-def tagged_pids(tag: str) -> list[int]:
-    """Processes whose environment carries ``DISTRANK_TEST_TAG=tag``."""
-    needle = f"{TAG_ENV}={tag}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-        except OSError:
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
-def wait_gone(tag: str, seconds: float) -> list[int]:
-    """Wait until no tagged process is left; return the ones still alive after ``seconds``."""
-    end = time.monotonic() + seconds
-    while True:
-        alive = tagged_pids(tag)
-        if not alive or time.monotonic() > end:
-            return alive
-        time.sleep(0.1)
-
-
-RunPytest = Callable[..., pytest.RunResult]
+from .helpers import RUN_TIMEOUT, TAG_ENV, RunPytest, wait_gone
 
 
 @pytest.fixture
@@ -66,3 +32,13 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
     for pid in leftover:
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"processes outlived their pytest session: {leftover}"
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Four fake GPUs and a private lock folder (this test's only), for GPU leasing."""
+    lock_dir = tmp_path / "locks"
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "4")
+    monkeypatch.setenv("DISTRANK_GPU_LOCK_DIR", str(lock_dir))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return lock_dir

@@ -18,7 +18,7 @@ reports from its peers through a control store, merges them and is the only one 
 - ``report``: launcher-mode wording of synthesized reports.
 - ``watchdog``: the thread that keeps every wait bounded, given the session and two callbacks.
 
-Import rules (checked by ``tests/test_imports.py``): nothing here imports pool mode
+Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports pool mode
 (:mod:`pytest_distrank.pool`); the package's top-level modules import nothing from here except
 the plugin's gate, lazily.
 """

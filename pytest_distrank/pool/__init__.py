@@ -12,7 +12,7 @@ The processes of pool mode and the modules that run in each:
   loop), ``rankgroup`` (the rank's store and process group), ``ranklogs`` (log capture).
 - **Both**: ``protocol``, the typed messages between them (standard library only).
 
-Import rules (checked by ``tests/test_imports.py``): nothing here imports launcher mode
+Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports launcher mode
 (:mod:`pytest_distrank.launch`); the rank-side modules import none of the controller-side ones;
 the package's top-level modules import nothing from here except the plugin's gate, lazily.
 """

@@ -6,7 +6,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 
 def test_failure_on_one_rank_names_the_rank(
@@ -191,7 +191,7 @@ def test_junitxml_one_testcase_per_test(pytester: pytest.Pytester, run_pytest: R
     result.assert_outcomes(passed=2, failed=1)
     root = ET.parse(pytester.path / "out.xml").getroot()
     cases = root.findall(".//testcase")
-    assert sorted(c.get("name") for c in cases) == ["test_bad", "test_ok[ws2]", "test_ok[ws3]"]
+    assert sorted(c.get("name", "") for c in cases) == ["test_bad", "test_ok[ws2]", "test_ok[ws3]"]
     suite = root.find("testsuite")
     assert suite is not None and suite.get("tests") == "3" and suite.get("failures") == "1"
     bad = next(c for c in cases if c.get("name") == "test_bad")
@@ -321,7 +321,7 @@ def test_junitxml_has_one_property_per_rank(
     )
     run_pytest("--junitxml=out.xml").assert_outcomes(failed=1)
     root = ET.parse(pytester.path / "out.xml").getroot()
-    props = {p.get("name"): p.get("value", "") for p in root.iter("property")}
+    props = {p.get("name", ""): p.get("value", "") for p in root.iter("property")}
     assert sorted(props) == ["distrank rank 0/3", "distrank rank 1/3", "distrank rank 2/3"]
     assert props["distrank rank 0/3"].startswith("passed; ")
     assert props["distrank rank 2/3"].startswith("failed in call: assert 2 != 2; ")

@@ -22,7 +22,7 @@ import pytest
 
 import pytest_distrank
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # this file is tests/e2e/test_packaging.py
 PACKAGE = "pytest_distrank"
 #: Bound on one build (about 2 s on 2 cores).
 BUILD_TIMEOUT = 240

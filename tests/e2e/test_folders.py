@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 #: A GPU test, a CPU distributed test and an ordinary test.
 MIXED = """

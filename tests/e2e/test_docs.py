@@ -59,9 +59,9 @@ from pytest_distrank.fixtures import RANK_FIXTURES
 from pytest_distrank.markers import MARKERS
 from pytest_distrank.settings import OPTIONS
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # this file is tests/e2e/test_docs.py
 OUTCOME_KEYS = ("passed", "failed", "skipped", "errors", "xfailed", "rerun")
 PYTHON_INFO = ("python", "py", "python3")
 DIRECTIVE = re.compile(r"^<!--\s*test:(?P<body>.*?)-->$")

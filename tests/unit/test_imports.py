@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "pytest_distrank"
+#: The repository root (this file is tests/unit/test_imports.py).
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "pytest_distrank"
 
 
 def modules_in(folder: Path, prefix: str = "") -> set[str]:
@@ -151,8 +153,10 @@ PRIVATE_SPELLINGS = (
     "_pyfuncitem",
     "_fixtureinfo",
     "_use_item_location",
+    "._world",
+    "_get_sequence_number_for_group",
 )
-TESTS = Path(__file__).resolve().parent
+TESTS = ROOT / "tests"
 
 
 def imports_pytest_internals(path: Path) -> bool:

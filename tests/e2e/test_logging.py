@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 LOGS = """
 import logging, pytest

@@ -130,7 +130,7 @@ def test_unfinished_report_says_where_the_rank_was() -> None:
     info = Unfinished(BEFORE_SETUP, "", "rank1.log", "killed", g, 104.0, "it was stopped")
     rep = unfinished_report("t.py::test_x", LOC, "t.py", 1, 3, info, 0.0)
     assert rep.failed and rep.when == "setup"
-    assert rep.distrank_note == "timed out before its setup began after 4 s; it was stopped"  # type: ignore[attr-defined]
+    assert rep.distrank_note == "timed out before its setup began after 4 s; it was stopped"
     assert "Timeout: its setup had not begun after 4 s (timeout from marker)" in str(rep.longrepr)
 
 
@@ -139,8 +139,8 @@ def test_unfinished_report_of_a_collateral_rank() -> None:
     g.note_reports(0, [report("failed")], 101.0)
     info = Unfinished(Position.in_phase("call"), "", "r.log", "stuck", g, 103.5)
     rep = unfinished_report("t.py::test_x", LOC, "t.py", 2, 3, info, 0.0)
-    assert rep.distrank_collateral  # type: ignore[attr-defined]
-    assert rep.distrank_note.startswith("stuck in call 2.5 s after rank 0 failed; ")  # type: ignore[attr-defined]
+    assert rep.distrank_collateral
+    assert rep.distrank_note.startswith("stuck in call 2.5 s after rank 0 failed; ")
 
 
 def test_fill_passed_adds_the_phases_before() -> None:
@@ -172,7 +172,7 @@ def test_unmatched_collectives_name_the_rank_with_more() -> None:
     assert [(rank, why) for rank, _, why in found] == [
         (0, "rank 0 left an unmatched collective on the default group in t.py::test_x")
     ]
-    assert found[0][1].distrank_note == (  # type: ignore[attr-defined]
+    assert found[0][1].distrank_note == (
         "issued 1 more collective than its peers on the default group: an unmatched "
         "collective (its last: gloo:all_reduce)"
     )

@@ -1,12 +1,20 @@
-"""Unit tests: a plain passing phase report travels compact and comes back as pytest made it."""
+"""Unit tests of the compact passing report (records.py ``compact_passed``, and its inverse
+``rebuild_passed`` in pool/controller.py): a plain passing phase report travels compact and comes
+back as pytest made it."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
 
 import pytest
 from pytest import CallInfo, TestReport
 
 from pytest_distrank.pool.controller import rebuild_passed
 from pytest_distrank.records import compact_passed
+
+#: The phases of a test, as ``CallInfo.from_call`` types them.
+Phase = Literal["setup", "call", "teardown"]
 
 
 @pytest.fixture
@@ -24,13 +32,13 @@ def item(pytester: pytest.Pytester) -> pytest.Item:
     return items[0]
 
 
-def _report(item: pytest.Item, when: str, func: object = lambda: None) -> TestReport:
-    call = CallInfo.from_call(func, when)  # type: ignore[arg-type]
+def _report(item: pytest.Item, when: Phase, func: Callable[[], None] = lambda: None) -> TestReport:
+    call = CallInfo.from_call(func, when)
     return TestReport.from_item_and_call(item, call)
 
 
 @pytest.mark.parametrize("when", ["setup", "call", "teardown"])
-def test_a_passing_phase_round_trips(item: pytest.Item, when: str) -> None:
+def test_a_passing_phase_round_trips(item: pytest.Item, when: Phase) -> None:
     report = _report(item, when)
     compact = compact_passed(report)
     assert compact is not None and compact[:2] == ("passed", when)

@@ -1,8 +1,9 @@
-"""GPU leasing on a machine without GPUs, through the DISTRANK_FAKE_GPU_COUNT seam.
+"""End-to-end: GPU leasing on a machine without GPUs, through the DISTRANK_FAKE_GPU_COUNT seam.
 
-Unit tests of gpus.lease in this process, and end-to-end runs: two concurrent sessions get
-disjoint GPUs, a pool that cannot get GPUs is skipped after --distrank-gpu-wait, a lease held by a
-dead process is taken over, an outer CUDA_VISIBLE_DEVICES is respected.
+Two concurrent sessions get disjoint GPUs, a pool that cannot get GPUs is skipped after
+--distrank-gpu-wait, a lease held by a dead process is taken over, an outer CUDA_VISIBLE_DEVICES
+is respected. The unit tests of ``gpus.lease`` are in ``tests/unit/test_gpus.py``; the
+``fake_gpus`` fixture (four fake GPUs, a private lock folder) is in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.pool import gpus
-
-from .conftest import TAG_ENV, RunPytest, wait_gone
+from ..helpers import TAG_ENV, RunPytest, wait_gone
 
 #: A test that records the GPUs its rank sees, then waits until the other session recorded its.
 RECORD = """
@@ -46,55 +45,6 @@ lease = gpus.lease(int(sys.argv[2]), sys.argv[1], wait=0)
 print("holding", lease.cuda_visible_devices, flush=True)
 time.sleep(600)
 """
-
-
-@pytest.fixture
-def fake_gpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Four fake GPUs and a private lock folder (this test's only)."""
-    lock_dir = tmp_path / "locks"
-    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "4")
-    monkeypatch.setenv("DISTRANK_GPU_LOCK_DIR", str(lock_dir))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return lock_dir
-
-
-# -- unit: gpus.lease -------------------------------------------------------------------------
-
-
-def test_leases_in_one_process_are_disjoint(fake_gpus: Path) -> None:
-    first = gpus.lease(3, str(fake_gpus), wait=0)
-    second = gpus.lease(1, str(fake_gpus), wait=0)
-    assert first.ids == ("0", "1", "2")
-    assert second.ids == ("3",)
-    with pytest.raises(gpus.GpuUnavailable, match=r"could not lease 1 of the 4 visible GPUs"):
-        gpus.lease(1, str(fake_gpus), wait=0)
-    first.release()
-    assert gpus.lease(2, str(fake_gpus), wait=0).ids == ("0", "1")
-
-
-def test_busy_message_names_the_holder(fake_gpus: Path) -> None:
-    held = gpus.lease(4, str(fake_gpus), wait=0)
-    with pytest.raises(gpus.GpuUnavailable) as excinfo:
-        gpus.lease(2, str(fake_gpus), wait=0.3)
-    message = str(excinfo.value)
-    assert "within 0.3 s: 4 are held by other pytest processes" in message
-    assert f"GPU 0: pid {os.getpid()} on " in message
-    held.release()
-
-
-def test_outer_cuda_visible_devices_names_the_gpus(
-    fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,GPU-ab12")
-    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "3")
-    assert gpus.visible_gpu_ids() == ["5", "7", "GPU-ab12"]
-    lease = gpus.lease(3, str(fake_gpus), wait=0)
-    assert lease.cuda_visible_devices == "5,7,GPU-ab12"
-    assert gpus.lock_path(str(fake_gpus), "GPU-ab12").name == "gpu-GPU-ab12.lock"
-    lease.release()
-
-
-# -- end to end -------------------------------------------------------------------------------
 
 
 def _session(pytester: pytest.Pytester, name: str, *args: str) -> subprocess.Popen[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 MIXED = """
 import pytest, torch, torch.distributed as dist

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 HEADER = "import ctypes, faulthandler, unittest, pytest, torch, torch.distributed as dist\n"
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 
 def test_hanging_preload_fails_the_start_within_the_limit(

@@ -139,9 +139,9 @@ def test_xfail_on_some_ranks_is_xfailed_and_says_where() -> None:
     ]
     merged = merge_test({0: xpassed, 1: xfailed}, 2)
     assert merged[1].outcome == "skipped"
-    assert merged[1].wasxfail == "[xfailed on rank 1 of 2] known"  # type: ignore[attr-defined]
+    assert merged[1].wasxfail == "[xfailed on rank 1 of 2] known"
     all_xpass = merge_test({0: xpassed, 1: list(xpassed)}, 2)
-    assert all_xpass[1].outcome == "passed" and all_xpass[1].wasxfail == "known"  # type: ignore[attr-defined]
+    assert all_xpass[1].outcome == "passed" and all_xpass[1].wasxfail == "known"
 
 
 def test_sections_are_labelled_per_rank() -> None:

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4])

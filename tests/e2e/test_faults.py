@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .conftest import TAG_ENV, RunPytest, wait_gone
+from ..helpers import TAG_ENV, RunPytest, wait_gone
 
 HEALTHY = """
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 
 def test_one_pool_start_serves_many_tests(

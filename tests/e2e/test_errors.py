@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 
 def test_rank_fixture_in_ordinary_test_is_an_error_of_that_test(

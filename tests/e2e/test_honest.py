@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from .conftest import RunPytest
+from ..helpers import RunPytest
 
 HEADER = "import os, signal, sys, time, pytest, torch, torch.distributed as dist\n"
 
