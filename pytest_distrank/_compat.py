@@ -322,3 +322,15 @@ def sequence_number(pg: Any) -> int:
     without sequence numbers): compared between ranks after every test (~30 us).
     """
     return int(pg._get_sequence_number_for_group())
+
+
+def print_stacks_on_fatal_signal(enabled: bool) -> None:
+    """Turn torch's C++ stack printing on fatal signals on or off
+    (``torch._C._set_print_stack_traces_on_fatal_signal``, private): PyTorch's harness turns it
+    on in every test process; a warm rank turns it off again after such a test, so that its own
+    crash reports (faulthandler) stay what they are."""
+    import torch
+
+    setter = getattr(torch._C, "_set_print_stack_traces_on_fatal_signal", None)
+    if setter is not None:
+        setter(enabled)

@@ -97,11 +97,19 @@ def min_gpus(item: pytest.Item) -> int:
     return value
 
 
+#: Why an item's distributed spec cannot be honoured, set during collection (by :mod:`suites`:
+#: a world_size marker on a class that spawns its own ranks); :func:`spec_of` raises it.
+SPEC_ERROR = pytest.StashKey[str]()
+
+
 def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistSpec | None:
     """The distributed spec of an item, or None for an ordinary test.
 
     Raises :class:`MarkerError` for a marker that cannot be honoured.
     """
+    error = item.stash.get(SPEC_ERROR, None)
+    if error is not None:
+        raise MarkerError(error)
     marker = item.get_closest_marker("world_size")
     if marker is None:
         return None

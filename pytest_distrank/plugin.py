@@ -12,7 +12,8 @@ import pytest
 
 from . import __version__, fixtures, hookspecs
 from .markers import MARKERS, parametrize_world_sizes
-from .settings import OPTIONS, Settings
+from .settings import OPTIONS, SUITES, Settings, resolve
+from .suites import SuitesPlugin
 
 CONTROLLER_NAME = "distrank-controller"
 
@@ -47,6 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "distrank-fixtures")
     if _in_rank(config):
+        _take_existing_suites(config)
         return
     from .launch.env import launch_of
 
@@ -56,11 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
         start_launched(config, launch)
         return
+    _take_existing_suites(config)
     from .pool.controller import Controller
 
     controller = Controller(config, Settings.from_config(config))
     config.pluginmanager.register(controller, CONTROLLER_NAME)
     controller.install_sigterm()
+
+
+def _take_existing_suites(config: pytest.Config) -> None:
+    """Pool mode, controller and ranks alike: PyTorch's harness classes run on warm pools
+    (:mod:`suites`), unless ``--distrank-suites=own``."""
+    if resolve(config, SUITES).value == "warm":
+        config.pluginmanager.register(SuitesPlugin(), "distrank-suites")
 
 
 @pytest.hookimpl(tryfirst=True)

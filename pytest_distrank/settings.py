@@ -55,11 +55,19 @@ def parse_backend(text: str) -> str:
     return value
 
 
-def parse_start_method(text: str) -> str:
-    value = text.strip()
-    if value not in START_METHODS:
-        raise ValueError(f"expected one of {', '.join(START_METHODS)}")
-    return value
+def one_of(choices: tuple[str, ...], lower: bool = False) -> Callable[[str], str]:
+    """A parser that accepts one of ``choices`` (case-insensitive with ``lower``)."""
+
+    def parse(text: str) -> str:
+        value = text.strip().lower() if lower else text.strip()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+parse_start_method = one_of(START_METHODS)
 
 
 def parse_bool(text: str) -> bool:
@@ -196,11 +204,7 @@ GPU_WAIT = Option(
 LAUNCHERS = ("auto", "off", "torchrun", "slurm", "mpi")
 
 
-def parse_launcher(text: str) -> str:
-    value = text.strip().lower()
-    if value not in LAUNCHERS:
-        raise ValueError(f"expected one of {', '.join(LAUNCHERS)}")
-    return value
+parse_launcher = one_of(LAUNCHERS, lower=True)
 
 
 LAUNCHER = Option(
@@ -215,6 +219,25 @@ LAUNCHER = Option(
     parse_launcher,
 )
 
+SUITES_MODES = ("warm", "own")
+
+
+parse_suites = one_of(SUITES_MODES, lower=True)
+
+
+SUITES = Option(
+    "distrank_suites",
+    "--distrank-suites",
+    "DISTRANK_SUITES",
+    "warm",
+    "Test classes of PyTorch's own harness (MultiProcessTestCase, MultiProcContinuousTest and "
+    "their subclasses): 'warm' (default) runs each test method on a warm pool of the class's "
+    "world size, as the class's own harness would in fresh processes; 'own' leaves them to "
+    "their harness (each test spawns its processes). A class opts out with the class "
+    "attribute distrank_suites = 'own'.",
+    parse_suites,
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
     BACKEND,
@@ -226,6 +249,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     GPU_LOCK_DIR,
     GPU_WAIT,
     LAUNCHER,
+    SUITES,
 )
 
 

@@ -59,6 +59,7 @@ from .protocol import (
     phase_slots,
 )
 from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
+from .suiterank import SuiteRunner
 
 if TYPE_CHECKING:
     pass
@@ -200,6 +201,8 @@ class WorkerPlugin:
         self.ctx: RankContext | None = None
         #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
         self.coverage: Any = None
+        #: Runs the tests of PyTorch's own harness classes (:mod:`suiterank`).
+        self.suites = SuiteRunner()
 
     def _arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -220,6 +223,7 @@ class WorkerPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         self.config = config
+        config.pluginmanager.register(self.suites, "distrank-suite-runner")
         for name in CONTROLLER_ONLY_PLUGINS:
             # Configured (its markers are known) but never called: the controller owns it.
             if config.pluginmanager.get_plugin(name) is not None:
@@ -415,6 +419,8 @@ class WorkerPlugin:
         self._phase(Phase.FINISHED)
         problem = group_problem(self.ctx)
         healthy = not problem
+        leaks = self.suites.problem()
+        problem = "; ".join(p for p in (problem, leaks) if p)
         self._flush(
             done=True,
             pg_problem=problem,

@@ -31,7 +31,7 @@ POOL_CONTROLLER = {
     for m in ("controller", "pool", "poolset", "attempt", "rankargs", "gpus", "terminal")
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).
-POOL_RANK = {"pool.worker", "pool.rankgroup", "pool.ranklogs", "pool.preload"}
+POOL_RANK = {"pool.worker", "pool.rankgroup", "pool.ranklogs", "pool.preload", "pool.suiterank"}
 #: Pool mode, both sides.
 POOL_BOTH = {"pool.protocol"}
 POOL = modules_in(PACKAGE / "pool", "pool.")

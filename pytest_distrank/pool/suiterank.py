@@ -1,0 +1,396 @@
+"""Inside a pool rank: run a test of PyTorch's own harness the way that harness runs it.
+
+Runs in pool-mode rank processes only (registered by :mod:`worker`). The items :mod:`suites`
+took over (its ``CASE`` stash key) get their ``runtest`` replaced:
+
+- ``MultiProcessTestCase`` (kind ``spawn``): what the harness's parent does before spawning
+  runs here, with spawning turned off: an instance of the class runs its ``setUp`` (which fills
+  ``special_return_code_checks``, ``skip_return_code_checks`` and sets environment variables
+  such as ``WORLD_SIZE``). Then the class's own ``_run(rank, test_name, file_name, pipe)`` runs,
+  as in a spawned child: overrides of ``_run`` (FSDPTest) and ``run_test`` keep working. Its
+  exit code (``sys.exit``) and the traceback it sends through the pipe are read as the parent
+  reads them: code 10 fails the test with that traceback, PyTorch's skip codes
+  (``TEST_SKIPS``, 72-89) skip it with their message (a ``unittest.SkipTest`` inside the rank,
+  code 86, with its own reason), and the parent's return-code rules apply. Then ``tearDown``.
+  ``file_name`` is a file in the test's shared folder: the same for all ranks of the test,
+  fresh for each test.
+- ``MultiProcContinuousTest`` (kind ``continuous``): the first test of a class in this rank
+  calls the class's own ``_init_pg(rank, world_size, rendezvous file)`` once, as the harness's
+  worker loop does; every test then runs as ``_run_test_given_id`` runs it. A failure makes
+  the pool unfit: the next test gets a new pool and the class's ``_init_pg`` again (instead of
+  the harness's ``poison_pill``, which skips the rest of the class); a group the test destroyed
+  or replaced makes the pool unfit too (:func:`rankgroup.group_problem`).
+
+Around every such test the rank checks what would leak into the next test of a warm process
+(:func:`Leaks.after`): Python threads the test left running, environment variables it changed,
+the default dtype, grad mode and deterministic-algorithms flag. Any of them makes the pool
+unfit: the controller names it ("test_x left 2 threads running on rank 1") and starts a new
+pool, so the next test is unaffected. What the harness itself sets on every test
+(``TORCH_SHOW_CPP_STACKTRACES``, ``LOCAL_RANK``, ``WORLD_SIZE``, the fatal-signal handler) is
+restored and never counted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import unittest
+from multiprocessing import Pipe
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .. import _compat
+from ..context import RANK_CONTEXT, RankContext
+from ..suites import CASE, HARNESS_MODULE, Case
+
+#: What the harness sets in every test process: restored after each test, never a leak.
+HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
+
+
+class SuiteRunner:
+    """The rank's runner of existing-suite tests (a pytest plugin of the rank's session)."""
+
+    def __init__(self) -> None:
+        #: The continuous class whose group is up in this rank (its _init_pg ran here).
+        self.continuous: type | None = None
+        self.continuous_skip: str | None = None
+        #: Why this rank must not serve another test (a continuous class's failure), or "".
+        self.unfit = ""
+        #: What the running test leaked (set after its call phase; read by the worker).
+        self.leaks = Leaks()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        for item in session.items:
+            case = item.stash.get(CASE, None)
+            if case is not None:
+                setattr(item, "runtest", _bound(self, item, case))  # noqa: B010
+
+    def problem(self) -> str:
+        """What the last test left that makes this rank unfit for the next one ("" if none)."""
+        found = "; ".join(p for p in (self.unfit, self.leaks.found) if p)
+        self.unfit = self.leaks.found = ""
+        return found
+
+    def run(self, item: pytest.Item, case: Case) -> None:
+        ctx = item.config.stash[RANK_CONTEXT]
+        if case.kind == "spawn":
+            self._end_continuous(ctx)
+        self.leaks.before()
+        try:
+            if case.kind == "spawn":
+                _run_spawned(item, ctx, case)
+            else:
+                self._run_continuous(item, ctx, case)
+        finally:
+            self.leaks.after(ctx.rank)
+
+    # -- MultiProcContinuousTest ---------------------------------------------------------------
+
+    def _run_continuous(self, item: pytest.Item, ctx: RankContext, case: Case) -> None:
+        cls: Any = getattr(item, "cls")  # noqa: B009
+        if self.continuous is not cls:
+            self._end_continuous(ctx)
+            self.continuous_skip = _init_continuous(cls, ctx, case)
+            self.continuous = cls
+        if self.continuous_skip is not None:
+            raise _compat.skip_exception(self.continuous_skip)
+        test_id = f"{cls.__module__}.{cls.__qualname__}.{item.name}"
+        expecting = _expecting_failure(cls, item.name)
+        try:
+            cls._run_test_given_id(test_id)
+        except SystemExit as exc:
+            reason = _skip_message(exc.code)
+            if reason is None:
+                self._out_of_step(cls, ctx.rank)
+                pytest.fail(f"{item.name} called sys.exit({exc.code!r}) on rank {ctx.rank}")
+            raise _compat.skip_exception(reason) from None
+        except (unittest.SkipTest, pytest.skip.Exception):
+            raise
+        except BaseException as exc:
+            self._out_of_step(cls, ctx.rank)
+            if expecting and isinstance(exc, Exception):
+                pytest.xfail(f"expected failure: {type(exc).__name__}: {exc}")
+            raise
+        if expecting:
+            _unexpected_success(ctx.rank)
+
+    def _out_of_step(self, cls: type, rank: int) -> None:
+        """A test of a continuous class failed here: its peers may be in a collective this rank
+        never joins, and the harness's answer (``poison_pill``: skip the rest of the class) loses
+        the remaining tests. The pool is replaced instead; the next test starts a new group."""
+        self.unfit = (
+            f"failed on rank {rank} in MultiProcContinuousTest class {cls.__name__}: the class's "
+            "process group may be out of step; its next test gets a new pool (and _init_pg)"
+        )
+
+    def _end_continuous(self, ctx: RankContext) -> None:
+        """Destroy the group a continuous class made in this rank (before another class)."""
+        if self.continuous is None:
+            return
+        import torch.distributed as dist
+
+        self.continuous = None
+        ctx.pg = None
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+def _bound(runner: SuiteRunner, item: pytest.Item, case: Case) -> Any:
+    def runtest() -> None:
+        runner.run(item, case)
+
+    return runtest
+
+
+def _init_continuous(cls: Any, ctx: RankContext, case: Case) -> str | None:
+    """The harness's worker-loop start: the class's own ``_init_pg`` once; a skip code from it
+    skips every test of the class (its reason is returned)."""
+    import torch.distributed as dist
+
+    cls.rank, cls.world_size = ctx.rank, case.world_size
+    assert ctx.test is not None
+    shared = Path(ctx.test.shared_dir)
+    shared.mkdir(parents=True, exist_ok=True)
+    try:
+        cls._init_pg(ctx.rank, case.world_size, str(shared / "rdvz_file"))
+    except SystemExit as exc:
+        reason = _skip_message(exc.code)
+        if reason is None:
+            raise
+        return reason
+    ctx.pg = dist.group.WORLD if dist.is_initialized() else None
+    return None
+
+
+# -- MultiProcessTestCase ---------------------------------------------------------------------
+
+
+def _run_spawned(item: pytest.Item, ctx: RankContext, case: Case) -> None:
+    cls: Any = getattr(item, "cls")  # noqa: B009
+    name = item.name
+    assert ctx.test is not None
+    shared = Path(ctx.test.shared_dir)
+    shared.mkdir(parents=True, exist_ok=True)
+    parent = cls(name)
+    for spawner in ("_spawn_processes", "_start_processes", "_fork_processes"):
+        setattr(parent, spawner, _no_spawn)
+    parent.setUp()
+    try:
+        # What the parent's join_or_run wrapper hands to _check_return_codes: the key of its
+        # return-code rules (the method as the instance saw it when it was made).
+        method = getattr(parent, name)
+        fn = getattr(method, "__wrapped__", method)
+        ours, theirs = Pipe()
+        with _skip_reasons() as reasons:
+            code = _exit_code(
+                lambda: cls._run(
+                    ctx.rank,
+                    name,
+                    str(shared / "file_name"),
+                    theirs,
+                    fake_pg=getattr(parent, "fake_pg", False),
+                )
+            )
+        error = _received(ours)
+        ours.close()
+        theirs.close()
+    finally:
+        _compat.print_stacks_on_fatal_signal(False)
+        try:
+            parent.tearDown()
+        finally:
+            with contextlib.suppress(OSError, AttributeError):
+                os.remove(parent.file_name)  # the parent's own temp file, unused here
+    _judge(parent, fn, ctx.rank, code, error, reasons)
+    if _expecting_failure(cls, name):
+        _unexpected_success(ctx.rank)
+
+
+def _expecting_failure(cls: type, name: str) -> bool:
+    """``@unittest.expectedFailure`` on the method (or the class)."""
+    method = getattr(cls, name, None)
+    return bool(
+        getattr(method, "__unittest_expecting_failure__", False)
+        or getattr(cls, "__unittest_expecting_failure__", False)
+    )
+
+
+def _unexpected_success(rank: int) -> None:
+    pytest.fail(
+        f"unexpected success on rank {rank}: the test is marked @unittest.expectedFailure "
+        "and passed",
+        pytrace=False,
+    )
+
+
+def _no_spawn(*args: object, **kwargs: object) -> None:
+    """Spawning turned off: the pool's ranks are the test's processes."""
+
+
+def _exit_code(run: Any) -> int:
+    try:
+        run()
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        return exc.code if isinstance(exc.code, int) else 1
+    return 0
+
+
+def _received(conn: Any) -> str:
+    """What the rank's ``run_test`` sent through the pipe (the traceback of its error)."""
+    with contextlib.suppress(EOFError, OSError):
+        if conn.poll():
+            return str(conn.recv())
+    return ""
+
+
+def _judge(parent: Any, fn: Any, rank: int, code: int, error: str, reasons: list[str]) -> None:
+    """The parent's ``_check_return_codes`` for this rank's exit code."""
+    module = sys.modules[HARNESS_MODULE]
+    if code == module.MultiProcessTestCase.TEST_ERROR_EXIT_CODE:
+        if _expecting_failure(type(parent), getattr(fn, "__name__", "")):
+            last = error.strip().splitlines()[-1] if error.strip() else ""
+            pytest.xfail(f"expected failure: {last}")
+        if not error:
+            pytest.fail(f"rank {rank} exited with code {code} and sent no traceback", pytrace=False)
+        pytest.fail(f"{_exception_line(error)}\n\n{error}", pytrace=False)
+    if fn in getattr(parent, "skip_return_code_checks", ()):
+        return
+    skip = _skip_message(code)
+    if skip is not None:
+        generic = module.TEST_SKIPS["generic"]
+        raise _compat.skip_exception(reasons[-1] if code == generic.exit_code and reasons else skip)
+    expected = getattr(parent, "special_return_code_checks", {}).get(fn, 0)
+    if code != expected:
+        pytest.fail(
+            f"rank {rank} exited with code {code}, expected {expected} (the test, or code it "
+            "called, ended the process with sys.exit)",
+            pytrace=False,
+        )
+
+
+def _exception_line(text: str) -> str:
+    """The first line of the exception in a formatted traceback (what the summary shows)."""
+    lines = text.strip().splitlines()
+    last_frame = max((i for i, line in enumerate(lines) if line.startswith("  File ")), default=-1)
+    for line in lines[last_frame + 1 :]:
+        if line and not line[0].isspace():
+            return line
+    return lines[-1] if lines else ""
+
+
+def _skip_message(code: object) -> str | None:
+    """The message of PyTorch's skip exit code ``code`` (TEST_SKIPS), or None."""
+    module = sys.modules[HARNESS_MODULE]
+    for skip in module.TEST_SKIPS.values():
+        if skip.exit_code == code:
+            return str(skip.message)
+    return None
+
+
+class _HarnessLog(logging.Filter):
+    """Reads what ``run_test`` logs before it exits (the parent only ever sees its exit code):
+    keeps the reason of a ``unittest.SkipTest`` (exit code 86), and drops its "Caught exception"
+    record, whose traceback is the failure report itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) == 3 and isinstance(args[2], unittest.SkipTest):
+            self.reasons.append(str(args[2]))
+            return False
+        return not str(record.msg).startswith("Caught exception")
+
+
+@contextlib.contextmanager
+def _skip_reasons() -> Any:
+    logger = logging.getLogger(HARNESS_MODULE)
+    log = _HarnessLog()
+    level = logger.level
+    logger.addFilter(log)
+    if not logger.isEnabledFor(logging.INFO):
+        logger.setLevel(logging.INFO)
+    try:
+        yield log.reasons
+    finally:
+        logger.removeFilter(log)
+        logger.setLevel(level)
+
+
+# -- what a test written for a fresh process leaves behind -------------------------------------
+
+
+@dataclasses.dataclass
+class Leaks:
+    """Process-wide state before a test, compared after it."""
+
+    threads: set[int] = dataclasses.field(default_factory=set)
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    flags: dict[str, object] = dataclasses.field(default_factory=dict)
+    found: str = ""
+
+    def before(self) -> None:
+        self.threads = {t.ident for t in threading.enumerate() if t.ident is not None}
+        self.env = dict(os.environ)
+        self.flags = _torch_flags()
+
+    def after(self, rank: int) -> None:
+        """Restore what the harness sets; name what else the test left changed."""
+        for name in HARNESS_ENV:
+            if name in self.env:
+                os.environ[name] = self.env[name]
+            else:
+                os.environ.pop(name, None)
+        problems: list[str] = []
+        left = [
+            t
+            for t in threading.enumerate()
+            if t.ident not in self.threads and t.is_alive() and not _ending(t)
+        ]
+        if left:
+            names = ", ".join(repr(t.name) for t in left[:4])
+            count = "1 thread" if len(left) == 1 else f"{len(left)} threads"
+            problems.append(f"left {count} running on rank {rank} ({names})")
+        changed = sorted(
+            name
+            for name in set(self.env) | set(os.environ)
+            if self.env.get(name) != os.environ.get(name)
+        )
+        if changed:
+            problems.append(
+                f"changed environment variable(s) {', '.join(changed[:6])} on rank {rank}"
+            )
+        flags = _torch_flags()
+        for name, value in self.flags.items():
+            if flags.get(name) != value:
+                problems.append(f"changed {name} from {value} to {flags.get(name)} on rank {rank}")
+        self.found = "; ".join(problems)
+
+
+def _ending(thread: threading.Thread) -> bool:
+    """A thread that ends within a moment (a pipe's listener, joined late) is not a leak."""
+    thread.join(0.05)
+    return not thread.is_alive()
+
+
+def _torch_flags() -> dict[str, object]:
+    """The process-wide torch settings a test may change and a fresh process would reset."""
+    import torch
+
+    return {
+        "the default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+    }

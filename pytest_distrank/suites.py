@@ -1,0 +1,165 @@
+"""Existing distributed suites, unmodified: PyTorch's ``MultiProcessTestCase`` family on warm pools.
+
+Runs in pool mode's controller and in every pool rank: both collect the same tests, and this
+module must decide the same for each. A test method of a class that spawns its own ranks (a
+subclass of ``MultiProcessTestCase`` or ``MultiProcContinuousTest`` from
+``torch.testing._internal.common_distributed``, found by class, not by name, whose dispatching
+methods are the harness's own) becomes a distributed test of the class's world size with
+``init_process_group=False``: the class initialises its own process group, in each rank.
+:mod:`pool.suiterank` runs it inside a warm rank the way the class's own harness runs it in a
+freshly spawned process. Classes that look alike but do not spawn (``LocalDTensorTestBase``,
+``MultiThreadedTestCase``) stay ordinary tests.
+
+Not registered in launcher mode (there each process already is a rank of a launched world, and
+the classes' own harness runs as it always does), nor with ``--distrank-suites=own``; a class
+opts out with ``distrank_suites = "own"``.
+
+Collection stays cheap: the world size comes from an instance of the class (its ``world_size``,
+a property that may read ``torch.cuda.device_count()``, which asks NVML and initialises no CUDA)
+or, for a continuous class, from its own ``_get_world_size``. A world size that cannot run here
+(0 GPUs, a backend that is not built in, a unittest skip decorator) becomes a skip before any
+process starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import sys
+import unittest
+from typing import Any, Literal
+
+import pytest
+
+from .markers import SPEC_ERROR
+
+HARNESS_MODULE = "torch.testing._internal.common_distributed"
+#: The class attribute by which a class opts out (``"own"``: its harness runs it).
+OPT_OUT = "distrank_suites"
+
+Kind = Literal["spawn", "continuous"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """How pool mode runs one test method of an existing suite."""
+
+    kind: Kind
+    world_size: int
+
+
+#: Set on every item this module takes over, in the controller and in the ranks.
+CASE = pytest.StashKey[Case]()
+
+
+def harness() -> Any | None:
+    """PyTorch's harness module, when the test files imported it (never imported here)."""
+    return sys.modules.get(HARNESS_MODULE)
+
+
+def kind_of(cls: object, module: Any) -> Kind | None:
+    """Which harness a test class uses, or None when it does not spawn ranks of its own."""
+    if not isinstance(cls, type) or getattr(cls, OPT_OUT, "warm") == "own":
+        return None
+    spawn, continuous = module.MultiProcessTestCase, module.MultiProcContinuousTest
+    if issubclass(cls, spawn):
+        # A subclass that runs the test in place (LocalDTensorTestBase) does not spawn.
+        own = inspect.getattr_static(cls, "join_or_run", None)
+        return "spawn" if own is inspect.getattr_static(spawn, "join_or_run") else None
+    if issubclass(cls, continuous):
+        # LocalDTensorContinuousTestBase fakes its group in the process itself.
+        own = inspect.getattr_static(cls, "_ensure_processes_spawned", None)
+        base = inspect.getattr_static(continuous, "_ensure_processes_spawned")
+        return "continuous" if own is base else None
+    return None
+
+
+class SuitesPlugin:
+    """Marks the test methods of spawning classes as distributed tests (see the module)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        module = harness()
+        if module is None:
+            return
+        for item in items:
+            kind = kind_of(getattr(item, "cls", None), module)
+            if kind is not None:
+                take(item, kind)
+
+
+def take(item: pytest.Item, kind: Kind) -> None:
+    """Make ``item`` a distributed test of its class's world size (or a skip, or an error)."""
+    cls = getattr(item, "cls")  # noqa: B009 (a unittest item has one; mypy does not know it)
+    name = item.name
+    user = item.get_closest_marker("world_size")
+    if user is not None:
+        item.stash[SPEC_ERROR] = (
+            f"@pytest.mark.world_size on {cls.__name__}, a {_base_name(kind)} class: pytest-"
+            "distrank runs its tests on warm pools of the class's own world size (its "
+            "world_size attribute), so the marker would start a second world inside each rank. "
+            "Remove the marker; set the class's world_size to choose the size."
+        )
+        return
+    skip = _unittest_skip(cls, name)
+    if skip is None:
+        try:
+            size = _world_size(cls, name, kind, harness())
+        except unittest.SkipTest as exc:
+            skip = str(exc)
+        except Exception as exc:
+            item.stash[SPEC_ERROR] = (
+                f"{cls.__name__}: could not read the world size of {name}: "
+                f"{type(exc).__name__}: {exc}"
+            )
+            return
+        else:
+            if size < 1:
+                skip = (
+                    f"{cls.__name__}.world_size is {size} on this machine (it often counts "
+                    "GPUs: torch.cuda.device_count())"
+                )
+    if skip is not None:
+        item.add_marker(pytest.mark.skip(reason=skip))
+        return
+    item.stash[CASE] = Case(kind, size)
+    item.add_marker(pytest.mark.world_size(size, init_process_group=False))
+
+
+def _base_name(kind: Kind) -> str:
+    return "MultiProcessTestCase" if kind == "spawn" else "MultiProcContinuousTest"
+
+
+def _unittest_skip(cls: type, name: str) -> str | None:
+    """The reason of a unittest skip decorator on the class or the method (``requires_gloo``,
+    ``skipIf...``): such a test never reaches its harness's processes."""
+    for target in (cls, getattr(cls, name, None)):
+        if getattr(target, "__unittest_skip__", False):
+            return str(getattr(target, "__unittest_skip_why__", "") or "skipped")
+    return None
+
+
+def _world_size(cls: Any, name: str, kind: Kind, module: Any) -> int:
+    """What the class's own harness would spawn for this test (raises ``unittest.SkipTest``
+    where that harness would skip before spawning)."""
+    if kind == "spawn":
+        return int(cls(name).world_size)
+    size = int(cls._get_world_size(_device_type(cls)))
+    backend = cls.backend_str() if callable(cls.backend_str) else cls.backend_str
+    available = getattr(module.c10d, f"is_{backend}_available", None) if backend else None
+    if available is not None and not available():
+        raise unittest.SkipTest(f"Backend '{backend}' is not available")
+    return size
+
+
+def _device_type(cls: Any) -> str:
+    """``MultiProcContinuousTest._ensure_processes_spawned``'s reading of the device type (a
+    classmethod, a property read on the class, a callable or a string)."""
+    attr = cls.__dict__.get("device_type", cls.device_type)
+    if isinstance(attr, classmethod):
+        return str(attr.__func__(cls))
+    if isinstance(attr, property) and attr.fget is not None:
+        return str(attr.fget(cls))
+    if callable(attr):
+        return str(attr())
+    return str(attr)
