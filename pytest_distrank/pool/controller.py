@@ -37,6 +37,7 @@ from .attempt import TestRun
 from .gpus import GpuUnavailable
 from .pool import Pool, PoolKey, PoolStartError, PoolUnfit
 from .poolset import PoolSet, SessionStartError
+from .preloads import file_preloads
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
@@ -168,6 +169,7 @@ class Controller:
             except OSError:
                 return
             if b"world_size" in text:
+                self.pools.file_preloads = file_preloads(text)
                 self._start_fork_server_early()
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:

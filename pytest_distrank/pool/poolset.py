@@ -33,18 +33,10 @@ from ..settings import GPU_LOCK_DIR, Settings, Value, parse_seconds
 from ..settings import PRELOAD as PRELOAD_OPTION
 from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey, PoolStartError
+from .preloads import PRELOAD, plugin_modules
 from .protocol import RankConfig
 from .rankargs import coverage_settings, rank_pytest_args
 
-#: Modules the fork server imports once, so that every rank starts with them in memory. The last
-#: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
-PRELOAD = [
-    "torch",
-    "torch.distributed",
-    "pytest",
-    "pytest_distrank.plugin",
-    "pytest_distrank.pool.preload",
-]
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
 #: Seconds every pool start, the fork server's included, may take, instead of the controller's
@@ -136,21 +128,6 @@ class Stats:
         Path(path).write_text(json.dumps(data, indent=1))
 
 
-def plugin_modules(config: pytest.Config) -> list[str]:
-    """pytest's own plugin modules and installed pytest plugins: what every rank imports anyway.
-
-    Imported once in the fork server instead of in every rank's pytest session (pdb, junitxml,
-    xdist and execnet, pytest-cov ...: about 50 modules). Only library code: a conftest.py or
-    a test module is never preloaded.
-    """
-    names = _compat.default_plugin_modules()
-    for plugin, _dist in config.pluginmanager.list_plugin_distinfo():
-        name = getattr(plugin, "__name__", None)
-        if isinstance(name, str) and not name.startswith("pytest_distrank"):
-            names.append(name)
-    return names
-
-
 class PoolSet:
     """Every pool of the session, by key; at most one live pool per key."""
 
@@ -167,6 +144,8 @@ class PoolSet:
         self.gpu_starved: set[PoolKey] = set()
         self.stats = Stats()
         self.next_pool_id = 0
+        #: Modules of torch's distributed stack the first test files import (preloads.py).
+        self.file_preloads: list[str] = []
         self._context: Any = None
         self._workdir: Path | None = None
         #: The fork server seen forking (a pid), or why it could not start (later pools fail).
@@ -346,7 +325,11 @@ class PoolSet:
 
         if self._context is None:
             self._context = multiprocessing.get_context("forkserver")
-            wanted = [*plugin_modules(self.config), *self.settings.preload.value]
+            wanted = [
+                *plugin_modules(self.config),
+                *self.file_preloads,
+                *self.settings.preload.value,
+            ]
             extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
             # preload (the heap freeze) stays last.
             self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])

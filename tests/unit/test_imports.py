@@ -28,7 +28,16 @@ def modules_in(folder: Path, prefix: str = "") -> set[str]:
 #: Pool mode, controller side.
 POOL_CONTROLLER = {
     f"pool.{m}"
-    for m in ("controller", "pool", "poolset", "attempt", "rankargs", "gpus", "terminal")
+    for m in (
+        "controller",
+        "pool",
+        "poolset",
+        "preloads",
+        "attempt",
+        "rankargs",
+        "gpus",
+        "terminal",
+    )
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).
 POOL_RANK = {"pool.worker", "pool.rankgroup", "pool.ranklogs", "pool.preload", "pool.suiterank"}

@@ -1,0 +1,80 @@
+"""What the fork server imports before it forks ranks: so that every rank starts with it.
+
+Runs in the controller (the list is handed to multiprocessing's forkserver before it starts).
+A module imported in the fork server is in every rank's memory at no cost; one imported by each
+rank's own collection costs each rank its import time (PyTorch's DTensor test harness: about 3 s
+of CPU per rank).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+
+from .. import _compat
+from ..requirements import FAKE_GPU_COUNT_ENV
+
+#: Modules the fork server imports once, so that every rank starts with them in memory. The last
+#: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "pytest",
+    "pytest_distrank.plugin",
+    "pytest_distrank.pool.preload",
+]
+#: The library modules a test file's imports may add to the preload list (the distributed stack
+#: and PyTorch's own test harness), never the test's own modules.
+FILE_PRELOAD_PREFIXES = ("torch.distributed.", "torch.testing._internal.")
+#: Where a machine shows an NVIDIA or AMD GPU driver.
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia/gpus", "/dev/nvidiactl", "/dev/kfd")
+
+
+def plugin_modules(config: pytest.Config) -> list[str]:
+    """pytest's own plugin modules and installed pytest plugins: what every rank imports anyway.
+
+    Imported once in the fork server instead of in every rank's pytest session (pdb, junitxml,
+    xdist and execnet, pytest-cov ...: about 50 modules). Only library code: a conftest.py or
+    a test module is never preloaded.
+    """
+    names = _compat.default_plugin_modules()
+    for plugin, _dist in config.pluginmanager.list_plugin_distinfo():
+        name = getattr(plugin, "__name__", None)
+        if isinstance(name, str) and not name.startswith("pytest_distrank"):
+            names.append(name)
+    return names
+
+
+def file_preloads(source: bytes) -> list[str]:
+    """The modules of torch's distributed stack and test harness that a test file imports at
+    its top level (``torch.distributed.tensor``, ``torch.testing._internal.common_distributed``
+    ...), read with ``ast`` before pytest imports the file; none on a machine with a GPU driver.
+
+    Only there: some of those modules count devices when imported (``common_dtensor``), which
+    without NVML initialises the CUDA driver, and a CUDA driver initialised in the fork server
+    is unusable in the ranks forked from it. On such machines ``--distrank-preload`` opts in.
+    """
+    if gpu_driver_present():
+        return []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.append(node.module)
+    return [n for n in dict.fromkeys(names) if n.startswith(FILE_PRELOAD_PREFIXES)]
+
+
+def gpu_driver_present() -> bool:
+    """A GPU driver on this machine, or the fake GPUs of the test seam (no torch import)."""
+    fake = os.environ.get(FAKE_GPU_COUNT_ENV, "").strip()
+    if fake:
+        return fake != "0"
+    return any(Path(path).exists() for path in GPU_DRIVER_PATHS)

@@ -1,0 +1,50 @@
+"""Unit: which modules a test file adds to the fork server's preload list (pool/preloads.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_distrank.pool import preloads
+
+SOURCE = b"""
+import os
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+from .helpers import thing
+from mypkg.models import Net
+
+def f():
+    import torch.distributed.fsdp  # not at the top level: left to the rank
+"""
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(preloads, "GPU_DRIVER_PATHS", ())
+    monkeypatch.delenv("DISTRANK_FAKE_GPU_COUNT", raising=False)
+
+
+@pytest.mark.usefixtures("no_gpu")
+def test_the_distributed_stack_and_the_harness_are_preloaded() -> None:
+    assert preloads.file_preloads(SOURCE) == [
+        "torch.distributed.tensor",
+        "torch.testing._internal.common_distributed",
+    ]
+
+
+@pytest.mark.usefixtures("no_gpu")
+def test_a_file_that_does_not_parse_adds_nothing() -> None:
+    assert preloads.file_preloads(b"def broken(:\n") == []
+
+
+def test_nothing_is_added_where_a_gpu_may_be(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "2")
+    assert preloads.file_preloads(SOURCE) == []
+
+
+def test_a_driver_file_means_a_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    monkeypatch.delenv("DISTRANK_FAKE_GPU_COUNT", raising=False)
+    monkeypatch.setattr(preloads, "GPU_DRIVER_PATHS", (str(tmp_path),))
+    assert preloads.gpu_driver_present()
