@@ -8,6 +8,7 @@ an error of the one test that carries it (see :func:`spec_of`).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import unittest
 from typing import Any
 
@@ -27,7 +28,14 @@ MARKERS = (
     "requires_nccl: the test needs NCCL and one GPU per rank (implies backend='nccl'); skipped "
     "before any rank starts when they are missing.",
     "requires_gpus(n): skipped unless at least n GPUs are visible.",
+    "distrank_isolate: run this distributed test on fresh rank processes of its own, started "
+    "for it and ended after it (for tests that need a fresh process).",
 )
+
+#: The ini key listing tests that need fresh rank processes (node-id patterns, fnmatch style).
+ISOLATE_INI = "distrank_isolate_tests"
+#: The class (or method) attribute that asks for fresh rank processes.
+ISOLATE_ATTRIBUTE = "distrank_isolate"
 
 
 class MarkerError(Exception):
@@ -156,3 +164,15 @@ def parametrize_world_sizes(metafunc: pytest.Metafunc, default_size: int) -> Non
     if WS_PARAM not in metafunc.fixturenames:
         metafunc.fixturenames.append(WS_PARAM)
     metafunc.parametrize(WS_PARAM, sizes, ids=[f"ws{n}" for n in sizes])
+
+
+def wants_fresh_ranks(item: pytest.Item, patterns: list[str]) -> bool:
+    """Whether a distributed test must run on rank processes of its own: the
+    ``distrank_isolate`` marker, a true ``distrank_isolate`` attribute on its class or method, or
+    a match among the ``distrank_isolate_tests`` ini patterns (which need no edit of the file)."""
+    if item.get_closest_marker("distrank_isolate") is not None:
+        return True
+    for owner in (getattr(item, "cls", None), getattr(item, "obj", None)):
+        if getattr(owner, ISOLATE_ATTRIBUTE, False) is True:
+            return True
+    return any(fnmatch.fnmatchcase(item.nodeid, pattern) for pattern in patterns)

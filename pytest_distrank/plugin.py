@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from . import __version__, fixtures, hookspecs
-from .markers import MARKERS, parametrize_world_sizes
+from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
 from .settings import OPTIONS, SUITES, Settings, resolve
 from .suites import SuitesPlugin
 
@@ -29,6 +29,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         else:
             group.addoption(option.flag, default=None, dest=option.dest, help=help_text)
         parser.addini(option.ini, option.help, default="")
+    parser.addini(
+        ISOLATE_INI,
+        "Distributed tests that run on fresh rank processes of their own (node-id patterns, "
+        "fnmatch style, one per line), like the distrank_isolate marker, without editing them.",
+        type="linelist",
+        default=[],
+    )
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:

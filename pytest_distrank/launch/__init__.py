@@ -16,6 +16,7 @@ reports from its peers through a control store, merges them and is the only one 
 - ``gather``: the running test (:class:`~gather.Current`); rank 0 collecting its reports (the
   end of a test: :mod:`endgame`); a rank's early failure or ended session.
 - ``report``: launcher-mode wording of synthesized reports.
+- ``terminal``: the header and summary lines.
 - ``watchdog``: the thread that keeps every wait bounded, given the session and two callbacks.
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports pool mode

@@ -36,7 +36,6 @@ test then, and never comes back: the process exits from the watchdog).
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 import time
 import traceback
@@ -71,6 +70,7 @@ from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
 from .report import forked_report, not_run_reports, setup_error_report
 from .session import RankSession, park
+from .terminal import header_lines, summary_lines
 from .watchdog import Watchdog
 
 PLUGIN_NAME = "distrank-launch"
@@ -114,36 +114,12 @@ class LaunchPlugin:
     # -- header and summary --------------------------------------------------------------------
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        s = self.settings
-        timeout = f"{s.timeout.value:g} s" if s.timeout.value else "none"
-        lines = [
-            f"distrank: {__version__}, {self.launch.describe()}, backend {s.backend.value}, "
-            f"timeout {timeout} ({s.timeout.source})"
-        ]
-        if self.world_size > 1:
-            lines.append(
-                f"distrank: rank 0 reports for all {self.world_size} ranks; the others log to "
-                f"{self.rs.root}{os.sep}rank<N>.log on their nodes"
-            )
-        return lines
+        return header_lines(self.rs, self.settings, __version__)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
-        if self.rank != 0 or not self.distributed_tests:
-            return
-        terminalreporter.write_sep("-", "distrank")
-        tests = (
-            "1 distributed test"
-            if self.distributed_tests == 1
-            else (f"{self.distributed_tests} distributed tests")
-        )
-        terminalreporter.write_line(
-            f"{tests} on {self.world_size} ranks ({self.launch.launcher}); logs of the other "
-            f"ranks: {', '.join(f'rank {r}: {p}' for r, p in sorted(self.rs.logs.items()) if r)}"
-        )
-        for note in self.group.notes:
-            terminalreporter.write_line(note)
-        if self.ended:
-            terminalreporter.write_line(f"run ended early: {self.ended}")
+        if self.rank == 0 and self.distributed_tests:
+            notes = [*self.group.notes, *([f"run ended early: {self.ended}"] if self.ended else [])]
+            summary_lines(terminalreporter, self.rs, self.distributed_tests, notes)
 
     # -- collection and plan -------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ import pytest
 from pytest import CallInfo, TestReport
 
 from .. import _compat
-from ..markers import DistSpec, MarkerError, spec_of
+from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
 from ..merge import annotate, merge_test, synthesized_failure
 from ..records import PassedPhase, RunTest
 from ..requirements import check_ordinary_test, gpus_needed, skip_reason
@@ -119,6 +119,7 @@ class Controller:
             return self.plan
         plan: dict[str, Planned] = {}
         last: dict[PoolKey, Planned] = {}
+        fresh = list(self.config.getini(ISOLATE_INI))
         for item in session.items:
             try:
                 spec = self._spec(item)
@@ -136,6 +137,8 @@ class Controller:
             entry.key = PoolKey(
                 spec.world_size, spec.backend, spec.init_process_group, gpus=gpus_needed(spec)
             )
+            if wants_fresh_ranks(item, fresh):  # a key of its own: a pool for this test alone
+                entry.key = dataclasses.replace(entry.key, isolated=-len(plan))
             previous = last.get(entry.key)
             if previous is not None:
                 previous.next_nodeid = item.nodeid

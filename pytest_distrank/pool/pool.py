@@ -72,7 +72,8 @@ class PoolKey:
     world_size: int
     backend: str
     init_process_group: bool
-    #: Non-zero under --distrank-isolate: a pool of its own for one test.
+    #: Non-zero for a pool of its own for one test: positive under --distrank-isolate, negative
+    #: for a test that asks for fresh ranks (markers.wants_fresh_ranks).
     isolated: int = 0
     #: GPUs the pool leases for its lifetime (gpus.py); 0 for CPU-only pools.
     gpus: int = 0

@@ -384,3 +384,39 @@ def test_isolated_pools_release_their_file_descriptors(
         """
     )
     run_pytest("--distrank-isolate", "-p", "no:randomly").assert_outcomes(passed=14)
+
+
+def test_tests_that_need_fresh_ranks_get_a_pool_of_their_own(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makeini(
+        """
+        [pytest]
+        distrank_isolate_tests = *::test_b_by_ini
+        """
+    )
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_a_shared(rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_b_by_ini(rank):
+            pass
+
+        @pytest.mark.distrank_isolate
+        @pytest.mark.world_size(2)
+        def test_c_by_marker(rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        def test_d_shared_again(rank):
+            pass
+        """
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(["4 distributed tests; pools started: 3 at world size 2"])

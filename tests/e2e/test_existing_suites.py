@@ -397,3 +397,24 @@ class TestOwn(Base):
     result = run_pytest("-v", *args)
     result.assert_outcomes(passed=1)
     assert "distributed test" not in result.stdout.str()
+
+
+def test_a_class_that_needs_fresh_processes_gets_them(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        PLAIN
+        + """
+class TestFresh(Base):
+    distrank_isolate = True
+
+    def test_one(self):
+        self.init()
+
+    def test_two(self):
+        self.init()
+"""
+    )
+    result = run_pytest()
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["2 distributed tests; pools started: 2 at world size 2"])
