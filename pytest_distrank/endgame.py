@@ -236,6 +236,10 @@ class Unfinished:
     now: float
     #: Why there is no stack, when ``dump`` is empty and something is known.
     no_dump_reason: str = ""
+    #: The collective it is in, from its flight recorder (:mod:`collectives`), or "".
+    collective: str = ""
+    #: Who is out of step, from every rank's flight recorder, or "".
+    verdict: str = ""
 
 
 def unfinished_report(
@@ -250,9 +254,13 @@ def unfinished_report(
     """A failed report for a rank that did not finish the test (killed, stuck or timed out)."""
     tag = label(rank, world_size)
     pos, game = info.position, info.endgame
-    where = where_blocked(info.dump, test_file) if info.dump else (
-        info.no_dump_reason or "no stack (the rank did not answer the dump signal)"
+    where = (
+        where_blocked(info.dump, test_file)
+        if info.dump
+        else (info.no_dump_reason or "no stack (the rank did not answer the dump signal)")
     )
+    if info.collective:
+        where = f"{info.collective}; {where}"
     if game.is_collateral(rank):
         assert game.failed_at is not None
         after = info.now - game.failed_at
@@ -276,7 +284,15 @@ def unfinished_report(
         stack = f"(no stack; its log: {info.log})"
     text = f"{tag}: {crash}\n{where}\n{stack}"
     return synthesized_failure(
-        nodeid, location, pos.when, crash, text, note=note, collateral=collateral, stop=wall
+        nodeid,
+        location,
+        pos.when,
+        crash,
+        text,
+        note=note,
+        collateral=collateral,
+        stop=wall,
+        verdict=info.verdict,
     )
 
 

@@ -35,6 +35,9 @@ _RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")
 NOTE_ATTR = "distrank_note"
 #: Attribute marking a synthesized report of a rank killed because another rank failed first.
 COLLATERAL_ATTR = "distrank_collateral"
+#: On a synthesized report: who is out of step, from the ranks' flight recorders (a hang's
+#: verdict, :mod:`collectives`); shown under the summary line.
+VERDICT_ATTR = "distrank_verdict"
 
 
 def label(rank: int, world_size: int) -> str:
@@ -51,6 +54,7 @@ def synthesized_failure(
     note: str,
     collateral: bool = False,
     stop: float = 0.0,
+    verdict: str = "",
 ) -> TestReport:
     """A failed report for a rank that sent none (it crashed, hung or was killed).
 
@@ -72,6 +76,8 @@ def synthesized_failure(
     )
     setattr(report, NOTE_ATTR, note)
     setattr(report, COLLATERAL_ATTR, collateral)
+    if verdict:
+        setattr(report, VERDICT_ATTR, verdict)
     return report
 
 
@@ -190,7 +196,11 @@ def _user_properties(phase: Sequence[tuple[int, TestReport]]) -> list[tuple[str,
 
 
 def _table(
-    world_size: int, stories: Mapping[int, str], root: int, collateral: Sequence[int]
+    world_size: int,
+    stories: Mapping[int, str],
+    root: int,
+    collateral: Sequence[int],
+    verdict: str = "",
 ) -> list[str]:
     bad = [r for r, s in stories.items() if not s.startswith(("passed", "skipped", "xfail"))]
     failed = len([r for r in bad if r not in collateral])
@@ -208,6 +218,8 @@ def _table(
         )
         mark_root = "  <- shown first"
     lines = [f"distrank: {head}\n"]
+    if verdict:
+        lines.append(f"collectives: {verdict}\n")
     width = len(label(world_size - 1, world_size))
     for rank in range(world_size):
         story = stories.get(rank, "no report")
@@ -223,7 +235,8 @@ def _failure(
     failures = [(rank, r) for rank, r in phase if r.failed]
     root, root_report = _root_cause(failures)
     collateral = [rank for rank, r in failures if getattr(r, COLLATERAL_ATTR, False)]
-    table = _table(world_size, stories, root, collateral)
+    verdict = next((getattr(r, VERDICT_ATTR) for _, r in phase if hasattr(r, VERDICT_ATTR)), "")
+    table = _table(world_size, stories, root, collateral, verdict)
     tag = f"[{label(root, world_size)}] "
     longrepr = root_report.longrepr
     shown = {_same_failure_key(str(longrepr)): root}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
+from ..collectives import explain, load
 from ..endgame import (
     LATE,
     LATE_REASON,
@@ -36,11 +37,14 @@ from ..fitness import (
 )
 from ..merge import synthesized_failure
 from ..records import Reports, RunTest, WarningRecord
-from ..stacks import read_from, signal_name, trim_fault_dump
+from ..stacks import read_from, signal_name, trim_fault_dump, where_blocked
 from .protocol import Fatal, FromRank
 
 if TYPE_CHECKING:
     from .pool import Pool, Rank
+
+#: Bound on the ranks' flight-recorder answers once their stacks are in (a dump: tens of ms).
+FR_WAIT = 1.0
 
 Location = tuple[str, int | None, str]
 Deserialize = Callable[[Any], TestReport]
@@ -178,7 +182,14 @@ class Attempt:
         pool, game, test, result = self.pool, self.game, self.test, self.result
         stuck = [r for r in pool.ranks if r.rank in game.pending]
         positions = {r.rank: pool.position(r, test) for r in stuck}  # before the dump
+        alive = [r for r in pool.ranks if r.process.exitcode is None]
+        pool.request_collectives(alive)
         stacks = pool.dump_stacks(stuck)
+        story = explain(
+            {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()},
+            pool.test_started_ns,
+            {rank: where_blocked(dump, self.test_file) for rank, dump in stacks.items() if dump},
+        )
         for rank, message in pool.wait_for(stuck, 0.0):
             self._take(rank, message)
         late = [r for r in stuck if r.rank not in game.pending and game.failed_at is None]
@@ -204,7 +215,17 @@ class Attempt:
                 # Its own failure is already reported; it was killed while cleaning up after it.
                 continue
             dump, no_stack = stacks[rank.rank], silent.get(rank.rank, "")
-            info = Unfinished(pos, dump, rank.log_path, "killed", game, now, no_stack)
+            info = Unfinished(
+                pos,
+                dump,
+                rank.log_path,
+                "killed",
+                game,
+                now,
+                no_stack,
+                collective=story.lines.get(rank.rank, "") if story else "",
+                verdict=story.verdict if story else "",
+            )
             ws = pool.key.world_size
             report = unfinished_report(
                 test.nodeid, self.location, self.test_file, rank.rank, ws, info, time.time()

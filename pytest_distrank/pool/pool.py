@@ -57,6 +57,7 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
+from .rankfr import FR_SIGNAL, fr_path
 from .worker import DUMP_SIGNAL, rank_main
 
 Location = tuple[str, int | None, str]
@@ -133,6 +134,8 @@ class Pool:
         self.sequence_base: dict[int, dict[str, int]] = {}
         #: The test it ran last (named when a rank dies between tests).
         self.last_test: RunTest | None = None
+        #: Wall clock (ns) when the last test was sent: its flight-recorder records come after.
+        self.test_started_ns = 0
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
         self.lease: GpuLease | None = None
 
@@ -290,6 +293,7 @@ class Pool:
     ) -> TestRun:
         """Run one test on every rank (see :class:`~attempt.Attempt`)."""
         previous, self.last_test = self.last_test, test
+        self.test_started_ns = time.time_ns()  # flight-recorder records after it are the test's
         for r in self.ranks:
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
@@ -349,6 +353,31 @@ class Pool:
         return {r.rank: read_from(r.log_path, r.log_offset, limit) for r in self.ranks}
 
     # -- stacks, kill, stop --------------------------------------------------------------------
+
+    def request_collectives(self, ranks: list[Rank]) -> None:
+        """Ask each rank for its flight-recorder records (:mod:`rankfr`; answered even while the
+        rank is stuck in C++). Read them with :meth:`read_collectives`."""
+        for r in ranks:
+            with contextlib.suppress(OSError):
+                os.unlink(fr_path(r.log_path))
+            with contextlib.suppress(OSError):
+                os.kill(r.pid, FR_SIGNAL)
+
+    def read_collectives(self, ranks: list[Rank], wait: float) -> dict[int, bytes | None]:
+        """The answers to :meth:`request_collectives`, waiting up to ``wait`` seconds for them
+        (None for a rank that did not answer)."""
+        end = time.monotonic() + wait
+        paths = {r.rank: fr_path(r.log_path) for r in ranks}
+        while time.monotonic() < end and not all(os.path.exists(p) for p in paths.values()):
+            time.sleep(0.02)
+        answers: dict[int, bytes | None] = {}
+        for rank, path in paths.items():
+            try:
+                with open(path, "rb") as f:
+                    answers[rank] = f.read()
+            except OSError:
+                answers[rank] = None
+        return answers
 
     def dump_stacks(self, ranks: list[Rank]) -> dict[int, str]:
         """Ask each rank for the stacks of all its threads (faulthandler, works inside C++)."""

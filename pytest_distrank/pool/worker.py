@@ -58,6 +58,7 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
+from .rankfr import start_responder
 from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
 from .suiterank import SuiteRunner
 
@@ -135,6 +136,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
+        start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
         plugin.coverage = _start_coverage(cfg.coverage)
         profile_dir = os.environ.get(PROFILE_ENV)

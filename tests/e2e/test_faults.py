@@ -51,8 +51,9 @@ def test_desync(rank):
         [
             "distrank: 1 of 2 ranks failed, 1 killed after it; root cause: rank 0/2",
             "  rank 0/2  failed in call: RuntimeError: rank 0 gave up  <- root cause",
-            "  rank 1/2  killed * s after rank 0 failed; blocked in barrier at "
-            "torch/distributed/distributed_c10d.py:*, called from test_desync at *.py:7",
+            "  rank 1/2  killed * s after rank 0 failed; in barrier #1 on the default group; "
+            "blocked in barrier at torch/distributed/distributed_c10d.py:*, called from "
+            "test_desync at *.py:7",
             "*RuntimeError: rank 0 gave up",
             "*- traceback of rank 1/2 -*",
             "rank 1/2: killed in call: rank 0 failed first",
@@ -83,8 +84,8 @@ def test_hang(rank):
     result.assert_outcomes(failed=1, passed=1)
     result.stdout.fnmatch_lines_random(
         [
-            "  rank 0/2  timed out in call after 3 s; blocked in barrier at *, called from "
-            "test_hang at *.py:7*",
+            "  rank 0/2  timed out in call after 3 s; in barrier #1 on the default group; "
+            "blocked in barrier at *, called from test_hang at *.py:7*",
             "  rank 1/2  timed out in call after 3 s; blocked in test_hang at *.py:8*",
             "FAILED *::test_hang - [[]rank */2[]] Timeout: still in call after 3 s "
             "(timeout from @pytest.mark.timeout(3))",
@@ -488,7 +489,8 @@ def test_partial_skip_alone(rank):
     result.stdout.fnmatch_lines(
         [
             "distrank: no rank failed on its own; 1 of 2 killed after the grace period",
-            "  rank 0/2  killed * s after rank 1 skipped; blocked in barrier at *  <- shown first",
+            "  rank 0/2  killed * s after rank 1 skipped; in barrier #1 on the default group; "
+            "blocked in barrier at *  <- shown first",
             "  rank 1/2  skipped in setup: no data on rank 1",
         ]
     )

@@ -35,9 +35,7 @@ def _modules() -> set[str]:
     subpackage (so that a subpackage cannot silently drop out of the wheel), and ``py.typed``."""
     top = ROOT / PACKAGE
     files = {
-        p.relative_to(top).as_posix()
-        for p in top.rglob("*.py")
-        if "__pycache__" not in p.parts
+        p.relative_to(top).as_posix() for p in top.rglob("*.py") if "__pycache__" not in p.parts
     }
     assert "plugin.py" in files and "__init__.py" in files
     return files | {"py.typed"}
@@ -126,9 +124,7 @@ def test_sdist_holds_the_sources_and_the_same_metadata(dists: dict[str, Path]) -
         assert f"{top}/{name}" in names
     prefix = f"{top}/{PACKAGE}/"
     packaged = {
-        n.removeprefix(prefix)
-        for n in names
-        if n.startswith(prefix) and "__pycache__" not in n
+        n.removeprefix(prefix) for n in names if n.startswith(prefix) and "__pycache__" not in n
     }
     assert packaged == _modules()
     assert meta["Description-Content-Type"] == "text/markdown"

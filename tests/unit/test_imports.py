@@ -40,7 +40,14 @@ POOL_CONTROLLER = {
     )
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).
-POOL_RANK = {"pool.worker", "pool.rankgroup", "pool.ranklogs", "pool.preload", "pool.suiterank"}
+POOL_RANK = {
+    "pool.worker",
+    "pool.rankgroup",
+    "pool.ranklogs",
+    "pool.rankfr",
+    "pool.preload",
+    "pool.suiterank",
+}
 #: Pool mode, both sides.
 POOL_BOTH = {"pool.protocol"}
 POOL = modules_in(PACKAGE / "pool", "pool.")
@@ -52,6 +59,7 @@ SHARED = modules_in(PACKAGE) - {"plugin"}
 #: Modules that import no torch (they run in the controller, which never imports it for gloo).
 NO_TORCH = {
     "records",
+    "collectives",
     "pool.protocol",
     "merge",
     "endgame",

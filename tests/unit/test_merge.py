@@ -93,6 +93,28 @@ def test_collateral_ranks_are_never_the_root_cause() -> None:
     assert "1 of 2 ranks failed, 1 killed after it" in str(merged[1].longrepr)
 
 
+def test_a_hangs_verdict_stands_under_the_summary_line() -> None:
+    killed = synthesized_failure(
+        "test_x.py::test_x",
+        LOCATION,
+        "call",
+        "killed",
+        "tb",
+        note="killed; in barrier #1 on the default group",
+        collateral=True,
+        stop=0.5,
+        verdict="rank 0 waits in barrier #1 on the default group; rank 1 never entered it",
+    )
+    own = [report("setup", "passed"), report("call", "failed", stop=3.0)]
+    merged = merge_test({0: [report("setup", "passed"), killed], 1: own}, 2)
+    lines = str(merged[1].longrepr).splitlines()
+    assert lines[0] == "distrank: 1 of 2 ranks failed, 1 killed after it; root cause: rank 1/2"
+    assert lines[1] == (
+        "collectives: rank 0 waits in barrier #1 on the default group; rank 1 never entered it"
+    )
+    assert lines[2].startswith("  rank 0/2  killed; in barrier #1 on the default group")
+
+
 def test_setup_error_wins_over_everything() -> None:
     broken = [report("setup", "failed"), report("teardown", "passed")]
     merged = merge_test({0: broken, 1: passed()}, 2)

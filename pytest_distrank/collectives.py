@@ -1,0 +1,193 @@
+"""Which collective each rank is in, and who is out of step: a hang explained at that level.
+
+Runs where a test's outcome is decided (the controller in pool mode), over what the ranks' flight
+recorders hold when a test hangs (PyTorch's flight-recorder dump: per collective the op, the group,
+its sequence number, input shapes and dtypes, and whether it completed; without the Python frames,
+whose symbolization takes seconds: the rank's stack says where it entered). Pure logic over those
+records: stdlib only, no torch.
+
+Collectives are numbered from the test's start (``#1`` is the first the test issued on that
+group), since a warm pool's groups outlive tests: only records created after the test was sent
+count. Completion is read from ``retired`` (on gloo ``state`` stays ``scheduled``). The verdict is
+one line a person reads first:
+
+- mismatch: ``rank 1 entered broadcast #2 while rank 0 entered all_reduce #2 (the default group)``;
+- shape or dtype mismatch: ``all_reduce #2 on the default group: rank 0 float32[4], rank 1
+  float32[8]``;
+- missing rank: ``ranks 0, 1 wait in all_reduce #2 on the default group; rank 2 never entered it
+  (after all_reduce #1)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Mapping
+from typing import Any
+
+#: torch's scalar type names, as the flight recorder writes them, in the words users write.
+DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One collective as one rank issued it."""
+
+    op: str
+    group: str
+    #: Its number on that group within the test (1 is the test's first).
+    number: int
+    done: bool
+    tensors: str
+
+
+@dataclasses.dataclass
+class Story:
+    """What the flight recorders say about one hung test."""
+
+    #: Per rank waiting in a collective: "in all_reduce #2 on the default group (float32[4])".
+    lines: dict[int, str]
+    #: The verdict (mismatch, shape mismatch, missing rank), or "" when none is found.
+    verdict: str
+
+
+def load(raw: bytes | None) -> dict[str, Any] | None:
+    """A rank's unpickled dump (None: no answer, the recorder off, or unreadable)."""
+    if not raw or raw.startswith(b"no records"):
+        return None
+    try:
+        data = pickle.loads(raw)  # written by the plugin's own rank processes
+    except Exception:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
+    """The collectives (not point-to-point ops) a rank issued since the test started."""
+    groups = _group_names(dump)
+    counts: dict[str, int] = {}
+    out: list[Call] = []
+    for entry in dump.get("entries", []):
+        if entry.get("is_p2p") or int(entry.get("time_created_ns") or 0) < since_ns:
+            continue
+        key = str((entry.get("process_group") or ("?",))[0])
+        counts[key] = counts.get(key, 0) + 1
+        out.append(
+            Call(
+                op=str(entry.get("profiling_name", "?")).split(":")[-1],
+                group=groups.get(key, f"group {key!r}"),
+                number=counts[key],
+                done=bool(entry.get("retired")),
+                tensors=_tensors(entry.get("input_dtypes"), entry.get("input_sizes")),
+            )
+        )
+    return out
+
+
+def explain(
+    dumps: Mapping[int, Mapping[str, Any] | None],
+    since_ns: int,
+    where: Mapping[int, str] | None = None,
+) -> Story | None:
+    """Each rank's collective and the verdict; None when no rank has records to read.
+
+    ``where``: per rank, where its stack says it is ("blocked in sleep at test_x.py:40, ..."),
+    named for a rank that never entered the collective its peers wait in.
+    """
+    calls = {rank: calls_of(dump, since_ns) for rank, dump in dumps.items() if dump is not None}
+    if not calls:
+        return None
+    lines = {rank: _line(rank_calls) for rank, rank_calls in calls.items()}
+    return Story({rank: line for rank, line in lines.items() if line}, _verdict(calls, where or {}))
+
+
+def _line(calls: list[Call]) -> str:
+    """The collective a rank waits in, or "" (its stack alone then says where it is)."""
+    pending = [c for c in calls if not c.done]
+    if not pending:
+        return ""
+    call = pending[-1]
+    tensors = f" ({call.tensors})" if call.tensors else ""
+    return f"in {call.op} #{call.number} on {call.group}{tensors}"
+
+
+def _verdict(calls: Mapping[int, list[Call]], where: Mapping[int, str]) -> str:
+    pending = {rank: [c for c in cs if not c.done] for rank, cs in calls.items()}
+    waiting = {rank: cs[-1] for rank, cs in pending.items() if cs}
+    if not waiting:
+        return ""
+    # Ranks inside the same group's n-th collective must agree on its op and tensors.
+    by_slot: dict[tuple[str, int], dict[int, Call]] = {}
+    for rank, call in waiting.items():
+        by_slot.setdefault((call.group, call.number), {})[rank] = call
+    for (group, number), at in sorted(by_slot.items()):
+        ops = _ranks_by(at, lambda c: c.op)
+        if len(ops) > 1:
+            (first_op, first), *others = ops
+            rest = "; ".join(f"{_ranks(r)} entered {op} #{number}" for op, r in others)
+            return f"{rest} while {_ranks(first)} entered {first_op} #{number} ({group})"
+        shapes = _ranks_by(at, lambda c: c.tensors)
+        if len(shapes) > 1:
+            parts = ", ".join(f"{_ranks(r)} {t}" for t, r in shapes)
+            return f"{ops[0][0]} #{number} on {group}: {parts}"
+    # Ranks waiting in a collective that a member never entered.
+    (group, number), at = max(by_slot.items(), key=lambda kv: len(kv[1]))
+    call = next(iter(at.values()))
+    absent = []
+    for rank in sorted(calls):
+        if rank in at:
+            continue
+        on_group = [c for c in calls[rank] if c.group == group]
+        if len(on_group) < number:
+            last = on_group[-1] if on_group else None
+            after = f" (after {last.op} #{last.number})" if last else ""
+            at_line = f": it is {where[rank]}" if where.get(rank) else ""
+            absent.append(f"{_ranks([rank])} never entered it{at_line}{after}")
+    if absent:
+        verb = "waits" if len(at) == 1 else "wait"
+        waiting_ranks = _ranks(sorted(at))
+        return f"{waiting_ranks} {verb} in {call.op} #{number} on {group}; " + "; ".join(absent)
+    return ""
+
+
+def _ranks_by(at: Mapping[int, Call], key: Any) -> list[tuple[str, list[int]]]:
+    """``at`` grouped by ``key(call)``, the largest group first."""
+    groups: dict[str, list[int]] = {}
+    for rank in sorted(at):
+        groups.setdefault(key(at[rank]), []).append(rank)
+    return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+
+
+def _ranks(ranks: list[int]) -> str:
+    names = ", ".join(str(r) for r in ranks)
+    return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
+
+
+def _group_names(dump: Mapping[str, Any]) -> dict[str, str]:
+    """Group name -> words: "the default group" or "group [0, 2]"."""
+    names: dict[str, str] = {}
+    for entry in dump.get("entries", []):
+        name, desc = [*(entry.get("process_group") or ("?",)), ""][:2]
+        if desc == "default_pg":
+            names[str(name)] = "the default group"
+    for name, config in (dump.get("pg_config") or {}).items():
+        if str(name) not in names and isinstance(config, Mapping):
+            names[str(name)] = f"group {config.get('ranks', '?')}"
+    return names
+
+
+def _tensors(dtypes: Any, sizes: Any) -> str:
+    pairs = zip(list(dtypes or []), list(sizes or []), strict=False)
+    words = [f"{DTYPES.get(str(d), str(d))}{list(s)}" for d, s in pairs]
+    return ", ".join(words)

@@ -1,0 +1,124 @@
+"""Unit: a hang explained from the ranks' flight-recorder records (collectives.py)."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+from pytest_distrank.collectives import explain, load
+
+START = 1_000
+
+
+def entry(
+    op: str,
+    done: bool,
+    at: int = START + 1,
+    size: int = 4,
+    dtype: str = "Float",
+    group: tuple[str, str] = ("0", "default_pg"),
+    p2p: bool = False,
+) -> dict[str, Any]:
+    return {
+        "profiling_name": f"gloo:{op}",
+        "retired": done,
+        "time_created_ns": at,
+        "input_sizes": [[size]],
+        "input_dtypes": [dtype],
+        "process_group": group,
+        "is_p2p": p2p,
+    }
+
+
+def dump(*entries: dict[str, Any], groups: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"entries": list(entries), "pg_config": groups or {}}
+
+
+#: A collective from before the test: not counted, not numbered.
+EARLIER = entry("all_reduce", True, at=START - 5)
+
+
+def test_a_missing_rank_is_named_with_where_it_is() -> None:
+    waiting = dump(EARLIER, entry("all_reduce", True), entry("all_reduce", False))
+    absent = dump(EARLIER, entry("all_reduce", True))
+    story = explain(
+        {0: waiting, 1: waiting, 2: absent}, START, {2: "blocked in sleep at test_x.py:9"}
+    )
+    assert story is not None
+    assert story.verdict == (
+        "ranks 0, 1 wait in all_reduce #2 on the default group; rank 2 never entered it: it is "
+        "blocked in sleep at test_x.py:9 (after all_reduce #1)"
+    )
+    assert story.lines == {
+        0: "in all_reduce #2 on the default group (float32[4])",
+        1: "in all_reduce #2 on the default group (float32[4])",
+    }  # rank 2 waits in no collective: its stack alone says where it is
+
+
+def test_different_ops_in_the_same_slot_are_a_mismatch() -> None:
+    story = explain(
+        {
+            0: dump(entry("all_reduce", False)),
+            1: dump(entry("broadcast", False)),
+            2: dump(entry("all_reduce", False)),
+        },
+        START,
+    )
+    assert story is not None
+    assert story.verdict == (
+        "rank 1 entered broadcast #1 while ranks 0, 2 entered all_reduce #1 (the default group)"
+    )
+
+
+def test_different_shapes_or_dtypes_are_named() -> None:
+    story = explain(
+        {0: dump(entry("all_reduce", False)), 1: dump(entry("all_reduce", False, size=8))},
+        START,
+    )
+    assert story is not None
+    assert (
+        story.verdict == "all_reduce #1 on the default group: rank 0 float32[4], rank 1 float32[8]"
+    )
+    story = explain(
+        {0: dump(entry("all_reduce", False)), 1: dump(entry("all_reduce", False, dtype="Double"))},
+        START,
+    )
+    assert story is not None
+    assert story.verdict.endswith("rank 0 float32[4], rank 1 float64[4]")
+
+
+def test_a_subgroup_is_named_by_its_ranks() -> None:
+    sub = ("1", "")
+    groups = {"1": {"ranks": "[0, 2]"}}
+    story = explain(
+        {
+            0: dump(entry("all_gather", False, group=sub), groups=groups),
+            2: dump(groups=groups),
+        },
+        START,
+    )
+    assert story is not None
+    assert story.lines[0] == "in all_gather #1 on group [0, 2] (float32[4])"
+    assert story.verdict == "rank 0 waits in all_gather #1 on group [0, 2]; rank 2 never entered it"
+
+
+def test_point_to_point_ops_are_left_out() -> None:
+    story = explain({0: dump(entry("send", False, p2p=True))}, START)
+    assert story is not None
+    assert story.lines == {}
+    assert story.verdict == ""
+
+
+def test_no_records_no_story() -> None:
+    assert explain({0: None, 1: None}, START) is None
+    assert load(b"no records") is None
+    assert load(b"not a pickle") is None
+    assert load(pickle.dumps({"entries": []})) == {"entries": []}
+
+
+def test_a_rank_without_records_gets_no_line() -> None:
+    barrier = entry("barrier", False)
+    barrier["input_sizes"], barrier["input_dtypes"] = [], []
+    story = explain({0: dump(barrier), 1: None}, START)
+    assert story is not None
+    assert story.lines == {0: "in barrier #1 on the default group"}
