@@ -15,6 +15,7 @@ Usage (from the repository root, with the project installed):
 Workloads:
   distrank ws2/ws4      one all_reduce of a 1-element tensor and one assert, world size 2 and 4
   distrank ws4 empty    a 4-rank test whose body does nothing (the plugin's own overhead)
+  distrank ws4 FR off   ws4 with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0)
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
   MultiProcContinuous   PyTorch's harness that keeps its ranks for a class
@@ -187,6 +188,13 @@ def workloads() -> list[Workload]:
         ("distrank ws2", distrank(DISTRANK_TEST, 2), [*pytest_cmd, "-p", "distrank"], "big"),
         ("distrank ws4", distrank(DISTRANK_TEST, 4), [*pytest_cmd, "-p", "distrank"], "big"),
         ("distrank ws4 empty", distrank(EMPTY_TEST, 4), [*pytest_cmd, "-p", "distrank"], "big"),
+        # PyTorch's flight recorder off (it records every collective; the hang reports read it).
+        (
+            "distrank ws4 FR off",
+            distrank(DISTRANK_TEST, 4),
+            ["env", "TORCH_FR_BUFFER_SIZE=0", *pytest_cmd, "-p", "distrank"],
+            "big",
+        ),
         ("pytest plain", distrank(PLAIN_TEST, 1), plain, "big"),
         ("MultiProcContinuous ws2", continuous(2), plain, "big"),
         ("MultiProcContinuous ws4", continuous(4), plain, "big"),

@@ -97,15 +97,22 @@ def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
 
 def explain(
     dumps: Mapping[int, Mapping[str, Any] | None],
-    since_ns: int,
+    since_ns: int | Mapping[int, int],
     where: Mapping[int, str] | None = None,
 ) -> Story | None:
     """Each rank's collective and the verdict; None when no rank has records to read.
 
-    ``where``: per rank, where its stack says it is ("blocked in sleep at test_x.py:40, ..."),
-    named for a rank that never entered the collective its peers wait in.
+    ``since_ns``: when the test began (wall clock, ns), one for all ranks or per rank (ranks on
+    other machines have clocks of their own). ``where``: per rank, where its stack says it is
+    ("blocked in sleep at test_x.py:40, ..."), named for a rank that never entered the
+    collective its peers wait in.
     """
-    calls = {rank: calls_of(dump, since_ns) for rank, dump in dumps.items() if dump is not None}
+    starts = since_ns if isinstance(since_ns, Mapping) else dict.fromkeys(dumps, since_ns)
+    calls = {
+        rank: calls_of(dump, starts.get(rank, 0))
+        for rank, dump in dumps.items()
+        if dump is not None
+    }
     if not calls:
         return None
     lines = {rank: _line(rank_calls) for rank, rank_calls in calls.items()}

@@ -20,6 +20,7 @@ reported by :func:`endgame.unfinished_report` as stuck (they are left running) o
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import os
 import time
@@ -30,6 +31,8 @@ from typing import Any
 import pytest
 from pytest import TestReport
 
+from .. import _compat
+from ..collectives import Story, explain, load
 from ..endgame import (
     BEFORE_SETUP,
     DUMP_WAIT,
@@ -46,6 +49,7 @@ from ..endgame import (
 from ..fitness import foreign_report
 from ..records import Reports, RunTest, WarningRecord
 from ..settings import Value
+from ..stacks import where_blocked
 from ..warnings_relay import warning_record
 from . import keys
 from .channel import POLL_MAX
@@ -83,6 +87,8 @@ class Current:
     #: Rank 0: what the peers sent with their last reports: warnings, sequence numbers.
     peer_warnings: dict[int, list[WarningRecord]] = dataclasses.field(default_factory=dict)
     sequences: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: This rank's wall clock when it began the test (flight-recorder records after it count).
+    started_ns: int = dataclasses.field(default_factory=time.time_ns)
 
     @classmethod
     def begin(
@@ -388,6 +394,7 @@ def _conclude(
     nodeid, location, test_file = item.nodeid, item.location, str(item.path)
     now, wall = time.monotonic(), time.time()
     timed_out = game.failed_at is None
+    story = _story(cur, stacks, test_file)
     stuck: list[int] = []
     healthy = True
     for rank in missing:
@@ -421,8 +428,41 @@ def _conclude(
         fill_passed(reports, nodeid, location, pos.when)
         if failed_itself(reports):
             continue  # its own failure is the story; it was stuck cleaning up after it
-        info = Unfinished(pos, str(stack.get("dump", "")), log, "stuck", game, now)
+        info = Unfinished(
+            pos,
+            str(stack.get("dump", "")),
+            log,
+            "stuck",
+            game,
+            now,
+            collective=story.lines.get(rank, "") if story else "",
+            verdict=story.verdict if story else "",
+        )
         reports.append(
             unfinished_report(nodeid, location, test_file, rank, rs.world_size, info, wall)
         )
     return stuck, healthy
+
+
+def own_records() -> str:
+    """This rank's flight-recorder dump, base64 for the JSON store ("" when it is off)."""
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
+        return ""
+    try:
+        return base64.b64encode(_compat.dump_flight_recorder()).decode("ascii")
+    except Exception:
+        return ""
+
+
+def _story(cur: Current, stacks: dict[int, keys.Stack], test_file: str) -> Story | None:
+    """Which collective each stuck rank and rank 0 are in, and who is out of step (the ranks
+    that finished sent no records: only the stuck ones and rank 0 are compared)."""
+    dumps = {0: load(base64.b64decode(own_records()))}
+    since = {0: cur.started_ns}
+    where: dict[int, str] = {}
+    for rank, stack in stacks.items():
+        dumps[rank] = load(base64.b64decode(str(stack.get("records", ""))))
+        since[rank] = int(stack.get("since_ns", 0))
+        if stack.get("dump"):
+            where[rank] = where_blocked(str(stack["dump"]), test_file)
+    return explain(dumps, since, where)

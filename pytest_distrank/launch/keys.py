@@ -179,6 +179,10 @@ class Stack(Identity):
     when: str
     reports: list[dict[str, Any]]
     warnings: list[Any]
+    #: The flight recorder's dump, base64 (:func:`gather.own_records`; "" when it is off).
+    records: str
+    #: This rank's wall clock (ns) when it began the test: its records after it are the test's.
+    since_ns: int
 
 
 class Fatal(Identity):

@@ -25,6 +25,7 @@ the main thread is running (``current``) and, on rank 0, how to end the run from
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import threading
 import time
@@ -33,11 +34,12 @@ from collections.abc import Callable
 
 from pytest import TestReport
 
+from ..collectives import explain, load
 from ..endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
 from ..stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
-from .gather import Current, poll_early, poll_finished, warning_records
+from .gather import Current, own_records, poll_early, poll_finished, warning_records
 from .session import RankSession
 
 TICK = 0.05
@@ -122,6 +124,8 @@ class Watchdog(threading.Thread):
             "when": cur.when,
             "reports": [rs.serialize(r) for r in list(cur.reports)],
             "warnings": warning_records(cur.caught),
+            "records": own_records(),
+            "since_ns": cur.started_ns,
             **keys.identity(cur.index, cur.item.nodeid),
         }
         rs.channel.put(keys.stack(cur.index, rs.rank), payload)
@@ -176,7 +180,16 @@ class Watchdog(threading.Thread):
         dump = dump_threads(rs.main_ident)
         with contextlib.suppress(OSError), open(rs.log_path, "a", encoding="utf-8") as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
-        info = Unfinished(pos, dump, rs.log_path, "stuck", cur.game, time.monotonic())
+        own = explain({0: load(base64.b64decode(own_records()))}, {0: cur.started_ns})
+        info = Unfinished(
+            pos,
+            dump,
+            rs.log_path,
+            "stuck",
+            cur.game,
+            time.monotonic(),
+            collective=own.lines.get(0, "") if own else "",
+        )
         report = unfinished_report(
             item.nodeid, item.location, str(item.path), 0, rs.world_size, info, time.time()
         )

@@ -272,8 +272,11 @@ def test_never_reached(rank):
     run.match(
         0,
         [
-            "  rank 0/2  timed out in call after 3 s; blocked in barrier at "
-            "torch/distributed/distributed_c10d.py:*, called from test_hang at *.py:7  <- root*",
+            "collectives: rank 0 waits in barrier #1 on the default group; rank 1 never entered "
+            "it: it is blocked in test_hang at *.py:8",
+            "  rank 0/2  timed out in call after 3 s; in barrier #1 on the default group; blocked "
+            "in barrier at torch/distributed/distributed_c10d.py:*, called from test_hang at "
+            "*.py:7  <- root*",
             "  rank 1/2  timed out in call after 3 s; blocked in test_hang at *.py:8",
             "rank 0/2: Timeout: still in call after 3 s (timeout from @pytest.mark.timeout(3))",
             "Stack of its main thread (most recent call first):",
@@ -317,8 +320,8 @@ def test_ordinary_after():
     assert run.codes == [1]
     gave_up = 1 - stuck
     rows = {
-        stuck: f"  rank {stuck}/2  stuck in call * s after rank {gave_up} failed; blocked in "
-        "barrier at *, called from test_desync at *.py:7",
+        stuck: f"  rank {stuck}/2  stuck in call * s after rank {gave_up} failed; in barrier #1 on "
+        "the default group; blocked in barrier at *, called from test_desync at *.py:7",
         gave_up: f"  rank {gave_up}/2  failed in call: RuntimeError: rank {gave_up} gave up  <- *",
     }
     run.match(
