@@ -97,7 +97,11 @@ class SuiteRunner:
         cls: Any = getattr(item, "cls")  # noqa: B009
         if self.continuous is not cls:
             self._end_continuous(ctx)
-            self.continuous_skip = _init_continuous(cls, ctx, case)
+            try:
+                self.continuous_skip = _init_continuous(cls, ctx, case)
+            except BaseException:
+                self._out_of_step(cls, ctx.rank)  # its peers may hold a half-made group
+                raise
             self.continuous = cls
         if self.continuous_skip is not None:
             raise _compat.skip_exception(self.continuous_skip)
@@ -109,7 +113,9 @@ class SuiteRunner:
             reason = _skip_message(exc.code)
             if reason is None:
                 self._out_of_step(cls, ctx.rank)
-                pytest.fail(f"{item.name} called sys.exit({exc.code!r}) on rank {ctx.rank}")
+                pytest.fail(
+                    f"{item.name} called sys.exit({exc.code!r}) on rank {ctx.rank}", pytrace=False
+                )
             raise _compat.skip_exception(reason) from None
         except (unittest.SkipTest, pytest.skip.Exception):
             raise
@@ -183,12 +189,12 @@ def _run_spawned(item: pytest.Item, ctx: RankContext, case: Case) -> None:
     for spawner in ("_spawn_processes", "_start_processes", "_fork_processes"):
         setattr(parent, spawner, _no_spawn)
     parent.setUp()
+    ours, theirs = Pipe()
     try:
         # What the parent's join_or_run wrapper hands to _check_return_codes: the key of its
         # return-code rules (the method as the instance saw it when it was made).
         method = getattr(parent, name)
         fn = getattr(method, "__wrapped__", method)
-        ours, theirs = Pipe()
         with _skip_reasons() as reasons:
             code = _exit_code(
                 lambda: cls._run(
@@ -200,9 +206,9 @@ def _run_spawned(item: pytest.Item, ctx: RankContext, case: Case) -> None:
                 )
             )
         error = _received(ours)
+    finally:
         ours.close()
         theirs.close()
-    finally:
         _compat.print_stacks_on_fatal_signal(False)
         try:
             parent.tearDown()
