@@ -38,6 +38,7 @@ import logging
 import os
 import sys
 import threading
+import time
 import unittest
 from multiprocessing import Pipe
 from pathlib import Path
@@ -49,6 +50,8 @@ from .. import _compat
 from ..context import RANK_CONTEXT, RankContext
 from ..suites import CASE, HARNESS_MODULE, Case
 
+#: How long the threads a test started get, all together, to end before they count as left.
+ENDING_WAIT = 0.1
 #: What the harness sets in every test process: restored after each test, never a leak.
 HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
 
@@ -360,10 +363,11 @@ class Leaks:
             else:
                 os.environ.pop(name, None)
         problems: list[str] = []
+        until = time.monotonic() + ENDING_WAIT
         left = [
             t
             for t in threading.enumerate()
-            if t.ident not in self.threads and t.is_alive() and not _ending(t)
+            if t.ident not in self.threads and t.is_alive() and not _ending(t, until)
         ]
         if left:
             names = ", ".join(repr(t.name) for t in left[:4])
@@ -385,9 +389,9 @@ class Leaks:
         self.found = "; ".join(problems)
 
 
-def _ending(thread: threading.Thread) -> bool:
+def _ending(thread: threading.Thread, until: float) -> bool:
     """A thread that ends within a moment (a pipe's listener, joined late) is not a leak."""
-    thread.join(0.05)
+    thread.join(max(0.0, until - time.monotonic()))
     return not thread.is_alive()
 
 

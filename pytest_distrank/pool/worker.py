@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import os
 import pickle
 import signal
@@ -135,6 +136,8 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.close(null)
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
+        if not os.environ.get("PYTHONBREAKPOINT"):  # a remote debugger named there still works
+            sys.breakpointhook = functools.partial(_no_terminal, cfg)
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
@@ -166,6 +169,17 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
             sys.stderr.flush()
             conn.close()
         os._exit(code)
+
+
+def _no_terminal(cfg: RankConfig, *args: object, **kwargs: object) -> None:
+    """``breakpoint()`` in a rank: there is no terminal to debug on; say so and what to do."""
+    pytest.fail(
+        f"breakpoint() on rank {cfg.rank}/{cfg.world_size} (pid {os.getpid()}): a rank has no "
+        "terminal (its input is /dev/null), so no debugger can open here yet. To look inside: "
+        "run the test's body as an ordinary test, attach py-spy or gdb to the pid above, or set "
+        "PYTHONBREAKPOINT to a remote debugger (such as remote_pdb.set_trace).",
+        pytrace=False,
+    )
 
 
 def _early_exit_message(cfg: RankConfig, exit_code: object) -> str:

@@ -270,3 +270,49 @@ def test_bad_timeout_marker_is_an_error_of_that_test(
     result.stdout.fnmatch_lines(
         ["*test_bad_timeout.py::test_negative: @pytest.mark.timeout(-1): expected a number of*"]
     )
+
+
+def test_breakpoint_in_a_rank_says_why_no_debugger_opens(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_debug_me(rank):
+            if rank == 1:
+                breakpoint()
+
+        @pytest.mark.world_size(2)
+        def test_after(rank):
+            pass
+        """
+    )
+    result = run_pytest()
+    result.assert_outcomes(failed=1, passed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "  rank 1/2  failed in call: Failed: breakpoint() on rank 1/2 (pid *): a rank has no "
+            "terminal "
+            "(its input is /dev/null), so no debugger can open here yet.*",
+        ]
+    )
+    assert "BdbQuit" not in result.stdout.str()
+
+
+def test_breakpoint_follows_pythonbreakpoint_in_ranks(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONBREAKPOINT", "0")  # breakpoint() does nothing, as Python says
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_debug_me(rank):
+            breakpoint()
+        """
+    )
+    result = run_pytest()
+    result.assert_outcomes(passed=1)
