@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 #: torch's scalar type names, as the flight recorder writes them, in the words users write.
@@ -168,7 +168,7 @@ def _verdict(calls: Mapping[int, list[Call]], where: Mapping[int, str]) -> str:
     return ""
 
 
-def _ranks_by(at: Mapping[int, Call], key: Any) -> list[tuple[str, list[int]]]:
+def _ranks_by(at: Mapping[int, Call], key: Callable[[Call], str]) -> list[tuple[str, list[int]]]:
     """``at`` grouped by ``key(call)``, the largest group first."""
     groups: dict[str, list[int]] = {}
     for rank in sorted(at):

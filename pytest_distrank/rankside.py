@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import sys
 import traceback
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 
 from . import _compat
+from .collectives import load
 from .reaper import living_children
 
 #: Captured output sections longer than this are cut to their head and tail before sending.
@@ -109,27 +109,45 @@ def sequence_numbers() -> dict[str, int]:
     return out
 
 
-def collective_counts() -> dict[str, tuple[int, str]] | None:
-    """Collectives issued per group, from the flight recorder (tens of ms: only on request).
+def flight_records() -> bytes | None:
+    """This rank's flight-recorder dump (pickled; tens of ms), or None when the recorder is off
+    (``TORCH_FR_BUFFER_SIZE=0``: no records then does not mean no collectives) or fails."""
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
+        return None
+    try:
+        return _compat.dump_flight_recorder()
+    except Exception:
+        return None
+
+
+def flight_entries() -> list[dict[str, Any]] | None:
+    """The flight recorder's entries, oldest first; None when there are none to trust."""
+    raw = flight_records()
+    data = load(raw) if raw is not None else None
+    return None if data is None else list(data.get("entries", []))
+
+
+def flight_mark() -> int:
+    """The flight recorder's last record id (launcher mode takes it when it creates a group)."""
+    entries = flight_entries() or []
+    return max((int(e.get("record_id", -1)) for e in entries), default=-1)
+
+
+def collective_counts(mark: int = -1) -> dict[str, tuple[int, str]] | None:
+    """Collectives issued per live group, from the flight recorder (tens of ms: only on request),
+    counting the records after ``mark`` only (a group created anew gets the old one's name, and
+    the old one's records stay in the recorder).
 
     Point-to-point ops count in a group's sequence number but not here, so this tells a
     send/recv between some ranks from a collective that only some ranks issued.
     """
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
-        return None  # the flight recorder is off: no entries does not mean no collectives
-    try:
-        raw = _compat.dump_flight_recorder()
-        entries = pickle.loads(raw).get("entries", [])
-    except Exception:
+    entries = flight_entries()
+    if entries is None:
         return None
     last: dict[str, tuple[int, str]] = {}
     for entry in entries:
-        if entry.get("is_p2p"):
+        if entry.get("is_p2p") or (mark >= 0 and int(entry.get("record_id", -1)) <= mark):
             continue
         name = str(entry.get("process_group", ("?",))[0])
         last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
-    out: dict[str, tuple[int, str]] = {}
-    for pg in live_groups():
-        seq_op = last.get(str(pg.group_name))
-        out[group_words(pg)] = seq_op if seq_op is not None else (0, "")
-    return out
+    return {group_words(pg): last.get(str(pg.group_name), (0, "")) for pg in live_groups()}

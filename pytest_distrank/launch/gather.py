@@ -31,7 +31,6 @@ from typing import Any
 import pytest
 from pytest import TestReport
 
-from .. import _compat
 from ..collectives import Story, explain, load
 from ..endgame import (
     BEFORE_SETUP,
@@ -47,6 +46,7 @@ from ..endgame import (
     unfinished_report,
 )
 from ..fitness import foreign_report
+from ..rankside import flight_records
 from ..records import Reports, RunTest, WarningRecord
 from ..settings import Value
 from ..stacks import where_blocked
@@ -89,6 +89,8 @@ class Current:
     sequences: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     #: This rank's wall clock when it began the test (flight-recorder records after it count).
     started_ns: int = dataclasses.field(default_factory=time.time_ns)
+    #: This rank's flight-recorder dump once taken (:func:`own_records`), base64.
+    records: str | None = None
 
     @classmethod
     def begin(
@@ -444,20 +446,19 @@ def _conclude(
     return stuck, healthy
 
 
-def own_records() -> str:
-    """This rank's flight-recorder dump, base64 for the JSON store ("" when it is off)."""
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
-        return ""
-    try:
-        return base64.b64encode(_compat.dump_flight_recorder()).decode("ascii")
-    except Exception:
-        return ""
+def own_records(cur: Current) -> str:
+    """This rank's flight-recorder dump for ``cur``, base64 for the JSON store ("" when the
+    recorder is off); dumped once per test (rank 0's watchdog and gather both ask for it)."""
+    if cur.records is None:
+        raw = flight_records()
+        cur.records = base64.b64encode(raw).decode("ascii") if raw else ""
+    return cur.records
 
 
 def _story(cur: Current, stacks: dict[int, keys.Stack], test_file: str) -> Story | None:
     """Which collective each stuck rank and rank 0 are in, and who is out of step (the ranks
     that finished sent no records: only the stuck ones and rank 0 are compared)."""
-    dumps = {0: load(base64.b64decode(own_records()))}
+    dumps = {0: load(base64.b64decode(own_records(cur)))}
     since = {0: cur.started_ns}
     where: dict[int, str] = {}
     for rank, stack in stacks.items():

@@ -16,11 +16,8 @@ fails the test on the ranks that issued collectives their peers did not.
 from __future__ import annotations
 
 import contextlib
-import os
-import pickle
 import time
 import traceback
-from typing import Any
 
 import pytest
 from pytest import TestReport
@@ -29,7 +26,7 @@ from .. import _compat
 from .. import fixtures as fixtures_module
 from ..context import RANK_CONTEXT, RankContext
 from ..fitness import sequences_in_step, unmatched_collectives
-from ..rankside import group_words, live_groups
+from ..rankside import collective_counts, flight_mark
 from ..records import RunTest
 from . import keys
 from .channel import ChannelError
@@ -203,40 +200,3 @@ class GroupKeeper:
         except ChannelError:
             return None
         return counts
-
-
-def _flight_recorder() -> list[dict[str, Any]] | None:
-    """The flight recorder's entries (tens of ms); None when it is off or unavailable."""
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
-        return None
-    try:
-        raw = _compat.dump_flight_recorder()
-        entries = pickle.loads(raw).get("entries", [])
-    except Exception:
-        return None
-    return list(entries)
-
-
-def flight_mark() -> int:
-    """The flight recorder's last record id, taken when the rank creates its group."""
-    entries = _flight_recorder() or []
-    return max((int(e.get("record_id", -1)) for e in entries), default=-1)
-
-
-def collective_counts(mark: int) -> dict[str, tuple[int, str]] | None:
-    """Collectives issued per live group since the group was created (record id > ``mark``).
-
-    Pool mode's :func:`rankside.collective_counts` without the records of earlier groups: a group
-    created anew here gets the old one's name (the default group is "0" again), and its records
-    stay in the recorder.
-    """
-    entries = _flight_recorder()
-    if entries is None:
-        return None
-    last: dict[str, tuple[int, str]] = {}
-    for entry in entries:
-        if entry.get("is_p2p") or int(entry.get("record_id", -1)) <= mark:
-            continue
-        name = str(entry.get("process_group", ("?",))[0])
-        last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
-    return {group_words(pg): last.get(str(pg.group_name), (0, "")) for pg in live_groups()}

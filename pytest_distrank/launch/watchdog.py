@@ -124,7 +124,7 @@ class Watchdog(threading.Thread):
             "when": cur.when,
             "reports": [rs.serialize(r) for r in list(cur.reports)],
             "warnings": warning_records(cur.caught),
-            "records": own_records(),
+            "records": own_records(cur),
             "since_ns": cur.started_ns,
             **keys.identity(cur.index, cur.item.nodeid),
         }
@@ -180,7 +180,7 @@ class Watchdog(threading.Thread):
         dump = dump_threads(rs.main_ident)
         with contextlib.suppress(OSError), open(rs.log_path, "a", encoding="utf-8") as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
-        own = explain({0: load(base64.b64decode(own_records()))}, {0: cur.started_ns})
+        own = explain({0: load(base64.b64decode(own_records(cur)))}, {0: cur.started_ns})
         info = Unfinished(
             pos,
             dump,

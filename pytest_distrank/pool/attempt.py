@@ -72,6 +72,8 @@ class Attempt:
     test_file: str
     deserialize: Deserialize
     game: Endgame
+    #: Wall clock (ns) when the test was sent: the ranks' flight-recorder records after it count.
+    sent_ns: int
     result: TestRun = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -187,7 +189,7 @@ class Attempt:
         stacks = pool.dump_stacks(stuck)
         story = explain(
             {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()},
-            pool.test_started_ns,
+            self.sent_ns,
             {rank: where_blocked(dump, self.test_file) for rank, dump in stacks.items() if dump},
         )
         for rank, message in pool.wait_for(stuck, 0.0):

@@ -134,8 +134,6 @@ class Pool:
         self.sequence_base: dict[int, dict[str, int]] = {}
         #: The test it ran last (named when a rank dies between tests).
         self.last_test: RunTest | None = None
-        #: Wall clock (ns) when the last test was sent: its flight-recorder records come after.
-        self.test_started_ns = 0
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
         self.lease: GpuLease | None = None
 
@@ -293,7 +291,7 @@ class Pool:
     ) -> TestRun:
         """Run one test on every rank (see :class:`~attempt.Attempt`)."""
         previous, self.last_test = self.last_test, test
-        self.test_started_ns = time.time_ns()  # flight-recorder records after it are the test's
+        sent_ns = time.time_ns()  # the ranks' flight-recorder records after it are the test's
         for r in self.ranks:
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
@@ -313,7 +311,7 @@ class Pool:
             grace,
             timeout_source=timeout_source,
         )
-        return Attempt(self, test, location, test_file, deserialize, game).run()
+        return Attempt(self, test, location, test_file, deserialize, game, sent_ns).run()
 
     def position(self, rank: Rank, test: RunTest) -> Position:
         """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 
-from .. import _compat
+from ..rankside import flight_records
 
 #: The signal by which the controller asks a rank for its flight-recorder dump.
 FR_SIGNAL = signal.SIGUSR2
@@ -43,10 +43,7 @@ def start_responder(log_path: str) -> None:
 def _serve(path: str) -> None:
     while True:
         signal.sigwait({FR_SIGNAL})
-        data = NO_RECORDS
-        if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() != "0":
-            with contextlib.suppress(Exception):
-                data = _compat.dump_flight_recorder()
+        data = flight_records() or NO_RECORDS
         with contextlib.suppress(OSError):
             with open(path + ".tmp", "wb") as out:
                 out.write(data)
