@@ -144,6 +144,12 @@ class Endgame:
         """Positive evidence: ``rank``'s last reports for this test arrived."""
         self.finished.add(rank)
 
+    def suspend(self, seconds: float) -> None:
+        """A debugger held the test for ``seconds``: its deadline and grace move by as much."""
+        self.started += seconds
+        if self.failed_at is not None:
+            self.failed_at += seconds
+
     def note_lost(self, rank: int, what: str, now: float) -> None:
         """``rank`` is gone (``what``: "crashed", "stopped serving"): its peers get the grace."""
         self.lost.add(rank)

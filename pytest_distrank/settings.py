@@ -238,6 +238,32 @@ SUITES = Option(
     parse_suites,
 )
 
+
+def parse_rank(text: str) -> int | None:
+    """A rank number (>= 0); empty for none."""
+    value = text.strip()
+    if not value:
+        return None
+    try:
+        rank = int(value)
+    except ValueError:
+        raise ValueError("expected a rank number (0, 1, ...)") from None
+    if rank < 0:
+        raise ValueError("expected a rank number (0, 1, ...)")
+    return rank
+
+
+DEBUG_RANK = Option(
+    "distrank_debug_rank",
+    "--distrank-debug-rank",
+    "DISTRANK_DEBUG_RANK",
+    "",
+    "Debug one rank: its output is shown live on the terminal, labelled, as the tests run, its "
+    "stdin is this terminal (input(), pdb), --trace stops in it, and its pid is printed when "
+    "its pool starts (for py-spy or gdb). Ranks of every pool with that rank number.",
+    parse_rank,
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
     BACKEND,
@@ -250,6 +276,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     GPU_WAIT,
     LAUNCHER,
     SUITES,
+    DEBUG_RANK,
 )
 
 
@@ -305,6 +332,7 @@ class Settings:
     preload: Value[tuple[str, ...]]
     gpu_lock_dir: Value[str]
     gpu_wait: Value[float]
+    debug_rank: Value[int | None]
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -318,6 +346,7 @@ class Settings:
             preload=resolve(config, PRELOAD),
             gpu_lock_dir=resolve(config, GPU_LOCK_DIR),
             gpu_wait=resolve(config, GPU_WAIT),
+            debug_rank=resolve(config, DEBUG_RANK),
         )
 
 

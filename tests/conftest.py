@@ -1,6 +1,7 @@
 """Fixtures of the plugin's tests (run in the outer pytest process).
 
-``run_pytest`` runs an end-to-end case; ``fake_gpus`` gives GPU leasing four fake GPUs. The
+``run_pytest`` runs an end-to-end case; ``in_terminal`` runs one under a pseudo-terminal,
+typing at its debugger prompts; ``fake_gpus`` gives GPU leasing four fake GPUs. The
 helpers they use (the process tag, the leak check) are in ``helpers.py``.
 """
 
@@ -14,7 +15,23 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import RUN_TIMEOUT, TAG_ENV, RunPytest, wait_gone
+from .helpers import (
+    RUN_TIMEOUT,
+    TAG_ENV,
+    InTerminal,
+    RunPytest,
+    TerminalRun,
+    run_in_terminal,
+    wait_gone,
+)
+
+
+def _assert_none_left(tag: str) -> None:
+    """No process of the inner session tagged ``tag`` may outlive it (15 s to end)."""
+    leftover = wait_gone(tag, 15)
+    for pid in leftover:
+        os.kill(pid, signal.SIGKILL)
+    assert not leftover, f"processes outlived their pytest session: {leftover}"
 
 
 @pytest.fixture
@@ -28,10 +45,27 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
         return pytester.runpytest_subprocess("-p", "distrank", *args, timeout=timeout)
 
     yield run
-    leftover = wait_gone(tag, 15)
-    for pid in leftover:
-        os.kill(pid, signal.SIGKILL)
-    assert not leftover, f"processes outlived their pytest session: {leftover}"
+    _assert_none_left(tag)
+
+
+@pytest.fixture
+def in_terminal(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[InTerminal]:
+    """Run ``pytest -p distrank ARGS`` under a pseudo-terminal; no process may outlive it."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
+    basetemp = pytester.path / "basetemp"
+
+    def run(args: list[str], answers: list[str], pause: float = 0.0) -> TerminalRun:
+        return run_in_terminal(
+            ["-p", "distrank", f"--basetemp={basetemp}", *args],
+            answers,
+            pytester.path,
+            RUN_TIMEOUT,
+            pause,
+        )
+
+    yield run
+    _assert_none_left(tag)
 
 
 @pytest.fixture

@@ -7,13 +7,22 @@ environment variable that its fork server and ranks inherit.
 
 This module holds what those checks share: the tag's variable (``TAG_ENV``), the bound on one
 inner run (``RUN_TIMEOUT``), the search for tagged processes (``tagged_pids``, ``wait_gone``) and
-the type of the ``run_pytest`` fixture (``RunPytest``). The fixtures themselves are in
-``conftest.py``.
+the type of the ``run_pytest`` fixture (``RunPytest``), and ``run_in_terminal``, which runs
+pytest under a pseudo-terminal and types answers at its debugger prompts. The fixtures
+themselves are in ``conftest.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import fcntl
 import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import termios
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,3 +62,88 @@ def wait_gone(tag: str, seconds: float) -> list[int]:
 
 #: The ``run_pytest`` fixture: ``run_pytest(*args, timeout=RUN_TIMEOUT)``.
 RunPytest = Callable[..., pytest.RunResult]
+
+
+@dataclasses.dataclass
+class TerminalRun:
+    """What a pytest run under a pseudo-terminal printed (colours off) and its exit code."""
+
+    output: str
+    returncode: int
+    #: The lines typed, in order, with how long each waited for its prompt.
+    typed: list[str]
+
+    def lines(self) -> list[str]:
+        return self.output.replace("\r\n", "\n").replace("\r", "\n").splitlines()
+
+
+#: What a debugger prompt looks like at the end of the output: pdb's, or an input() prompt.
+PROMPTS = (b"(Pdb) ", b"? ")
+
+
+#: An answer that is Ctrl-C (the terminal sends SIGINT to pytest's process group), not a line.
+CTRL_C = "\x03"
+
+
+def _take_terminal() -> None:
+    """In the child: a session of its own whose controlling terminal is the pty (its stdin), so
+    that Ctrl-C typed there is SIGINT, as in a real terminal."""
+    os.setsid()
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+def run_in_terminal(
+    args: list[str], answers: list[str], cwd: Path, timeout: float, pause: float = 0.0
+) -> TerminalRun:
+    """Run ``python -m pytest ARGS`` with a pseudo-terminal as its stdin and stdout.
+
+    Each time the output stops at a prompt (:data:`PROMPTS`), the next of ``answers`` is typed
+    (after ``pause`` seconds); once they are used up, ``c`` is. :data:`CTRL_C` is typed as
+    itself, without a newline. The whole run is bounded by
+    ``timeout``: then its process group is killed and the run fails the test that made it.
+    """
+    master, slave = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "pytest", "--color=no", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        cwd=cwd,
+        preexec_fn=_take_terminal,
+        env=dict(os.environ, COLUMNS="200"),
+    )
+    os.close(slave)
+    output = b""
+    answered = 0  # the output up to here has been answered
+    todo = list(answers)
+    typed: list[str] = []
+    end = time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not data:
+                    break
+                output += data
+                if output.endswith(PROMPTS) and len(output) > answered:
+                    time.sleep(pause)
+                    line = todo.pop(0) if todo else "c"
+                    typed.append(line)
+                    os.write(master, line.encode() if line == CTRL_C else (line + "\n").encode())
+                    answered = len(output)
+            elif process.poll() is not None:
+                break
+        else:
+            os.killpg(process.pid, signal.SIGKILL)
+            pytest.fail(f"pytest {' '.join(args)} ran past {timeout} s:\n{output.decode()}")
+    finally:
+        os.close(master)
+    return TerminalRun(output.decode("utf-8", "replace"), process.wait(30), typed)
+
+
+#: The ``in_terminal`` fixture: ``in_terminal(ARGS, answers, pause=0.0) -> TerminalRun``.
+InTerminal = Callable[..., TerminalRun]

@@ -38,13 +38,16 @@ from ..fitness import (
 from ..merge import synthesized_failure
 from ..records import Reports, RunTest, WarningRecord
 from ..stacks import read_from, signal_name, trim_fault_dump, where_blocked
-from .protocol import Fatal, FromRank
+from .debugrelay import DebugTerminal, LiveTail
+from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
 
 if TYPE_CHECKING:
     from .pool import Pool, Rank
 
 #: Bound on the ranks' flight-recorder answers once their stacks are in (a dump: tens of ms).
 FR_WAIT = 1.0
+#: How often the ``--distrank-debug-rank`` rank's log is shown while a test runs.
+LIVE_EVERY = 0.1
 
 Location = tuple[str, int | None, str]
 Deserialize = Callable[[Any], TestReport]
@@ -74,10 +77,23 @@ class Attempt:
     game: Endgame
     #: Wall clock (ns) when the test was sent: the ranks' flight-recorder records after it count.
     sent_ns: int
+    #: The controller's terminal, lent to rank debuggers (None: none may open).
+    terminal: DebugTerminal | None = None
+    #: ``--distrank-debug-rank``: the rank whose log is shown live.
+    live_rank: int | None = None
     result: TestRun = dataclasses.field(init=False)
+    #: The rank ``--pdb`` opened the debugger in (one per test: the first to fail).
+    post_mortem_rank: int | None = dataclasses.field(init=False, default=None)
+    #: Debugger sessions are over: the test's time is up and its ranks are being judged.
+    judging: bool = dataclasses.field(init=False, default=False)
+    tail: LiveTail | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.result = TestRun({r.rank: [] for r in self.pool.ranks})
+        live = next((r for r in self.pool.ranks if r.rank == self.live_rank), None)
+        if live is not None and self.terminal is not None and self.terminal.reporter is not None:
+            label = f"rank {live.rank}/{self.pool.key.world_size}"
+            self.tail = LiveTail(self.terminal, label, live.log_path, live.log_offset)
 
     def run(self) -> TestRun:
         """Wait until the end-of-test rule says the test is over; then judge what is left."""
@@ -86,8 +102,16 @@ class Attempt:
             if game.expired(time.monotonic()):
                 break
             pending = [r for r in pool.ranks if r.rank in game.pending]
-            for rank, message in pool.wait_for(pending, game.seconds_left(time.monotonic())):
+            wait = game.seconds_left(time.monotonic())
+            if self.tail is not None:
+                wait = LIVE_EVERY if wait is None else min(wait, LIVE_EVERY)
+            for rank, message in pool.wait_for(pending, wait):
                 self._take(rank, message)
+            if self.tail is not None:
+                self.tail.pump()
+        if self.tail is not None:
+            self.tail.pump(final=True)
+        self.judging = True
         if game.pending:
             self._unfinished()
         if not pool.closed:
@@ -107,6 +131,9 @@ class Attempt:
         """Account for one message (or the death) of a rank during the test."""
         game, test, result = self.game, self.test, self.result
         if rank.rank not in game.pending:
+            return
+        if isinstance(message, DEBUG_MESSAGES):
+            self._debug(rank, message)
             return
         now = time.monotonic()
         if isinstance(message, Reports) and message.index != test.index:
@@ -134,6 +161,40 @@ class Attempt:
         status = "stopped serving" if isinstance(message, Fatal) else "crashed"
         self._unfit(f"rank {rank.rank} {status} in {test.nodeid}")
         game.note_lost(rank.rank, status, now)
+
+    def _debug(self, rank: Rank, message: FromRank) -> None:
+        """A rank's debugger wants the terminal: serve it alone, the test's clocks stopped."""
+        if not isinstance(message, DebugOpen):
+            return  # the tail of a session that already ended (its rank died mid-way)
+        label = f"rank {rank.rank}/{self.pool.key.world_size}"
+        nodeid = self.test.nodeid
+        if self.terminal is None or self.judging:
+            rank.conn.send(DebugReply(False, "the test's time is up; its ranks are being stopped"))
+            return
+        if message.kind == "post_mortem":
+            if self.post_mortem_rank is not None:
+                first = self.post_mortem_rank
+                rank.conn.send(DebugReply(False, f"rank {first} failed first"))
+                self.terminal.say(f"{label} failed too; --pdb debugs rank {first}, first to fail")
+                return
+            self.post_mortem_rank = rank.rank
+
+        def receive() -> FromRank | None:
+            while True:
+                for _, got in self.pool.wait_for([rank], None):
+                    return got
+
+        started = time.monotonic()
+        self.terminal.serve(
+            label,
+            message,
+            nodeid,
+            receive,
+            rank.conn.send,
+            lambda other: self._take(rank, other),
+            self.tail if self.tail is not None and self.tail.label == label else None,
+        )
+        self.game.suspend(time.monotonic() - started)
 
     def _finished(self, rank: Rank, message: Reports) -> None:
         """The rank's last reports for the test: evidence it finished, and what it left."""

@@ -34,6 +34,7 @@ from ..requirements import check_ordinary_test, gpus_needed, skip_reason
 from ..settings import Settings, Value, item_timeout
 from ..warnings_relay import forward_warnings
 from .attempt import TestRun
+from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable
 from .pool import Pool, PoolKey, PoolStartError, PoolUnfit
 from .poolset import PoolSet, SessionStartError
@@ -108,6 +109,10 @@ class Controller:
         self.next_test_index = 0
         self.isolated = 0
         self._old_sigterm: Any = None
+        #: The controller's terminal, lent to rank debuggers (debugrelay.py).
+        self.terminal = DebugTerminal(config)
+        #: Pools whose debug rank's pid was announced (--distrank-debug-rank).
+        self._announced: set[int] = set()
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -240,6 +245,9 @@ class Controller:
                         report.outcome = "rerun"  # type: ignore[assignment]
                 ihook.pytest_runtest_logreport(report=report)
             ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            if self.terminal.quit:
+                item.session.shouldstop = self.terminal.quit  # q in a rank's debugger
+                break
             if not rerun:
                 break
             time.sleep(delay)
@@ -299,6 +307,7 @@ class Controller:
                 message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
                 self.failed_starts[key] = message
                 return self._error_reports(item, message)
+            self._announce_debug_rank(pool)
             missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
             if missing:
                 return self._error_reports(item, self._missing_message(item, pool, missing))
@@ -321,6 +330,7 @@ class Controller:
                     timeout.value,
                     timeout.source,
                     self.settings.failure_grace.value,
+                    self.terminal,
                 )
             except PoolUnfit as exc:
                 self.pools.retire(key, pool, str(exc), graceful=False)
@@ -333,6 +343,19 @@ class Controller:
             return pool, run
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _announce_debug_rank(self, pool: Pool) -> None:
+        """``--distrank-debug-rank``: name the rank's pid once per pool (for py-spy, gdb)."""
+        live = self.settings.debug_rank.value
+        if live is None or pool.id in self._announced or live >= pool.key.world_size:
+            return
+        self._announced.add(pool.id)
+        pid = pool.ranks[live].pid
+        self.terminal.say(
+            f"rank {live}/{pool.key.world_size} of pool {pool.key.describe()} is pid {pid}: its "
+            f"output is shown live, its stdin is this terminal ({self.settings.debug_rank.source}"
+            f"); to see its stack: py-spy dump --pid {pid}"
+        )
+
     def _echo_rank_output(self, pool: Pool) -> None:
         """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.
 
@@ -343,6 +366,8 @@ class Controller:
         if reporter is None:
             return
         for rank, text in pool.output_of_last_test(ECHO_LIMIT).items():
+            if rank == self.settings.debug_rank.value:
+                continue  # shown live already
             tag = f"[rank {rank}/{pool.key.world_size}] "
             for line in text.splitlines():
                 reporter.write_line(tag + line)

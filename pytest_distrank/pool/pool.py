@@ -44,6 +44,7 @@ from ..stacks import (
     where_blocked,
 )
 from .attempt import Attempt, Deserialize, TestRun
+from .debugrelay import DebugTerminal
 from .gpus import GpuLease
 from .protocol import (
     Collectives,
@@ -63,7 +64,6 @@ from .worker import DUMP_SIGNAL, rank_main
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).
 PROBE_WAIT = 30.0
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,6 +288,7 @@ class Pool:
         timeout: float,
         timeout_source: str,
         grace: float,
+        terminal: DebugTerminal | None = None,
     ) -> TestRun:
         """Run one test on every rank (see :class:`~attempt.Attempt`)."""
         previous, self.last_test = self.last_test, test
@@ -311,7 +312,11 @@ class Pool:
             grace,
             timeout_source=timeout_source,
         )
-        return Attempt(self, test, location, test_file, deserialize, game, sent_ns).run()
+        live = self.configs[0].debug.live_rank if self.configs and self.configs[0].debug else None
+        attempt = Attempt(
+            self, test, location, test_file, deserialize, game, sent_ns, terminal, live
+        )
+        return attempt.run()
 
     def position(self, rank: Rank, test: RunTest) -> Position:
         """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""

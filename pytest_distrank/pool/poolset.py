@@ -34,7 +34,7 @@ from ..settings import PRELOAD as PRELOAD_OPTION
 from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey, PoolStartError
 from .preloads import PRELOAD, plugin_modules
-from .protocol import RankConfig
+from .protocol import DebugSettings, RankConfig
 from .rankargs import coverage_settings, rank_pytest_args
 
 #: How long ranks get to tear down and exit at the end of the session.
@@ -230,6 +230,7 @@ class PoolSet:
         self.next_pool_id += 1
         pool_id = self.next_pool_id
         coverage = coverage_settings(self.config)
+        debug = self.debug_settings()
         configs = [
             RankConfig(
                 rank=rank,
@@ -241,12 +242,15 @@ class PoolSet:
                 store_path=str(workdir / f"pool{pool_id}.store"),
                 pytest_args=tuple(
                     rank_pytest_args(self.config, files, workdir / f"pool{pool_id}-rank{rank}-tmp")
-                ),
+                )
+                # The debug rank writes straight to its log, which the controller shows live.
+                + (("--capture=no",) if rank == debug.live_rank else ()),
                 env=env,
                 log_path=str(workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),
                 coverage=coverage,
                 files=tuple(files),
+                debug=debug,
             )
             for rank in range(key.world_size)
         ]
@@ -278,6 +282,17 @@ class PoolSet:
             )
         )
         return pool
+
+    def debug_settings(self) -> DebugSettings:
+        """What the ranks' debuggers do: ``--pdb``, ``--trace``, ``--distrank-debug-rank``."""
+        option = self.config.option
+        live = self.settings.debug_rank.value
+        return DebugSettings(
+            post_mortem=bool(getattr(option, "usepdb", False)),
+            trace=bool(getattr(option, "trace", False)),
+            trace_rank=live or 0,
+            live_rank=live,
+        )
 
     def _lease(self, key: PoolKey) -> GpuLease | None:
         """Lease the pool's GPUs, waiting for other pytest processes; raise GpuUnavailable.

@@ -68,6 +68,22 @@ class RankConfig:
     coverage: dict[str, Any] | None = None
     #: The pool's test files (absolute): the only files the rank's collection looks at.
     files: tuple[str, ...] = ()
+    #: How the rank's debugger behaves (``--pdb``, ``--trace``, ``--distrank-debug-rank``).
+    debug: DebugSettings | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugSettings:
+    """The controller's debugging options, as every rank of a pool needs them (rankpdb.py)."""
+
+    #: ``--pdb``: a failing test opens the debugger in its (first) failing rank.
+    post_mortem: bool = False
+    #: ``--trace``: every test starts in the debugger on rank :attr:`trace_rank`.
+    trace: bool = False
+    #: The rank that ``--trace`` stops in: ``--distrank-debug-rank``, else 0.
+    trace_rank: int = 0
+    #: ``--distrank-debug-rank``: this rank's output is live and its stdin is the terminal.
+    live_rank: int | None = None
 
 
 # controller -> rank
@@ -87,7 +103,61 @@ class Shutdown:
     """Tear down what is still set up, end the rank's pytest session and exit."""
 
 
+@dataclasses.dataclass(frozen=True)
+class DebugReply:
+    """The answer to :class:`DebugOpen`: the terminal is the rank's (``ok``), or why not."""
+
+    ok: bool
+    why: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugLine:
+    """One line the person typed, the answer to :class:`DebugRead` ("" at end of input)."""
+
+    text: str
+
+
 # rank -> controller
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugOpen:
+    """The rank wants the terminal: its debugger is at a prompt (``kind``: breakpoint,
+    post_mortem, trace, input). It waits for :class:`DebugReply`; until its
+    :class:`DebugClose` the controller serves this rank alone and the test's clocks stand
+    still. A debugger that steps sends one pair per stop, so its peers get their turns (and
+    their collectives can complete) while it runs."""
+
+    rank: int
+    kind: str
+    #: What the controller prints before the debugger's own output (the failure, the place).
+    header: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugOutput:
+    """Text the rank's debugger wrote (the controller labels each line with the rank)."""
+
+    rank: int
+    text: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugRead:
+    """The rank's debugger waits for a line of input (answered by :class:`DebugLine`)."""
+
+    rank: int
+
+
+@dataclasses.dataclass(frozen=True)
+class DebugClose:
+    """The rank gives the terminal back: its debugger left the prompt (``done``: for good,
+    not to step to the next line); ``quit``: the person asked to stop the session (``q``)."""
+
+    rank: int
+    quit: bool = False
+    done: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +199,12 @@ class Stopped:
     errors: tuple[str, ...] = ()
 
 
-FromRank = Ready | Reports | Collectives | Fatal | Stopped
+FromRank = (
+    Ready | Reports | Collectives | Fatal | Stopped
+    | DebugOpen | DebugOutput | DebugRead | DebugClose
+)  # fmt: skip
+#: The messages of a debugger session (served by the controller's debugrelay.py).
+DEBUG_MESSAGES = (DebugOpen, DebugOutput, DebugRead, DebugClose)
 
 
 def phase_slots(rank: int) -> tuple[int, int]:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
-import functools
 import os
 import pickle
 import signal
@@ -51,6 +50,7 @@ from . import ranklogs
 from .protocol import (
     Collectives,
     CountCollectives,
+    DebugSettings,
     Fatal,
     Phase,
     RankConfig,
@@ -61,6 +61,7 @@ from .protocol import (
 )
 from .rankfr import start_responder
 from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
+from .rankpdb import LiveInput, Relay, install, post_mortem, traced
 from .suiterank import SuiteRunner
 
 if TYPE_CHECKING:
@@ -136,8 +137,6 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.close(null)
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
-        if not os.environ.get("PYTHONBREAKPOINT"):  # a remote debugger named there still works
-            sys.breakpointhook = functools.partial(_no_terminal, cfg)
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
@@ -169,17 +168,6 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
             sys.stderr.flush()
             conn.close()
         os._exit(code)
-
-
-def _no_terminal(cfg: RankConfig, *args: object, **kwargs: object) -> None:
-    """``breakpoint()`` in a rank: there is no terminal to debug on; say so and what to do."""
-    pytest.fail(
-        f"breakpoint() on rank {cfg.rank}/{cfg.world_size} (pid {os.getpid()}): a rank has no "
-        "terminal (its input is /dev/null), so no debugger can open here yet. To look inside: "
-        "run the test's body as an ordinary test, attach py-spy or gdb to the pid above, or set "
-        "PYTHONBREAKPOINT to a remote debugger (such as remote_pdb.set_trace).",
-        pytrace=False,
-    )
 
 
 def _early_exit_message(cfg: RankConfig, exit_code: object) -> str:
@@ -219,6 +207,9 @@ class WorkerPlugin:
         self.coverage: Any = None
         #: Runs the tests of PyTorch's own harness classes (:mod:`suiterank`).
         self.suites = SuiteRunner()
+        #: The controller's terminal, for debuggers opened in this rank (rankpdb.py).
+        self.relay = Relay(conn, cfg.rank, cfg.world_size)
+        self.debug = cfg.debug or DebugSettings()
 
     def _arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -239,6 +230,9 @@ class WorkerPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         self.config = config
+        install(self.relay)  # after pytest's debugging plugin took pdb.set_trace
+        if self.debug.live_rank == self.cfg.rank:
+            sys.stdin = LiveInput(self.relay)
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
         for name in CONTROLLER_ONLY_PLUGINS:
             # Configured (its markers are known) but never called: the controller owns it.
@@ -316,6 +310,28 @@ class WorkerPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         self._phase(Phase.CALL)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Any:
+        """``--trace``: the test function starts in the debugger on the trace rank."""
+        if not self.debug.trace or self.debug.trace_rank != self.cfg.rank:
+            return (yield)
+        function = pyfuncitem.obj
+        pyfuncitem.obj = traced(self.relay, function)
+        try:
+            return (yield)
+        finally:
+            pyfuncitem.obj = function  # a rerun wraps it afresh
+
+    @pytest.hookimpl
+    def pytest_exception_interact(
+        self, node: pytest.Item | pytest.Collector, call: pytest.CallInfo[Any], report: Any
+    ) -> None:
+        """``--pdb``: a failure opens the debugger here if this rank is the first to fail."""
+        if not self.debug.post_mortem or call.excinfo is None or self.ctx is None:
+            return
+        longrepr = str(getattr(report, "longrepr", "") or "")
+        post_mortem(self.relay, call.excinfo.tb, longrepr)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
@@ -428,7 +444,12 @@ class WorkerPlugin:
         self.forks = 0
         self.warnings = []
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
-        item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        try:
+            item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+        finally:
+            if self.relay.open and os.getpid() == self.pid:  # stepped out of the test: let go
+                sys.settrace(None)
+                self.relay.end()
         if os.getpid() != self.pid:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid
             return

@@ -37,6 +37,7 @@ POOL_CONTROLLER = {
         "rankargs",
         "gpus",
         "terminal",
+        "debugrelay",
     )
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).
@@ -47,6 +48,7 @@ POOL_RANK = {
     "pool.rankfr",
     "pool.preload",
     "pool.suiterank",
+    "pool.rankpdb",
 }
 #: Pool mode, both sides.
 POOL_BOTH = {"pool.protocol"}
@@ -67,6 +69,7 @@ NO_TORCH = {
     "stacks",
     "reaper",
     "warnings_relay",
+    "pool.debugrelay",
 }
 
 

@@ -1,0 +1,217 @@
+"""The controller's side of a rank's debugger: its terminal, lent to one rank at a time.
+
+Runs in the controller (pool mode). A rank that opens a debugger (``breakpoint()``, ``--pdb``,
+``--trace``, the ``--distrank-debug-rank`` rank reading its stdin; see :mod:`rankpdb`) sends
+:class:`~protocol.DebugOpen` and waits. :meth:`DebugTerminal.serve` answers it: the controller's
+stdin is taken back from pytest's capture, the rank's output is shown labelled ``[rank r/n]``,
+each line typed goes back to the rank, until the rank's :class:`~protocol.DebugClose`. Meanwhile
+the controller reads no other rank's pipe, so ranks that stop too wait their turn; the caller
+(:mod:`attempt`) holds the test's deadline and failure grace still for as long as it took.
+
+Without a terminal (a pytest-xdist worker, stdin a pipe or /dev/null, ``-p no:terminal``) the
+answer is no, with why: ``breakpoint()`` then fails its rank saying so, ``--pdb`` and ``--trace``
+go on without a debugger after one line saying why.
+
+:class:`LiveTail` shows the ``--distrank-debug-rank`` rank's log as it grows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from .protocol import (
+    DebugClose,
+    DebugLine,
+    DebugOpen,
+    DebugOutput,
+    DebugRead,
+    DebugReply,
+    FromRank,
+)
+
+Receive = Callable[[], "FromRank | None"]
+Send = Callable[[Any], None]
+
+
+class DebugTerminal:
+    """The controller's terminal, as rank debuggers borrow it."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        #: Set by ``q`` in a rank's debugger: the session stops after the running test.
+        self.quit = ""
+        self._line_start = True
+        self._said: set[str] = set()
+
+    @property
+    def reporter(self) -> Any:
+        return self.config.pluginmanager.get_plugin("terminalreporter")
+
+    @property
+    def capman(self) -> Any:
+        return self.config.pluginmanager.get_plugin("capturemanager")
+
+    # -- the terminal --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def stdin(self) -> Iterator[None]:
+        """pytest's capture keeps stdin at /dev/null between tests: the real one, for a while.
+
+        Between tests pytest's global capture has stdout and stderr suspended and stdin still
+        captured (``suspend_global_capture(in_=False)``); this suspends stdin too and puts the
+        same state back afterwards (resume all, suspend output again).
+        """
+        capman = self.capman
+        if capman is None or not capman.is_globally_capturing():
+            yield
+            return
+        capman.suspend_global_capture(in_=True)
+        try:
+            yield
+        finally:
+            capman.resume_global_capture()
+            capman.suspend_global_capture(in_=False)
+
+    def unavailable(self) -> str:
+        """Why no debugger can open on this terminal, or ""."""
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            return (
+                "this pytest process is a pytest-xdist worker (-n), which has no terminal "
+                "(xdist refuses --pdb for the same reason); run the test without -n"
+            )
+        if self.reporter is None:
+            return "pytest's terminal reporter is off (-p no:terminal)"
+        with self.stdin():
+            try:
+                tty = sys.stdin is not None and sys.stdin.isatty()
+            except (ValueError, OSError):
+                tty = False
+        if not tty:
+            return "the controller's stdin is not a terminal (CI, a pipe or /dev/null)"
+        return ""
+
+    def write(self, label: str, text: str) -> None:
+        """Rank output, each line labelled ``[rank r/n]`` (a prompt without its newline too)."""
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            if self._line_start:
+                pieces.append(f"[{label}] ")
+            pieces.append(piece)
+            self._line_start = piece.endswith("\n")
+        if pieces:
+            self.reporter.write("".join(pieces), flush=True)
+
+    def say(self, text: str, once: str = "") -> None:
+        """A line of the plugin's own (``distrank:``); ``once``: only the first time per key."""
+        if self.reporter is None or (once and once in self._said):
+            return
+        self._said.add(once)
+        self._newline()
+        self.reporter.write_line(f"distrank: {text}")
+
+    def _newline(self) -> None:
+        if not self._line_start:
+            self.reporter.write("\n")
+            self._line_start = True
+        self.reporter.ensure_newline()
+
+    # -- a session -----------------------------------------------------------------------------
+
+    def serve(
+        self,
+        label: str,
+        opened: DebugOpen,
+        nodeid: str,
+        receive: Receive,
+        send: Send,
+        other: Callable[[FromRank | None], None],
+        tail: LiveTail | None = None,
+    ) -> None:
+        """One rank's debugger, from its DebugOpen to its DebugClose (or its death).
+
+        ``receive`` reads that rank's pipe (None: it died); ``other`` takes what is not part of
+        the session (reports the rank sends while stepping, its death).
+        """
+        why = self.unavailable()
+        if why:
+            send(DebugReply(False, why))
+            if opened.kind != "breakpoint":
+                self.say(f"no debugger opened in {label} for {nodeid}: {why}", once=why)
+            return
+        with self.stdin():
+            if tail is not None:
+                tail.pump(final=True)
+            if opened.header:
+                self._newline()
+                self.reporter.write_sep(">", f"{opened.header} for {nodeid}")
+            send(DebugReply(True))
+            closed = self._converse(label, receive, send, other, tail)
+            if closed is not None and closed.done and opened.kind != "input":
+                self._newline()
+                verb = "quit" if closed.quit else "continue"
+                self.reporter.write_sep(">", f"PDB {verb} in {label}")
+
+    def _converse(
+        self,
+        label: str,
+        receive: Receive,
+        send: Send,
+        other: Callable[[FromRank | None], None],
+        tail: LiveTail | None,
+    ) -> DebugClose | None:
+        """Output, input, until the rank gives the terminal back (None: it died first)."""
+        while True:
+            message = receive()
+            if isinstance(message, DebugOutput):
+                self.write(label, message.text)
+            elif isinstance(message, DebugRead):
+                if tail is not None:
+                    tail.pump(final=True)
+                line = sys.stdin.readline()
+                self._line_start = True  # the terminal echoed the line and its newline
+                send(DebugLine(line))
+            elif isinstance(message, DebugClose):
+                if message.quit:
+                    self.quit = f"Quitting debugger (q in {label})"
+                return message
+            elif isinstance(message, DebugOpen):
+                send(DebugReply(True))  # already its session
+            else:
+                other(message)
+                if message is None:
+                    return None
+
+
+class LiveTail:
+    """The ``--distrank-debug-rank`` rank's log, shown labelled as it grows during a test."""
+
+    def __init__(self, terminal: DebugTerminal, label: str, path: str, offset: int) -> None:
+        self.terminal = terminal
+        self.label = label
+        self.path = path
+        self.offset = offset
+        self.partial = ""
+
+    def pump(self, final: bool = False) -> None:
+        """Show what the log gained; a last line without its newline only when ``final``."""
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return
+        self.offset += len(data)
+        text = self.partial + data.decode("utf-8", "replace")
+        if final:
+            self.partial = ""
+        else:
+            cut = text.rfind("\n") + 1
+            text, self.partial = text[:cut], text[cut:]
+        if text and self.terminal.reporter is not None:
+            self.terminal.write(self.label, text)
