@@ -15,7 +15,10 @@ one line a person reads first:
 - shape or dtype mismatch: ``all_reduce #2 on the default group: rank 0 float32[4], rank 1
   float32[8]``;
 - missing rank: ``ranks 0, 1 wait in all_reduce #2 on the default group; rank 2 never entered it
-  (after all_reduce #1)``.
+  (after all_reduce #1)``;
+- a crash inside a collective (:func:`crash_verdict`; gloo aborts a rank whose peer sends another
+  size, with no message): ``rank 0 crashed (SIGABRT) inside all_reduce, called from test_x at
+  test_x.py:10; rank 1 was in all_reduce #2 on the default group (float32[8]): ...``.
 """
 
 from __future__ import annotations
@@ -117,6 +120,46 @@ def explain(
         return None
     lines = {rank: _line(rank_calls) for rank, rank_calls in calls.items()}
     return Story({rank: line for rank, line in lines.items() if line}, _verdict(calls, where or {}))
+
+
+def crash_verdict(
+    rank: int,
+    status: str,
+    entered: str,
+    dumps: Mapping[int, Mapping[str, Any] | None],
+    since_ns: int,
+    gloo: bool,
+) -> str:
+    """A rank died inside a collective (``entered``: "all_reduce, called from test_x at
+    test_x.py:10"): what its peers' recorders say they were in, as one verdict line.
+
+    The dead rank's own records died with it; its stack names the collective. On gloo a rank
+    that receives a different size than it passed aborts (SIGABRT) without a message, so the
+    line says so: comparing what each rank passed is the next step.
+    """
+    op = entered.split(",")[0]
+    peers: dict[int, Call] = {}
+    for peer, dump in dumps.items():
+        calls = calls_of(dump, since_ns) if dump is not None and peer != rank else []
+        same = [c for c in calls if c.op == op] or calls
+        if same:
+            peers[peer] = same[-1]
+    text = f"rank {rank} crashed ({status}) inside {entered}"
+    if peers:
+        described = _ranks_by(
+            peers,
+            lambda c: f"{c.op} #{c.number} on {c.group}" + (f" ({c.tensors})" if c.tensors else ""),
+        )
+        text += "; " + "; ".join(
+            f"{_ranks(ranks)} {'was' if len(ranks) == 1 else 'were'} in {what}"
+            for what, ranks in described
+        )
+    if gloo:
+        text += (
+            f": gloo aborts a rank that receives a different size than it passed, so compare "
+            f"the tensors (shape, dtype) each rank passes to this {op}"
+        )
+    return text
 
 
 def _line(calls: list[Call]) -> str:

@@ -63,6 +63,23 @@ def where_blocked(dump: str, test_file: str) -> str:
     return text
 
 
+def collective_entered(dump: str, test_file: str) -> str:
+    """The ``torch.distributed`` call a dump's main thread is inside, in words, or "".
+
+    ``"all_reduce, called from test_x at test_x.py:10"``: the innermost frame in
+    ``torch/distributed/``, and the innermost frame in the test's own file.
+    """
+    frames = main_thread_frames(dump)
+    inner = next(((f, n, fn) for f, n, fn in frames if "/torch/distributed/" in f), None)
+    if inner is None or frames[0] != inner:
+        return ""
+    text = inner[2]
+    own = next(((f, n, fn) for f, n, fn in frames if f == test_file), None)
+    if own is not None:
+        text += f", called from {own[2]} at {_short_path(own[0])}:{own[1]}"
+    return text
+
+
 def user_file(dump: str) -> str:
     """The file of the innermost main-thread frame outside Python, pytest and this plugin.
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from ..collectives import explain, load
+from ..collectives import crash_verdict, explain, load
 from ..endgame import (
     LATE,
     LATE_REASON,
@@ -35,9 +35,15 @@ from ..fitness import (
     unmatched_collectives,
     why_silent,
 )
-from ..merge import synthesized_failure
+from ..merge import VERDICT_ATTR, synthesized_failure
 from ..records import Reports, RunTest, WarningRecord
-from ..stacks import read_from, signal_name, trim_fault_dump, where_blocked
+from ..stacks import (
+    collective_entered,
+    read_from,
+    signal_name,
+    trim_fault_dump,
+    where_blocked,
+)
 from .debugrelay import DebugTerminal, LiveTail
 from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
 
@@ -87,6 +93,9 @@ class Attempt:
     #: Debugger sessions are over: the test's time is up and its ranks are being judged.
     judging: bool = dataclasses.field(init=False, default=False)
     tail: LiveTail | None = dataclasses.field(init=False, default=None)
+    #: Ranks that died inside a collective: (exit status, the collective and where, in words).
+    crashes: dict[int, tuple[str, str]] = dataclasses.field(init=False, default_factory=dict)
+    crash_reports: dict[int, TestReport] = dataclasses.field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.result = TestRun({r.rank: [] for r in self.pool.ranks})
@@ -112,6 +121,8 @@ class Attempt:
         if self.tail is not None:
             self.tail.pump(final=True)
         self.judging = True
+        if self.crashes:
+            self._explain_crashes()
         if game.pending:
             self._unfinished()
         if not pool.closed:
@@ -223,15 +234,41 @@ class Attempt:
             status = signal_name(rank.process.exitcode)
             output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), self.test_file)
             crash = f"crashed {pos.at} with {status}"
+            entered = collective_entered(output, self.test_file)
+            if entered:
+                crash += f" inside {entered.split(',')[0]}"
+                self.crashes[rank.rank] = (status, entered)
             text = f"rank {rank.rank}/{self.pool.key.world_size} {crash}.\n"
             if output.strip():
                 text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
             else:
                 text += "It wrote nothing since the test started.\n"
             text += f"Its whole log: {rank.log_path}"
-        return synthesized_failure(
+        report = synthesized_failure(
             test.nodeid, self.location, pos.when, crash, text, note=crash, stop=time.time()
         )
+        if rank.rank in self.crashes:
+            self.crash_reports[rank.rank] = report
+        return report
+
+    def _explain_crashes(self) -> None:
+        """Ranks that died inside a collective: what their peers' flight recorders say.
+
+        The verdict goes on the first such rank's report (``collectives:`` under the summary);
+        when peers still wait, :meth:`_unfinished` adds its own story of them.
+        """
+        pool = self.pool
+        alive = [r for r in pool.ranks if r.process.exitcode is None]
+        if not alive or not self.crashes:
+            return
+        pool.request_collectives(alive)
+        dumps = {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()}
+        rank = min(self.crashes)
+        status, entered = self.crashes[rank]
+        verdict = crash_verdict(
+            rank, status, entered, dumps, self.sent_ns, "gloo" in pool.key.backend
+        )
+        setattr(self.crash_reports[rank], VERDICT_ATTR, verdict)
 
     # -- ranks that did not finish -------------------------------------------------------------
 

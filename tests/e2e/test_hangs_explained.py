@@ -72,6 +72,34 @@ def test_ranks_in_different_collectives_are_a_mismatch(
     )
 
 
+def test_a_shape_mismatch_that_aborts_a_rank_names_the_collective_and_the_peers_tensors(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest, torch, torch.distributed as dist
+
+        @pytest.mark.world_size(2)
+        def test_shapes(rank):
+            dist.all_reduce(torch.ones(2))
+            t = torch.ones(4 if rank == 0 else 8)
+            dist.all_reduce(t)
+        """
+    )
+    result = run_pytest("--distrank-timeout=30")
+    result.assert_outcomes(failed=1)
+    # gloo aborts the rank that receives more bytes than it passed (rank 0 here), silently.
+    result.stdout.fnmatch_lines(
+        [
+            "collectives: rank 0 crashed (SIGABRT(-6)) inside all_reduce, called from "
+            "test_shapes at test_*.py:7; rank 1 was in all_reduce #2 on the default group "
+            "(float32[[]8[]]): gloo aborts a rank that receives a different size than it passed, "
+            "so compare the tensors (shape, dtype) each rank passes to this all_reduce",
+            "  rank 0/2  crashed in call with SIGABRT(-6) inside all_reduce  <- root cause",
+        ]
+    )
+
+
 def test_after_a_failure_the_waiting_ranks_say_who_left(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-from pytest_distrank.collectives import explain, load
+from pytest_distrank.collectives import crash_verdict, explain, load
 
 START = 1_000
 
@@ -122,3 +122,22 @@ def test_a_rank_without_records_gets_no_line() -> None:
     story = explain({0: dump(barrier), 1: None}, START)
     assert story is not None
     assert story.lines == {0: "in barrier #1 on the default group"}
+
+
+def test_a_crash_inside_a_collective_names_what_the_peers_were_in() -> None:
+    peer = dump(EARLIER, entry("all_reduce", True), entry("all_reduce", False, size=8))
+    other = dump(EARLIER, entry("barrier", False))
+    entered = "all_reduce, called from test_x at test_x.py:10"
+    verdict = crash_verdict(0, "SIGABRT", entered, {1: peer, 2: peer, 3: other}, START, True)
+    assert verdict == (
+        "rank 0 crashed (SIGABRT) inside all_reduce, called from test_x at test_x.py:10; "
+        "ranks 1, 2 were in all_reduce #2 on the default group (float32[8]); rank 3 was in "
+        "barrier #1 on the default group (float32[4]): gloo aborts a rank that receives a "
+        "different size than it passed, so compare the tensors (shape, dtype) each rank passes "
+        "to this all_reduce"
+    )
+
+
+def test_a_crash_without_peer_records_names_only_the_crash() -> None:
+    verdict = crash_verdict(1, "SIGSEGV", "broadcast", {0: None}, START, False)
+    assert verdict == "rank 1 crashed (SIGSEGV) inside broadcast"

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from pytest_distrank.stacks import main_thread_frames, signal_name, where_blocked
+from pytest_distrank.stacks import (
+    collective_entered,
+    main_thread_frames,
+    signal_name,
+    where_blocked,
+)
 
 
 def test_signal_names() -> None:
@@ -38,3 +43,15 @@ def test_where_blocked_names_the_innermost_and_the_test_frame() -> None:
     )
     assert text.endswith("test_x.py:12")
     assert where_blocked("", "/proj/test_x.py").startswith("no stack")
+
+
+def test_collective_entered_names_the_call_and_the_test_line() -> None:
+    text = collective_entered(DUMP, "/proj/test_x.py")
+    assert text.startswith("barrier, called from test_x at ")  # the path is shortened
+    assert text.endswith("/proj/test_x.py:12")
+
+
+def test_collective_entered_is_empty_outside_torch_distributed() -> None:
+    outside = DUMP.replace("/site-packages/torch/distributed/distributed_c10d.py", "/proj/x.py")
+    outside = outside.replace("/site-packages/torch/distributed/c10d_logger.py", "/proj/y.py")
+    assert collective_entered(outside, "/proj/test_x.py") == ""
