@@ -349,8 +349,9 @@ class WorkerPlugin:
         report.sections = [(title, cap_section(content)) for title, content in report.sections]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.pending.append(data)
-        if report.failed:
+        if report.failed and not self.debug.post_mortem:
             # Send a failure at once: the controller starts the peers' grace period from it.
+            # Under --pdb it goes after the debugger (the grace would end the test before).
             self._flush(done=False)
 
     def _flush(

@@ -121,6 +121,16 @@ def test_pdb_opens_in_the_failing_rank(pytester: pytest.Pytester, in_terminal: I
     assert any("rank 0/2  killed in call 5." in line for line in lines), run.output
 
 
+def test_pdb_opens_even_without_a_failure_grace(
+    pytester: pytest.Pytester, in_terminal: InTerminal
+) -> None:
+    pytester.makepyfile(RANK_1_FAILS)
+    run = in_terminal(["--pdb", "--distrank-failure-grace=0"], ["p rank", "c"])
+    lines = run.lines()
+    assert lines[lines.index("[rank 1/2] (Pdb) p rank") + 1] == "[rank 1/2] 1", run.output
+    assert "1 failed" in lines[-1]
+
+
 def test_pdb_opens_once_when_every_rank_fails(
     pytester: pytest.Pytester, in_terminal: InTerminal
 ) -> None:
