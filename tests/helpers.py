@@ -87,9 +87,12 @@ CTRL_C = "\x03"
 
 def _take_terminal() -> None:
     """In the child: a session of its own whose controlling terminal is the pty (its stdin), so
-    that Ctrl-C typed there is SIGINT, as in a real terminal."""
+    that Ctrl-C typed there is SIGINT, as in a real terminal. SIGINT is reset to its default: a
+    CI job started without job control inherits it ignored, and Python keeps it ignored."""
     os.setsid()
     fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run_in_terminal(
