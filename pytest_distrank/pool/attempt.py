@@ -44,7 +44,7 @@ from ..stacks import (
     trim_fault_dump,
     where_blocked,
 )
-from .debugrelay import DebugTerminal, LiveTail
+from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
 from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
 
 if TYPE_CHECKING:
@@ -191,8 +191,8 @@ class Attempt:
             self.post_mortem_rank = rank.rank
 
         def receive() -> FromRank | None:
-            while True:
-                for _, got in self.pool.wait_for([rank], None):
+            while True:  # in steps, so that Ctrl-C is seen (debugrelay.SIGNAL_CHECK)
+                for _, got in self.pool.wait_for([rank], SIGNAL_CHECK):
                     return got
 
         started = time.monotonic()

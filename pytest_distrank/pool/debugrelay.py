@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -173,7 +174,7 @@ class DebugTerminal:
             elif isinstance(message, DebugRead):
                 if tail is not None:
                     tail.pump(final=True)
-                line = sys.stdin.readline()
+                line = _read_line()
                 self._line_start = True  # the terminal echoed the line and its newline
                 send(DebugLine(line))
             elif isinstance(message, DebugClose):
@@ -186,6 +187,27 @@ class DebugTerminal:
                 other(message)
                 if message is None:
                     return None
+
+
+#: Longest a blocking wait of the controller lasts before it looks at its signals again.
+SIGNAL_CHECK = 0.5
+
+
+def _read_line() -> str:
+    """A line from the terminal ("" at its end), waiting in steps: a Ctrl-C whose SIGINT the
+    kernel gave to another thread of the controller (a plugin's) still interrupts within
+    :data:`SIGNAL_CHECK`. Read from the fd, unbuffered: a terminal in canonical mode gives one
+    line per read, so lines typed ahead stay in the terminal for the next prompt."""
+    fd = sys.stdin.fileno()
+    data = b""
+    while not data.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], SIGNAL_CHECK)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.decode("utf-8", "replace")
 
 
 class LiveTail:
