@@ -59,6 +59,8 @@ class Relay:
         self.pid = os.getpid()
         #: A session is open: the controller serves this rank alone until it is closed.
         self.open = False
+        #: The debugger of the running test, while it traces (between its prompts too).
+        self.debugger: RelayPdb | None = None
 
     @property
     def label(self) -> str:
@@ -93,6 +95,15 @@ class Relay:
         if self.open:
             self.open = False
             self.conn.send(DebugClose(self.rank, quit, done))
+
+    def release(self) -> None:
+        """The test is over: a debugger still stepping stops tracing (as pdb's ``continue``
+        does), so it does not stop in the rank's own loop or in the next test."""
+        debugger, self.debugger = self.debugger, None
+        if debugger is not None and not debugger.done:
+            debugger.set_continue()
+            sys.settrace(None)
+        self.end()
 
     def write(self, text: str) -> None:
         if text:
@@ -149,7 +160,7 @@ class RelayInput:
 
 
 class RelayPdb(pdb.Pdb):
-    """``pdb.Pdb`` on the controller's terminal; its session spans from opening to continue."""
+    """``pdb.Pdb`` on the controller's terminal, borrowed for each stop at its prompt."""
 
     def __init__(self, relay: Relay, kind: str) -> None:
         self.relay = relay
@@ -175,11 +186,14 @@ class RelayPdb(pdb.Pdb):
                 _no_terminal(self.relay, reply.why)
             return
         self.announced = True
+        self.relay.debugger = self
         try:
             super().interaction(frame, tb)
         finally:
             self.output.flush()
             self.relay.end(done=self.done or self.kind == POST_MORTEM)
+            if self.done and self.relay.debugger is self:
+                self.relay.debugger = None
 
     def set_continue(self) -> None:
         super().set_continue()

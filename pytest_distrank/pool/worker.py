@@ -448,9 +448,8 @@ class WorkerPlugin:
         try:
             item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         finally:
-            if self.relay.open and os.getpid() == self.pid:  # stepped out of the test: let go
-                sys.settrace(None)
-                self.relay.end()
+            if os.getpid() == self.pid:
+                self.relay.release()  # a debugger stepped out of the test: it lets go here
         if os.getpid() != self.pid:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid
             return

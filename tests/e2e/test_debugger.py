@@ -106,6 +106,32 @@ def test_ranks_that_stop_take_turns(pytester: pytest.Pytester, in_terminal: InTe
     assert sorted(answers) == ["[rank 0/2] 0", "[rank 1/2] 1"], run.output
 
 
+def test_a_debugger_stepping_out_of_its_test_lets_go_when_the_test_ends(
+    pytester: pytest.Pytester, in_terminal: InTerminal
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_first(rank):
+            if rank == 1:
+                breakpoint()
+            assert rank >= 0
+
+        @pytest.mark.world_size(2)
+        def test_second(rank):
+            assert rank >= 0
+        """
+    )
+    steps = ["n"] * 2000  # far more than the lines from the test to the end of its protocol
+    run = in_terminal([], steps)
+    assert run.returncode == 0, run.output[-3000:]
+    assert "2 passed" in run.lines()[-1]
+    assert run.typed == steps[: len(run.typed)] and len(run.typed) < len(steps)  # never `c`
+    assert run.output.count(">>> PDB set_trace in rank 1/2") == 1
+
+
 def test_pdb_opens_in_the_failing_rank(pytester: pytest.Pytester, in_terminal: InTerminal) -> None:
     pytester.makepyfile(RANK_1_FAILS)
     run = in_terminal(["--pdb"], ["p rank", "p t", "c"])
