@@ -19,6 +19,7 @@ Workloads:
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
   MultiProcContinuous   PyTorch's harness that keeps its ranks for a class
+  MultiThreadedTestCase PyTorch's harness with threads as ranks (one process, a threaded group)
 """
 
 from __future__ import annotations
@@ -108,6 +109,29 @@ CONTINUOUS_TEST = """
         assert t.item() == {ws}
 """
 
+THREADED = """
+import torch, torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiThreadedTestCase
+
+
+class TestReduce(MultiThreadedTestCase):
+    @property
+    def world_size(self):
+        return {ws}
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_threads()
+
+{tests}
+"""
+THREADED_TEST = """
+    def test_{i}(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == {ws}
+"""
+
 
 def pss_of_tree(root: int) -> int:
     """Summed PSS in bytes of ``root`` and all its descendants."""
@@ -182,6 +206,11 @@ def workloads() -> list[Workload]:
             ws=ws, tests="".join(CONTINUOUS_TEST.format(i=i, ws=ws) for i in range(k))
         )
 
+    def threaded(ws: int) -> Callable[[int], str]:
+        return lambda k: THREADED.format(
+            ws=ws, tests="".join(THREADED_TEST.format(i=i, ws=ws) for i in range(k))
+        )
+
     pytest_cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     plain = [*pytest_cmd, "-p", "no:distrank"]
     return [
@@ -198,6 +227,7 @@ def workloads() -> list[Workload]:
         ("pytest plain", distrank(PLAIN_TEST, 1), plain, "big"),
         ("MultiProcContinuous ws2", continuous(2), plain, "big"),
         ("MultiProcContinuous ws4", continuous(4), plain, "big"),
+        ("MultiThreadedTestCase ws4", threaded(4), plain, "big"),
         ("MultiProcessTestCase ws2", mptc(2), plain, "small"),
         ("MultiProcessTestCase ws4", mptc(4), plain, "small"),
     ]
