@@ -96,6 +96,8 @@ class Attempt:
     #: Ranks that died inside a collective: (exit status, the collective and where, in words).
     crashes: dict[int, tuple[str, str]] = dataclasses.field(init=False, default_factory=dict)
     crash_reports: dict[int, TestReport] = dataclasses.field(init=False, default_factory=dict)
+    #: The ranks' flight records, once :meth:`_unfinished` has read them.
+    fr_dumps: dict[int, dict[str, Any] | None] | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.result = TestRun({r.rank: [] for r in self.pool.ranks})
@@ -121,10 +123,10 @@ class Attempt:
         if self.tail is not None:
             self.tail.pump(final=True)
         self.judging = True
-        if self.crashes:
-            self._explain_crashes()
         if game.pending:
             self._unfinished()
+        if self.crashes:
+            self._explain_crashes()
         if not pool.closed:
             self._strays()
         if not pool.closed and pool.broken is None:
@@ -255,14 +257,17 @@ class Attempt:
         """Ranks that died inside a collective: what their peers' flight recorders say.
 
         The verdict goes on the first such rank's report (``collectives:`` under the summary);
-        when peers still wait, :meth:`_unfinished` adds its own story of them.
+        when peers were stuck, :meth:`_unfinished` read their records already (and told its own
+        story of them).
         """
         pool = self.pool
-        alive = [r for r in pool.ranks if r.process.exitcode is None]
-        if not alive or not self.crashes:
-            return
-        pool.request_collectives(alive)
-        dumps = {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()}
+        dumps = self.fr_dumps
+        if dumps is None:  # no rank was stuck: the survivors are idle, ask them now
+            alive = [r for r in pool.ranks if r.process.exitcode is None]
+            if not alive:
+                return
+            pool.request_collectives(alive)
+            dumps = {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()}
         rank = min(self.crashes)
         status, entered = self.crashes[rank]
         verdict = crash_verdict(
@@ -283,10 +288,16 @@ class Attempt:
         stuck = [r for r in pool.ranks if r.rank in game.pending]
         positions = {r.rank: pool.position(r, test) for r in stuck}  # before the dump
         alive = [r for r in pool.ranks if r.process.exitcode is None]
-        pool.request_collectives(alive)
+        # Stacks first, records after: faulthandler's dump of every thread (run in a signal
+        # handler) reads the other threads' frames unlocked, and crashed a rank (SIGSEGV) whose
+        # flight-recorder thread was running Python at that moment, answering the records' signal.
         stacks = pool.dump_stacks(stuck)
+        pool.request_collectives(alive)
+        self.fr_dumps = {
+            rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()
+        }
         story = explain(
-            {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()},
+            self.fr_dumps,
             self.sent_ns,
             {rank: where_blocked(dump, self.test_file) for rank, dump in stacks.items() if dump},
         )
