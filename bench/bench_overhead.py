@@ -193,43 +193,32 @@ Workload = tuple[str, Callable[[int], str], list[str], str]
 def workloads() -> list[Workload]:
     py = sys.executable
 
-    def distrank(test: str, ws: int) -> Callable[[int], str]:
-        return lambda k: DISTRANK.format(tests="".join(test.format(i=i, ws=ws) for i in range(k)))
-
-    def mptc(ws: int) -> Callable[[int], str]:
-        return lambda k: MPTC.format(
-            ws=ws, tests="".join(MPTC_TEST.format(i=i, ws=ws) for i in range(k))
-        )
-
-    def continuous(ws: int) -> Callable[[int], str]:
-        return lambda k: CONTINUOUS.format(
-            ws=ws, tests="".join(CONTINUOUS_TEST.format(i=i, ws=ws) for i in range(k))
-        )
-
-    def threaded(ws: int) -> Callable[[int], str]:
-        return lambda k: THREADED.format(
-            ws=ws, tests="".join(THREADED_TEST.format(i=i, ws=ws) for i in range(k))
+    def harness(template: str, test: str, ws: int) -> Callable[[int], str]:
+        """A test file of ``k`` tests: ``template`` around ``k`` copies of ``test``."""
+        return lambda k: template.format(
+            ws=ws, tests="".join(test.format(i=i, ws=ws) for i in range(k))
         )
 
     pytest_cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     plain = [*pytest_cmd, "-p", "no:distrank"]
+    plugin = [*pytest_cmd, "-p", "distrank"]
     return [
-        ("distrank ws2", distrank(DISTRANK_TEST, 2), [*pytest_cmd, "-p", "distrank"], "big"),
-        ("distrank ws4", distrank(DISTRANK_TEST, 4), [*pytest_cmd, "-p", "distrank"], "big"),
-        ("distrank ws4 empty", distrank(EMPTY_TEST, 4), [*pytest_cmd, "-p", "distrank"], "big"),
+        ("distrank ws2", harness(DISTRANK, DISTRANK_TEST, 2), plugin, "big"),
+        ("distrank ws4", harness(DISTRANK, DISTRANK_TEST, 4), plugin, "big"),
+        ("distrank ws4 empty", harness(DISTRANK, EMPTY_TEST, 4), plugin, "big"),
         # PyTorch's flight recorder off (it records every collective; the hang reports read it).
         (
             "distrank ws4 FR off",
-            distrank(DISTRANK_TEST, 4),
+            harness(DISTRANK, DISTRANK_TEST, 4),
             ["env", "TORCH_FR_BUFFER_SIZE=0", *pytest_cmd, "-p", "distrank"],
             "big",
         ),
-        ("pytest plain", distrank(PLAIN_TEST, 1), plain, "big"),
-        ("MultiProcContinuous ws2", continuous(2), plain, "big"),
-        ("MultiProcContinuous ws4", continuous(4), plain, "big"),
-        ("MultiThreadedTestCase ws4", threaded(4), plain, "big"),
-        ("MultiProcessTestCase ws2", mptc(2), plain, "small"),
-        ("MultiProcessTestCase ws4", mptc(4), plain, "small"),
+        ("pytest plain", harness(DISTRANK, PLAIN_TEST, 1), plain, "big"),
+        ("MultiProcContinuous ws2", harness(CONTINUOUS, CONTINUOUS_TEST, 2), plain, "big"),
+        ("MultiProcContinuous ws4", harness(CONTINUOUS, CONTINUOUS_TEST, 4), plain, "big"),
+        ("MultiThreadedTestCase ws4", harness(THREADED, THREADED_TEST, 4), plain, "big"),
+        ("MultiProcessTestCase ws2", harness(MPTC, MPTC_TEST, 2), plain, "small"),
+        ("MultiProcessTestCase ws4", harness(MPTC, MPTC_TEST, 4), plain, "small"),
     ]
 
 

@@ -253,6 +253,11 @@ class Attempt:
             self.crash_reports[rank.rank] = report
         return report
 
+    def _records(self, ranks: list[Rank]) -> dict[int, dict[str, Any] | None]:
+        """The flight records of ``ranks`` (None for a rank that did not answer in time)."""
+        self.pool.request_collectives(ranks)
+        return {r: load(raw) for r, raw in self.pool.read_collectives(ranks, FR_WAIT).items()}
+
     def _explain_crashes(self) -> None:
         """Ranks that died inside a collective: what their peers' flight recorders say.
 
@@ -266,8 +271,7 @@ class Attempt:
             alive = [r for r in pool.ranks if r.process.exitcode is None]
             if not alive:
                 return
-            pool.request_collectives(alive)
-            dumps = {rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()}
+            dumps = self._records(alive)
         rank = min(self.crashes)
         status, entered = self.crashes[rank]
         verdict = crash_verdict(
@@ -292,10 +296,7 @@ class Attempt:
         # handler) reads the other threads' frames unlocked, and crashed a rank (SIGSEGV) whose
         # flight-recorder thread was running Python at that moment, answering the records' signal.
         stacks = pool.dump_stacks(stuck)
-        pool.request_collectives(alive)
-        self.fr_dumps = {
-            rank: load(raw) for rank, raw in pool.read_collectives(alive, FR_WAIT).items()
-        }
+        self.fr_dumps = self._records(alive)
         story = explain(
             self.fr_dumps,
             self.sent_ns,

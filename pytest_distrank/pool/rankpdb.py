@@ -24,7 +24,7 @@ import os
 import pdb
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from multiprocessing.connection import Connection
 from types import FrameType, TracebackType
 from typing import IO, Any, TypeVar, cast
@@ -278,6 +278,22 @@ def traced(relay: Relay, function: Callable[..., Any]) -> Callable[..., Any]:
         return debugger.runcall(function, *args, **kwargs)
 
     return wrapper
+
+
+class TracePlugin:
+    """``--trace`` on the trace rank: each test function starts in the debugger there."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Generator[None, Any, Any]:
+        function = pyfuncitem.obj
+        pyfuncitem.obj = traced(self.relay, function)
+        try:
+            return (yield)
+        finally:
+            pyfuncitem.obj = function  # a rerun wraps it afresh
 
 
 class LiveInput:

@@ -61,7 +61,7 @@ from .protocol import (
 )
 from .rankfr import start_responder
 from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
-from .rankpdb import LiveInput, Relay, install, post_mortem, traced
+from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .suiterank import SuiteRunner
 
 if TYPE_CHECKING:
@@ -231,6 +231,9 @@ class WorkerPlugin:
     def pytest_configure(self, config: pytest.Config) -> None:
         self.config = config
         install(self.relay)  # after pytest's debugging plugin took pdb.set_trace
+        if self.debug.trace and self.debug.trace_rank == self.cfg.rank:
+            # Only on the trace rank: other ranks pay no hook wrapper per test.
+            config.pluginmanager.register(TracePlugin(self.relay), "distrank-trace")
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
@@ -310,18 +313,6 @@ class WorkerPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_call(self, item: pytest.Item) -> None:
         self._phase(Phase.CALL)
-
-    @pytest.hookimpl(wrapper=True)
-    def pytest_pyfunc_call(self, pyfuncitem: pytest.Function) -> Any:
-        """``--trace``: the test function starts in the debugger on the trace rank."""
-        if not self.debug.trace or self.debug.trace_rank != self.cfg.rank:
-            return (yield)
-        function = pyfuncitem.obj
-        pyfuncitem.obj = traced(self.relay, function)
-        try:
-            return (yield)
-        finally:
-            pyfuncitem.obj = function  # a rerun wraps it afresh
 
     @pytest.hookimpl
     def pytest_exception_interact(
