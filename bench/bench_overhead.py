@@ -9,12 +9,14 @@ goes, and reports the peak.
 
 Usage (from the repository root, with the project installed):
 
-    python bench/bench_overhead.py               # K=200, 3 repetitions, medians
+    python bench/bench_overhead.py               # K=200, 5 repetitions, medians
     python bench/bench_overhead.py --k 50 --repeat 1   # quick look
 
 Workloads:
   distrank ws2/ws4      one all_reduce of a 1-element tensor and one assert, world size 2 and 4
   distrank ws4 empty    a 4-rank test whose body does nothing (the plugin's own overhead)
+  ... lockstep          the same with --distrank-dispatch=lockstep (each test sent only when the
+                        controller asks for it: the dispatch before the ranks ran ahead)
   distrank ws4 FR off   ws4 with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0)
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
@@ -25,6 +27,7 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -202,15 +205,19 @@ def workloads() -> list[Workload]:
     pytest_cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     plain = [*pytest_cmd, "-p", "no:distrank"]
     plugin = [*pytest_cmd, "-p", "distrank"]
+    lockstep = [*plugin, "--distrank-dispatch=lockstep"]
     return [
         ("distrank ws2", harness(DISTRANK, DISTRANK_TEST, 2), plugin, "big"),
+        ("distrank ws2 lockstep", harness(DISTRANK, DISTRANK_TEST, 2), lockstep, "big"),
         ("distrank ws4", harness(DISTRANK, DISTRANK_TEST, 4), plugin, "big"),
+        ("distrank ws4 lockstep", harness(DISTRANK, DISTRANK_TEST, 4), lockstep, "big"),
         ("distrank ws4 empty", harness(DISTRANK, EMPTY_TEST, 4), plugin, "big"),
+        ("distrank ws4 empty lockstep", harness(DISTRANK, EMPTY_TEST, 4), lockstep, "big"),
         # PyTorch's flight recorder off (it records every collective; the hang reports read it).
         (
             "distrank ws4 FR off",
             harness(DISTRANK, DISTRANK_TEST, 4),
-            ["env", "TORCH_FR_BUFFER_SIZE=0", *pytest_cmd, "-p", "distrank"],
+            ["env", "TORCH_FR_BUFFER_SIZE=0", *plugin],
             "big",
         ),
         ("pytest plain", harness(DISTRANK, PLAIN_TEST, 1), plain, "big"),
@@ -222,47 +229,67 @@ def workloads() -> list[Workload]:
     ]
 
 
-def measure(
-    name: str, make: Callable[[int], str], cmd: list[str], k_small: int, k_big: int, repeat: int
-) -> dict[str, float]:
-    per_test, first, totals, peaks, dispatch = [], [], [], [], []
-    with tempfile.TemporaryDirectory(prefix="distrank-bench-") as tmp:
-        folder = Path(tmp)
-        for _ in range(repeat):
-            (folder / "test_one.py").write_text(make(1))
-            one, _ = timed_run([*cmd, "test_one.py"], folder)
-            (folder / "test_one.py").unlink()
-            (folder / "test_small.py").write_text(make(k_small))
-            small, _ = timed_run([*cmd, "test_small.py"], folder)
-            (folder / "test_small.py").unlink()
-            (folder / "test_big.py").write_text(make(k_big))
-            os.environ["DISTRANK_STATS_FILE"] = str(folder / "stats.json")
-            big, _ = timed_run([*cmd, "test_big.py"], folder)
-            os.environ.pop("DISTRANK_STATS_FILE")
-            if (folder / "stats.json").exists():
-                seconds = json.loads((folder / "stats.json").read_text())["test_seconds"]
-                dispatch.append(statistics.median(seconds[1:] or seconds))
-            _, peak = timed_run([*cmd, "test_big.py"], folder, sample_memory=True)
-            (folder / "test_big.py").unlink()
-            per_test.append((big - small) / (k_big - k_small))
-            first.append(one)
-            totals.append(big)
-            peaks.append(peak)
-    return {
-        "per_test": statistics.median(per_test),
-        "first": statistics.median(first),
-        "total": statistics.median(totals),
-        "peak": statistics.median(peaks),
-        "k": k_big,
-        # The plugin's own number: controller wall time per test, dispatch to merged report.
-        "dispatch": statistics.median(dispatch) if dispatch else float("nan"),
-    }
+@dataclasses.dataclass
+class Samples:
+    """One workload's numbers, one entry per repetition."""
+
+    per_test: list[float] = dataclasses.field(default_factory=list)
+    first: list[float] = dataclasses.field(default_factory=list)
+    total: list[float] = dataclasses.field(default_factory=list)
+    peak: list[int] = dataclasses.field(default_factory=list)
+    #: The plugin's own numbers (DISTRANK_STATS_FILE), per repetition: medians over the tests.
+    dispatch: list[float] = dataclasses.field(default_factory=list)
+    rank_cpu: list[float] = dataclasses.field(default_factory=list)
+    controller_cpu: list[float] = dataclasses.field(default_factory=list)
+
+
+def measure_once(
+    make: Callable[[int], str],
+    cmd: list[str],
+    k_small: int,
+    k_big: int,
+    folder: Path,
+    samples: Samples,
+    sample_memory: bool,
+) -> None:
+    """One repetition of one workload: a 1-test, a small and a large run (and the memory run)."""
+    (folder / "test_one.py").write_text(make(1))
+    one, _ = timed_run([*cmd, "test_one.py"], folder)
+    (folder / "test_one.py").unlink()
+    (folder / "test_small.py").write_text(make(k_small))
+    small, _ = timed_run([*cmd, "test_small.py"], folder)
+    (folder / "test_small.py").unlink()
+    (folder / "test_big.py").write_text(make(k_big))
+    stats_path = folder / "stats.json"
+    os.environ["DISTRANK_STATS_FILE"] = str(stats_path)
+    big, _ = timed_run([*cmd, "test_big.py"], folder)
+    os.environ.pop("DISTRANK_STATS_FILE")
+    if stats_path.exists():
+        stats = json.loads(stats_path.read_text())
+        stats_path.unlink()
+        samples.dispatch.append(statistics.median(stats["test_seconds"][1:]))
+        samples.controller_cpu.append(statistics.median(stats["controller_cpu"][1:]))
+        per_rank = [cpu / tests for cpu, tests in stats["rank_cpu"]]
+        if per_rank:
+            samples.rank_cpu.append(statistics.median(per_rank))
+    if sample_memory:
+        _, peak = timed_run([*cmd, "test_big.py"], folder, sample_memory=True)
+        samples.peak.append(peak)
+    (folder / "test_big.py").unlink()
+    samples.per_test.append((big - small) / (k_big - k_small))
+    samples.first.append(one)
+    samples.total.append(big)
 
 
 #: Targets of the speed issue (2-core machine, gloo): steady-state per-test milliseconds.
-PER_TEST_TARGET_MS = {"distrank ws2": 3.0, "distrank ws4": 4.0, "distrank ws4 empty": 2.5}
-#: A whole one-test session at world size 4, fork server start included, in seconds.
+PER_TEST_TARGET_MS = {"distrank ws2": 2.5, "distrank ws4": 4.0, "distrank ws4 empty": 2.5}
+#: Rank and controller CPU per trivial test (ws4), milliseconds.
+RANK_CPU_TARGET_MS = 0.7
+CONTROLLER_CPU_TARGET_MS = 1.0
+#: A whole one-test session at world size 4, fork server start included, in seconds, and as a
+#: multiple of ``python -c "import torch"`` measured in the same repetitions.
 FIRST_TEST_TARGET_S = 2.5
+FIRST_TEST_TARGET_RATIO = 1.2
 
 
 def verdict(value: float, target: float) -> str:
@@ -271,52 +298,96 @@ def verdict(value: float, target: float) -> str:
     return f"MISSED by {value - target:.2f} ({value / target:.1f}x the target {target:g})"
 
 
+def ms(values: list[float]) -> str:
+    """Median in milliseconds, or '-'."""
+    return f"{statistics.median(values) * 1000:.2f}" if values else "-"
+
+
+def spread(values: list[float]) -> str:
+    """min-max in milliseconds."""
+    return f"{min(values) * 1000:.2f}-{max(values) * 1000:.2f}" if values else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=200, help="tests per large run (default 200)")
     parser.add_argument("--k-ref", type=int, default=4, help="tests per MultiProcessTestCase run")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions; medians reported")
+    parser.add_argument("--repeat", type=int, default=5, help="repetitions; medians reported")
     parser.add_argument("--only", default="", help="comma-separated workload name filter")
     args = parser.parse_args()
     os.environ.pop("PYTEST_ADDOPTS", None)
-    results = {}
-    for name, make, cmd, size in workloads():
-        if args.only and not any(part in name for part in args.only.split(",")):
-            continue
-        k_small, k_big = (max(2, args.k // 10), args.k) if size == "big" else (1, args.k_ref)
-        print(f"running {name} ...", file=sys.stderr, flush=True)
-        results[name] = measure(name, make, cmd, k_small, k_big, args.repeat)
+    chosen = [
+        w
+        for w in workloads()
+        if not args.only or any(part in w[0] for part in args.only.split(","))
+    ]
+    results = {name: Samples() for name, *_ in chosen}
+    import_torch: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="distrank-bench-") as tmp:
+        # Repetitions outermost: a machine that slows down over the run slows every workload
+        # alike, instead of the ones measured last.
+        for rep in range(args.repeat):
+            import_torch.append(timed_run([sys.executable, "-c", "import torch"], Path(tmp))[0])
+            for index, (name, make, cmd, size) in enumerate(chosen):
+                big = size == "big"
+                k_small, k_big = (max(2, args.k // 10), args.k) if big else (1, args.k_ref)
+                print(f"[{rep + 1}/{args.repeat}] {name} ...", file=sys.stderr, flush=True)
+                folder = Path(tmp) / str(index)
+                folder.mkdir(exist_ok=True)
+                measure_once(make, cmd, k_small, k_big, folder, results[name], rep == 0)
     reference = {ws: results.get(f"MultiProcessTestCase ws{ws}") for ws in (2, 4)}
+    print(
+        f"{args.repeat} repetitions; medians, and min-max over the repetitions; K={args.k} "
+        f"(MultiProcessTestCase K={args.k_ref}); per test = (wall of K tests - wall of K/10 "
+        "tests) / (K - K/10), whole pytest processes"
+    )
     header = (
-        f"{'workload':<26}{'K':>5}{'total s':>9}{'per test ms':>13}{'1-test session s':>18}"
-        f"{'peak PSS MiB':>14}{'MPTC / this':>13}{'in-plugin ms':>14}"
+        f"{'workload':<28}{'per test ms':>12}{'min-max':>13}{'rank CPU ms':>12}"
+        f"{'ctrl CPU ms':>12}{'in-plugin ms':>13}{'1-test s':>9}{'PSS MiB':>9}{'MPTC/this':>10}"
     )
     print(header)
     print("-" * len(header))
     for name, r in results.items():
-        ws = 4 if "ws4" in name else 2
-        ref = reference[ws]
-        ratio = f"{ref['per_test'] / r['per_test']:.0f}x" if ref and r["per_test"] > 0 else "-"
+        ref = reference[4 if "ws4" in name else 2]
+        per_test = statistics.median(r.per_test)
+        ratio = "-"
+        if ref and per_test > 0:
+            ratio = f"{statistics.median(ref.per_test) / per_test:.0f}x"
         print(
-            f"{name:<26}{r['k']:>5.0f}{r['total']:>9.2f}{r['per_test'] * 1000:>13.2f}"
-            f"{r['first']:>18.2f}{r['peak'] / 2**20:>14.0f}{ratio:>13}"
-            f"{r['dispatch'] * 1000:>14.2f}"
+            f"{name:<28}{per_test * 1000:>12.2f}{spread(r.per_test):>13}{ms(r.rank_cpu):>12}"
+            f"{ms(r.controller_cpu):>12}{ms(r.dispatch):>13}{statistics.median(r.first):>9.2f}"
+            f"{statistics.median(r.peak) / 2**20:>9.0f}{ratio:>10}"
         )
-    print("\ntargets")
+    torch_s = statistics.median(import_torch)
+    label = 'python -c "import torch"'
+    print(f"{label:<28}{'':>71}{torch_s:>9.2f}")
+    print("\ntargets (medians)")
     for name, target in PER_TEST_TARGET_MS.items():
         if name in results:
-            per_test = results[name]["per_test"] * 1000
-            print(f"  {name + ' per test ms':<34}{verdict(per_test, target)}")
-    if "distrank ws4" in results:
-        first = results["distrank ws4"]["first"]
-        print(f"  {'1-test session ws4 s':<34}{verdict(first, FIRST_TEST_TARGET_S)}")
-    ref = reference[4]
-    if ref and "distrank ws4" in results:
-        ratio_4 = ref["per_test"] / results["distrank ws4"]["per_test"]
+            value = statistics.median(results[name].per_test) * 1000
+            print(f"  {name + ' per test ms':<36}{verdict(value, target)}")
+    ws4 = results.get("distrank ws4")
+    if ws4 is not None:
+        if ws4.rank_cpu:
+            value = statistics.median(ws4.rank_cpu) * 1000
+            print(f"  {'rank CPU per test ws4 ms':<36}{verdict(value, RANK_CPU_TARGET_MS)}")
+        if ws4.controller_cpu:
+            value = statistics.median(ws4.controller_cpu) * 1000
+            label = "controller CPU per test ws4 ms"
+            print(f"  {label:<36}{verdict(value, CONTROLLER_CPU_TARGET_MS)}")
+        first = statistics.median(ws4.first)
+        print(f"  {'1-test session ws4 s':<36}{verdict(first, FIRST_TEST_TARGET_S)}")
         print(
-            f"  {'MPTC / distrank ws4':<34}{'met' if ratio_4 >= 1000 else 'MISSED'} "
-            f"({ratio_4:.0f}x, target >= 1000x)"
+            f"  {'1-test session / import torch':<36}"
+            f"{verdict(first / torch_s, FIRST_TEST_TARGET_RATIO)}"
         )
+        ref = reference[4]
+        if ref:
+            ratio_4 = statistics.median(ref.per_test) / statistics.median(ws4.per_test)
+            print(
+                f"  {'MPTC / distrank ws4':<36}{'met' if ratio_4 >= 1000 else 'MISSED'} "
+                f"({ratio_4:.0f}x, target >= 1000x)"
+            )
 
 
 if __name__ == "__main__":

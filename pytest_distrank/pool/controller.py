@@ -231,8 +231,8 @@ class Controller:
         for attempt in range(reruns + 1):
             last = attempt == reruns
             ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-            started = time.monotonic()
-            reports = self._execute(item, entry, keep_pool=not last)
+            started, cpu = time.monotonic(), time.process_time()
+            reports = self._execute(item, nextitem, entry, keep_pool=not last)
             self.stats.tests += attempt == 0
             self.stats.test_seconds.append(time.monotonic() - started)
             rerun = not last and any(report.failed for report in reports)
@@ -245,6 +245,7 @@ class Controller:
                         report.outcome = "rerun"  # type: ignore[assignment]
                 ihook.pytest_runtest_logreport(report=report)
             ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+            self.stats.controller_cpu.append(time.process_time() - cpu)
             if self.terminal.quit:
                 item.session.shouldstop = self.terminal.quit  # q in a rank's debugger
                 break
@@ -253,7 +254,9 @@ class Controller:
             time.sleep(delay)
         return True
 
-    def _execute(self, item: pytest.Item, entry: Planned, keep_pool: bool) -> list[TestReport]:
+    def _execute(
+        self, item: pytest.Item, nextitem: pytest.Item | None, entry: Planned, keep_pool: bool
+    ) -> list[TestReport]:
         """Run the test on its pool; ``keep_pool``: it may run again next (a rerun)."""
         assert entry.key is not None and entry.spec is not None
         key, next_nodeid = entry.key, entry.next_nodeid
@@ -272,6 +275,12 @@ class Controller:
             self.pools.retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None and not keep_pool:
             self.pools.retire(key, pool, None, graceful=True)
+        elif nextitem is not None and self._may_run_ahead(item, nextitem, next_nodeid, pool, run):
+            following = self._get_plan(item.session)[nextitem.nodeid].next_nodeid
+            try:
+                pool.send_ahead(self._new_test(nextitem, following))
+            except PoolUnfit as exc:  # a rank died after the test: the next one gets a new pool
+                self.pools.retire(key, pool, str(exc), graceful=False)
         merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
             item=item, reports=run.reports
         )
@@ -311,16 +320,11 @@ class Controller:
             missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
             if missing:
                 return self._error_reports(item, self._missing_message(item, pool, missing))
-            self.next_test_index += 1
-            index = self.next_test_index
-            test = RunTest(
-                index=index,
-                nodeid=item.nodeid,
-                next_nodeid=next_nodeid,
-                shared_dir=str(
-                    self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"
-                ),
-            )
+            ahead = pool.ahead
+            if ahead is not None and ahead.test.nodeid == item.nodeid:
+                test = ahead.test  # its ranks started it already (send_ahead)
+            else:
+                test = self._new_test(item, next_nodeid)
             try:
                 run = pool.run(
                     test,
@@ -342,6 +346,47 @@ class Controller:
                 raise
             return pool, run
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _new_test(self, item: pytest.Item, next_nodeid: str | None) -> RunTest:
+        """The message that runs ``item`` on its ranks, with a new index and shared folder."""
+        self.next_test_index += 1
+        index = self.next_test_index
+        return RunTest(
+            index=index,
+            nodeid=item.nodeid,
+            next_nodeid=next_nodeid,
+            shared_dir=str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
+        )
+
+    def _may_run_ahead(
+        self,
+        item: pytest.Item,
+        nextitem: pytest.Item,
+        next_nodeid: str | None,
+        pool: Pool,
+        run: TestRun,
+    ) -> bool:
+        """May the pool's ranks start ``nextitem`` now, while this test is being reported?
+
+        Only when it is surely what runs next: the pool's next test is pytest's next item (no
+        ordinary test, other pool or rerun comes between), this test passed on every rank (so
+        ``-x`` and ``--maxfail`` cannot stop the session here) and left the pool fit, and no
+        one is watching a rank (``-s``, the debugger options), whose output must stay in order.
+        """
+        if self.settings.dispatch.value != "ahead" or next_nodeid is None:
+            return False
+        if nextitem.nodeid != next_nodeid or run.broken or pool.closed:
+            return False
+        if any(next_nodeid in ready.missing for ready in pool.ready):
+            return False  # the error that its ranks lack it is the controller's to report
+        if item.session.shouldstop or item.session.shouldfail:
+            return False
+        if any(report.failed for reports in run.reports.values() for report in reports):
+            return False
+        option = self.config.option
+        if getattr(option, "capture", "fd") == "no" or option.usepdb or option.trace:
+            return False
+        return self.settings.debug_rank.value is None
 
     def _announce_debug_rank(self, pool: Pool) -> None:
         """``--distrank-debug-rank``: name the rank's pid once per pool (for py-spy, gdb)."""
@@ -442,7 +487,7 @@ class Controller:
         """The pool that runs ``item``: its pool's files and tests, or (isolated) its own."""
         pool = self.pools.live.get(key)
         if pool is not None:  # the common case: nothing to compute per test
-            problem = pool.check_idle()
+            problem = pool.check_idle() if pool.ahead is None else pool.check_ahead()
             if problem is None:
                 return pool
             # A rank died or spoke while idle: the pool is unfit, this test gets a new one.

@@ -85,6 +85,16 @@ class PoolKey:
         return f"world_size={self.world_size}, backend={self.backend}{init}{gpus}"
 
 
+@dataclasses.dataclass(frozen=True)
+class Sent:
+    """A test sent to every rank of a pool: when (monotonic seconds, and wall-clock ns for the
+    flight recorder's records)."""
+
+    test: RunTest
+    started: float
+    ns: int
+
+
 class PoolUnfit(Exception):
     """The pool could not take a test (a rank died just before it was sent); says why."""
 
@@ -134,8 +144,14 @@ class Pool:
         self.sequence_base: dict[int, dict[str, int]] = {}
         #: The test it ran last (named when a rank dies between tests).
         self.last_test: RunTest | None = None
+        #: The test before :attr:`last_test`.
+        self.previous_test: RunTest | None = None
+        #: A test sent before the controller asked for it (:meth:`send_ahead`), not yet taken up.
+        self.ahead: Sent | None = None
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
         self.lease: GpuLease | None = None
+        #: Per rank that stopped cleanly: (CPU seconds spent serving tests, tests served).
+        self.serving_cpu: dict[int, tuple[float, int]] = {}
 
     @property
     def tag(self) -> str:
@@ -279,20 +295,11 @@ class Pool:
 
     # -- running a test ------------------------------------------------------------------------
 
-    def run(
-        self,
-        test: RunTest,
-        location: Location,
-        test_file: str,
-        deserialize: Deserialize,
-        timeout: float,
-        timeout_source: str,
-        grace: float,
-        terminal: DebugTerminal | None = None,
-    ) -> TestRun:
-        """Run one test on every rank (see :class:`~attempt.Attempt`)."""
+    def send(self, test: RunTest) -> Sent:
+        """Send ``test`` to every rank; raise :class:`PoolUnfit` if one is gone."""
         previous, self.last_test = self.last_test, test
-        sent_ns = time.time_ns()  # the ranks' flight-recorder records after it are the test's
+        self.previous_test = previous
+        sent = Sent(test, time.monotonic(), time.time_ns())
         for r in self.ranks:
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
@@ -305,16 +312,62 @@ class Pool:
                     f"rank {r.rank}/{self.key.world_size} (pid {r.pid}) died before the test "
                     f"reached it ({signal_name(r.process.exitcode)}; {exc!r}), {after}"
                 ) from None
+        return sent
+
+    def send_ahead(self, test: RunTest) -> None:
+        """Let the ranks start ``test`` now, while the controller still reports the last one.
+
+        Its messages wait in the pipes until :meth:`run` takes the test up; its deadline counts
+        from now. Raises :class:`PoolUnfit` if a rank is gone.
+        """
+        assert self.ahead is None
+        self.ahead = self.send(test)
+
+    def check_ahead(self) -> str | None:
+        """:meth:`check_idle` for a pool that runs a test ahead: its pipes carry that test's
+        reports, so only deaths count, and only of ranks that had not received it yet (a rank
+        that did dies in that test, and the test's report says so)."""
+        assert self.ahead is not None
+        test, previous = self.ahead.test, self.previous_test
+        after = f"after {previous.nodeid}" if previous else "before its first test"
+        ready = wait([r.process.sentinel for r in self.ranks], 0)
+        for rank in self.ranks:
+            if rank.process.sentinel in ready and self.position(rank, test) is NOT_RECEIVED:
+                rank.process.join(1)
+                status = signal_name(rank.process.exitcode)
+                return (
+                    f"rank {rank.rank}/{self.key.world_size} (pid {rank.pid}) died ({status}) "
+                    f"{after}, before {test.nodeid} reached it"
+                )
+        return None
+
+    def run(
+        self,
+        test: RunTest,
+        location: Location,
+        test_file: str,
+        deserialize: Deserialize,
+        timeout: float,
+        timeout_source: str,
+        grace: float,
+        terminal: DebugTerminal | None = None,
+    ) -> TestRun:
+        """Run one test on every rank (see :class:`~attempt.Attempt`); a test sent ahead
+        (:meth:`send_ahead`) is taken up where it is, its clock running since it was sent."""
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and ahead.test.nodeid != test.nodeid:
+            raise PoolUnfit(f"its ranks ran ahead to {ahead.test.nodeid}, not {test.nodeid}")
+        sent = ahead if ahead is not None else self.send(test)
         game = Endgame(
             frozenset(r.rank for r in self.ranks),
-            time.monotonic(),
+            sent.started,
             timeout,
             grace,
             timeout_source=timeout_source,
         )
         live = self.configs[0].debug.live_rank if self.configs and self.configs[0].debug else None
         attempt = Attempt(
-            self, test, location, test_file, deserialize, game, sent_ns, terminal, live
+            self, sent.test, location, test_file, deserialize, game, sent.ns, terminal, live
         )
         return attempt.run()
 
@@ -454,6 +507,9 @@ class Pool:
             for rank, message in events:
                 if isinstance(message, Stopped):
                     errors.extend(f"rank {rank.rank}: {e}" for e in message.errors)
+                    ready = next((r for r in self.ready if r.rank == rank.rank), None)
+                    if ready is not None and message.tests:
+                        self.serving_cpu[rank.rank] = (message.cpu - ready.cpu, message.tests)
                 if isinstance(message, Stopped) or message is None:
                     pending = [r for r in pending if r is not rank]
         if pending:
@@ -471,10 +527,15 @@ class Pool:
         for rank in stuck:
             dump = stacks[rank.rank]
             where = where_blocked(dump, user_file(dump)) if dump else why_silent(rank.pid)
+            doing = (
+                "tearing down its remaining fixtures (session, module, class scope)"
+                if self.ahead is None or self.position(rank, self.ahead.test) is AFTER_TEARDOWN
+                else f"{self.ahead.test.nodeid}, started ahead before the session stopped "
+                "(it is not reported), and tearing down its remaining fixtures"
+            )
             out.append(
-                f"rank {rank.rank}/{ws} of pool {self.key.describe()} did not finish tearing "
-                f"down its remaining fixtures (session, module, class scope) within "
-                f"{timeout:g} s and was killed; {where or 'no stack'}\n"
+                f"rank {rank.rank}/{ws} of pool {self.key.describe()} did not finish {doing} "
+                f"within {timeout:g} s and was killed; {where or 'no stack'}\n"
                 f"{format_stack(dump, user_file(dump), rank.log_path)}"
             )
         return out

@@ -113,6 +113,11 @@ class Stats:
     #: One entry per pool start: world size, seconds to ready, whether it replaced a killed pool.
     pools: list[PoolStart] = dataclasses.field(default_factory=list)
     test_seconds: list[float] = dataclasses.field(default_factory=list)
+    #: The controller's CPU seconds per distributed test (its whole protocol: dispatch, wait,
+    #: merge, replay through the terminal).
+    controller_cpu: list[float] = dataclasses.field(default_factory=list)
+    #: Per rank of every pool that stopped cleanly: CPU seconds serving tests, tests served.
+    rank_cpu: list[tuple[float, int]] = dataclasses.field(default_factory=list)
     #: Seconds pools spent waiting for GPUs that other pytest processes held.
     gpu_wait_seconds: float = 0.0
 
@@ -123,6 +128,8 @@ class Stats:
             "pools": [dataclasses.asdict(p) for p in self.pools],
             "replaced": self.replaced,
             "test_seconds": self.test_seconds,
+            "controller_cpu": self.controller_cpu,
+            "rank_cpu": self.rank_cpu,
             "gpu_wait_seconds": self.gpu_wait_seconds,
         }
         Path(path).write_text(json.dumps(data, indent=1))
@@ -464,7 +471,9 @@ class PoolSet:
     def _collect_stopping(self) -> list[str]:
         errors: list[str] = []
         while self.stopping:
-            errors.extend(self.stopping.pop(0).finish_stop(STOP_TIMEOUT))
+            pool = self.stopping.pop(0)
+            errors.extend(pool.finish_stop(STOP_TIMEOUT))
+            self.stats.rank_cpu.extend(pool.serving_cpu.values())
         return errors
 
     def stop_all(self) -> list[str]:

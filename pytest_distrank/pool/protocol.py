@@ -168,6 +168,8 @@ class Ready:
     pid: int
     missing: tuple[str, ...] = ()
     collect_errors: tuple[str, ...] = ()
+    #: The rank's CPU seconds (``time.process_time``) when it became ready.
+    cpu: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +199,10 @@ class Stopped:
 
     rank: int
     errors: tuple[str, ...] = ()
+    #: The rank's CPU seconds when its last test ended, and how many tests it served: with
+    #: :attr:`Ready.cpu`, its CPU per test (the controller's stats; bench/ reads them).
+    cpu: float = 0.0
+    tests: int = 0
 
 
 FromRank = (

@@ -27,6 +27,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 import warnings
 from multiprocessing.connection import Connection
@@ -205,6 +206,9 @@ class WorkerPlugin:
         self.ctx: RankContext | None = None
         #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
         self.coverage: Any = None
+        #: Tests served, and the CPU seconds when the last one ended (protocol.Stopped).
+        self.tests = 0
+        self.cpu = 0.0
         #: Runs the tests of PyTorch's own harness classes (:mod:`suiterank`).
         self.suites = SuiteRunner()
         #: The controller's terminal, for debuggers opened in this rank (rankpdb.py).
@@ -402,7 +406,10 @@ class WorkerPlugin:
             raise
         self.served = True
         self._phase(Phase.IDLE)
-        self.conn.send(Ready(self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors)))
+        ready = Ready(
+            self.cfg.rank, os.getpid(), missing, tuple(self.collect_errors), time.process_time()
+        )
+        self.conn.send(ready)
         while True:
             if os.getpid() != self.pid:
                 # A process the test forked came back into the rank's loop (its reports went
@@ -436,6 +443,7 @@ class WorkerPlugin:
         self.forks = 0
         self.warnings = []
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
+        ranklogs.new_test()
         try:
             item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         finally:
@@ -456,6 +464,8 @@ class WorkerPlugin:
             forks=stray_forks(self.pid) if self.forks else (),
         )
         self._phase(Phase.IDLE)
+        self.tests += 1
+        self.cpu = time.process_time()
 
     def _stop(self, session: pytest.Session) -> None:
         self._phase(Phase.STOPPING)
@@ -475,7 +485,7 @@ class WorkerPlugin:
         # What the tests started and left running ends with the rank, adopted orphans too.
         reaper.kill_all(reaper.descendants([os.getpid()]))
         reaper.reap_children()
-        self.conn.send(Stopped(self.cfg.rank, tuple(errors)))
+        self.conn.send(Stopped(self.cfg.rank, tuple(errors), self.cpu, self.tests))
 
 
 def _start_coverage(settings: dict[str, Any] | None) -> Any:

@@ -31,6 +31,11 @@ def test_one_pool_start_serves_many_tests(
     assert stats["tests"] == 30
     assert [p["world_size"] for p in stats["pools"]] == [2]
     assert stats["replaced"] == []
+    # CPU per test (bench_overhead.py's columns): the controller's per test, each rank's in all.
+    assert len(stats["controller_cpu"]) == 30
+    assert all(cpu > 0 for cpu in stats["controller_cpu"])
+    assert [tests for _, tests in stats["rank_cpu"]] == [30, 30]
+    assert all(cpu > 0 for cpu, _ in stats["rank_cpu"])
 
 
 def test_ranks_collect_only_the_files_of_their_pool(
