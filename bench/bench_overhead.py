@@ -237,10 +237,14 @@ class Samples:
     first: list[float] = dataclasses.field(default_factory=list)
     total: list[float] = dataclasses.field(default_factory=list)
     peak: list[int] = dataclasses.field(default_factory=list)
-    #: The plugin's own numbers (DISTRANK_STATS_FILE), per repetition: medians over the tests.
+    #: The plugin's own numbers (DISTRANK_STATS_FILE), per repetition: the controller's seconds
+    #: from the end of the 2nd test to the end of the last, per test between ("steady"), and
+    #: medians over the tests.
     dispatch: list[float] = dataclasses.field(default_factory=list)
     rank_cpu: list[float] = dataclasses.field(default_factory=list)
     controller_cpu: list[float] = dataclasses.field(default_factory=list)
+    #: Milliseconds between the first and the last rank's start of a test (median over tests).
+    start_spread: list[float] = dataclasses.field(default_factory=list)
 
 
 def measure_once(
@@ -267,8 +271,11 @@ def measure_once(
     if stats_path.exists():
         stats = json.loads(stats_path.read_text())
         stats_path.unlink()
-        samples.dispatch.append(statistics.median(stats["test_seconds"][1:]))
+        ended = stats["ended"]
+        samples.dispatch.append((ended[-1] - ended[1]) / (len(ended) - 2))
         samples.controller_cpu.append(statistics.median(stats["controller_cpu"][1:]))
+        if stats["start_spread"]:
+            samples.start_spread.append(statistics.median(stats["start_spread"]))
         per_rank = [cpu / tests for cpu, tests in stats["rank_cpu"]]
         if per_rank:
             samples.rank_cpu.append(statistics.median(per_rank))
@@ -343,7 +350,8 @@ def main() -> None:
     )
     header = (
         f"{'workload':<28}{'per test ms':>12}{'min-max':>13}{'rank CPU ms':>12}"
-        f"{'ctrl CPU ms':>12}{'in-plugin ms':>13}{'1-test s':>9}{'PSS MiB':>9}{'MPTC/this':>10}"
+        f"{'ctrl CPU ms':>12}{'steady ms':>13}{'spread ms':>10}{'1-test s':>9}{'PSS MiB':>9}"
+        f"{'MPTC/this':>10}"
     )
     print(header)
     print("-" * len(header))
@@ -355,12 +363,13 @@ def main() -> None:
             ratio = f"{statistics.median(ref.per_test) / per_test:.0f}x"
         print(
             f"{name:<28}{per_test * 1000:>12.2f}{spread(r.per_test):>13}{ms(r.rank_cpu):>12}"
-            f"{ms(r.controller_cpu):>12}{ms(r.dispatch):>13}{statistics.median(r.first):>9.2f}"
+            f"{ms(r.controller_cpu):>12}{ms(r.dispatch):>13}{ms(r.start_spread):>10}"
+            f"{statistics.median(r.first):>9.2f}"
             f"{statistics.median(r.peak) / 2**20:>9.0f}{ratio:>10}"
         )
     torch_s = statistics.median(import_torch)
     label = 'python -c "import torch"'
-    print(f"{label:<28}{'':>71}{torch_s:>9.2f}")
+    print(f"{label:<28}{'':>81}{torch_s:>9.2f}")
     print("\ntargets (medians)")
     for name, target in PER_TEST_TARGET_MS.items():
         if name in results:

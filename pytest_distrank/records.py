@@ -98,3 +98,6 @@ class Reports:
     #: With ``done``: warnings the test raised on this rank (pytest_warning_recorded), each as
     #: :data:`WarningRecord`; the controller shows each distinct one once, naming the ranks.
     warnings: tuple[WarningRecord, ...] = ()
+    #: With ``done``: ``time.monotonic()`` (one clock for every process of the machine) when the
+    #: rank began the test; the controller's stats keep the spread between the ranks.
+    started: float = 0.0

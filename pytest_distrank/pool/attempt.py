@@ -45,6 +45,7 @@ from ..stacks import (
     where_blocked,
 )
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
+from .probes import dump_stacks, read_collectives, request_collectives
 from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
 
 if TYPE_CHECKING:
@@ -69,6 +70,8 @@ class TestRun:
     sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     #: Per rank: the warnings the test raised there (Reports.warnings).
     warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
+    #: Per rank that finished: when it began the test (Reports.started, monotonic seconds).
+    started: dict[int, float] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -214,6 +217,7 @@ class Attempt:
         self.game.note_finished(rank.rank)
         self.result.sequence[rank.rank] = message.sequence
         self.result.warnings[rank.rank] = message.warnings
+        self.result.started[rank.rank] = message.started
         if message.forks:
             ws = self.pool.key.world_size
             report = forked_report(rank.rank, ws, message.forks, self.test.nodeid, self.location)
@@ -255,8 +259,8 @@ class Attempt:
 
     def _records(self, ranks: list[Rank]) -> dict[int, dict[str, Any] | None]:
         """The flight records of ``ranks`` (None for a rank that did not answer in time)."""
-        self.pool.request_collectives(ranks)
-        return {r: load(raw) for r, raw in self.pool.read_collectives(ranks, FR_WAIT).items()}
+        request_collectives(ranks)
+        return {r: load(raw) for r, raw in read_collectives(ranks, FR_WAIT).items()}
 
     def _explain_crashes(self) -> None:
         """Ranks that died inside a collective: what their peers' flight recorders say.
@@ -295,7 +299,7 @@ class Attempt:
         # Stacks first, records after: faulthandler's dump of every thread (run in a signal
         # handler) reads the other threads' frames unlocked, and crashed a rank (SIGSEGV) whose
         # flight-recorder thread was running Python at that moment, answering the records' signal.
-        stacks = pool.dump_stacks(stuck)
+        stacks = dump_stacks(stuck)
         self.fr_dumps = self._records(alive)
         story = explain(
             self.fr_dumps,

@@ -19,23 +19,30 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any
 
 import pytest
-from pytest import CallInfo, TestReport
+from pytest import TestReport
 
 from .. import _compat
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
-from ..merge import annotate, merge_test, synthesized_failure
-from ..records import PassedPhase, RunTest
+from ..merge import annotate, merge_test
+from ..records import RunTest
 from ..requirements import check_ordinary_test, gpus_needed, skip_reason
 from ..settings import Settings, Value, item_timeout
 from ..warnings_relay import forward_warnings
 from .attempt import TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable
+from .ownreports import (
+    deserializer,
+    error_reports,
+    missing_message,
+    skip_reports,
+    teardown_controller_side,
+)
 from .pool import Pool, PoolKey, PoolStartError, PoolUnfit
 from .poolset import PoolSet, SessionStartError
 from .preloads import file_preloads
@@ -72,19 +79,6 @@ def _rerun_policy(item: pytest.Item) -> tuple[int, float]:
         return 0, 0.0
     count = plugin.get_reruns_count(item) or 0
     return int(count), float(plugin.get_reruns_delay(item) or 0) if count else 0.0
-
-
-def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
-    """The TestReport a rank's pytest made for a plain passing phase (protocol.compact_passed),
-    built from this process's item as ``TestReport.from_item_and_call`` builds it."""
-    outcome, when, duration, start, stop = data
-    if outcome != "passed" or when not in ("setup", "call", "teardown"):
-        raise ValueError(f"not a passing phase: {data!r}")
-    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
-    phase = cast(Literal["setup", "call", "teardown"], when)
-    return TestReport(
-        item.nodeid, item.location, keywords, "passed", None, phase, (), duration, start, stop, []
-    )
 
 
 def _keyword_safe(name: str) -> str:
@@ -237,7 +231,7 @@ class Controller:
             self.stats.test_seconds.append(time.monotonic() - started)
             rerun = not last and any(report.failed for report in reports)
             if not rerun:
-                reports = self._teardown_controller_side(item, nextitem, reports)
+                reports = teardown_controller_side(item, nextitem, reports)
             for report in reports:
                 if reruns:
                     report.rerun = attempt  # type: ignore[attr-defined]
@@ -246,6 +240,7 @@ class Controller:
                 ihook.pytest_runtest_logreport(report=report)
             ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
             self.stats.controller_cpu.append(time.process_time() - cpu)
+            self.stats.ended.append(time.monotonic())
             if self.terminal.quit:
                 item.session.shouldstop = self.terminal.quit  # q in a rank's debugger
                 break
@@ -269,6 +264,8 @@ class Controller:
         if isinstance(outcome, list):
             return outcome  # the test could not reach its ranks: an error or skip report
         pool, run = outcome
+        if len(run.started) == key.world_size:
+            self.stats.start_spread.append(max(run.started.values()) - min(run.started.values()))
         if getattr(self.config.option, "capture", "fd") == "no":
             self._echo_rank_output(pool)
         if run.broken:
@@ -303,23 +300,21 @@ class Controller:
         for attempt in (1, 2):
             failed_start = self.failed_starts.get(key)
             if failed_start is not None:
-                return self._error_reports(
-                    item, failed_start + "\n(from an earlier start; not retried)"
-                )
+                return error_reports(item, failed_start + "\n(from an earlier start; not retried)")
             try:
                 pool = self._pool_for(key, item, timeout.value)
             except GpuUnavailable as exc:
-                return self._skip_reports(item, f"GPU lease: {exc}")
+                return skip_reports(item, f"GPU lease: {exc}")
             except SessionStartError as exc:  # a folder, the fork server: not kept per key
-                return self._error_reports(item, str(exc))
+                return error_reports(item, str(exc))
             except PoolStartError as exc:
                 message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
                 self.failed_starts[key] = message
-                return self._error_reports(item, message)
+                return error_reports(item, message)
             self._announce_debug_rank(pool)
             missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
             if missing:
-                return self._error_reports(item, self._missing_message(item, pool, missing))
+                return error_reports(item, missing_message(item, pool, missing))
             ahead = pool.ahead
             if ahead is not None and ahead.test.nodeid == item.nodeid:
                 test = ahead.test  # its ranks started it already (send_ahead)
@@ -330,7 +325,7 @@ class Controller:
                     test,
                     item.location,
                     str(item.path),
-                    self._deserializer(item),
+                    deserializer(item),
                     timeout.value,
                     timeout.source,
                     self.settings.failure_grace.value,
@@ -339,7 +334,7 @@ class Controller:
             except PoolUnfit as exc:
                 self.pools.retire(key, pool, str(exc), graceful=False)
                 if attempt == 2:
-                    return self._error_reports(item, f"{item.nodeid}: {exc}")
+                    return error_reports(item, f"{item.nodeid}: {exc}")
                 continue
             except BaseException:
                 self.pools.retire(key, pool, "interrupted", graceful=False)
@@ -384,7 +379,9 @@ class Controller:
         if any(report.failed for reports in run.reports.values() for report in reports):
             return False
         option = self.config.option
-        if getattr(option, "capture", "fd") == "no" or option.usepdb or option.trace:
+        if getattr(option, "capture", "fd") == "no" or getattr(option, "usepdb", False):
+            return False
+        if getattr(option, "trace", False):
             return False
         return self.settings.debug_rank.value is None
 
@@ -416,70 +413,6 @@ class Controller:
             tag = f"[rank {rank}/{pool.key.world_size}] "
             for line in text.splitlines():
                 reporter.write_line(tag + line)
-
-    def _missing_message(self, item: pytest.Item, pool: Pool, missing: list[int]) -> str:
-        errors = sorted({e for r in pool.ready if r.rank in missing for e in r.collect_errors})
-        ranks = ", ".join(str(r) for r in missing)
-        text = (
-            f"{item.nodeid}: rank(s) {ranks} of {pool.key.world_size} did not collect this test, "
-            "so collection differs between the controller and its ranks (a conftest.py or "
-            "collection hook that behaves differently inside ranks, e.g. reading RANK)."
-        )
-        if errors:
-            text += "\nCollection errors in the ranks:\n" + "\n".join(errors)
-        return text
-
-    def _deserializer(self, item: pytest.Item) -> Callable[[Any], TestReport]:
-        """Rebuild a rank's report: pytest's own hook, or (a plain pass) from the item."""
-        hook = self.config.hook
-
-        def deserialize(data: dict[str, Any] | PassedPhase) -> TestReport:
-            if isinstance(data, tuple):
-                return rebuild_passed(item, data)
-            report = hook.pytest_report_from_serializable(config=self.config, data=data)
-            assert isinstance(report, TestReport)
-            return report
-
-        return deserialize
-
-    def _error_reports(self, item: pytest.Item, message: str) -> list[TestReport]:
-        first_line = message.splitlines()[0]
-        setup = synthesized_failure(
-            item.nodeid, item.location, "setup", first_line, message, note="error in setup"
-        )
-        teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
-        return [setup, teardown]
-
-    def _skip_reports(self, item: pytest.Item, reason: str) -> list[TestReport]:
-        lineno = item.location[1]
-        longrepr = (str(item.path), (lineno or 0) + 1, f"Skipped: {reason}")
-        setup = TestReport(item.nodeid, item.location, {}, "skipped", longrepr, "setup")
-        teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
-        return [setup, teardown]
-
-    def _teardown_controller_side(
-        self, item: pytest.Item, nextitem: pytest.Item | None, reports: list[TestReport]
-    ) -> list[TestReport]:
-        """Keep the controller's own SetupState in step: tear down what ``nextitem`` won't need.
-
-        Fixtures of ordinary tests live here; a distributed test between two modules must close
-        the first module's, as pytest's own teardown phase would.
-        """
-        session = item.session
-        call = CallInfo.from_call(lambda: _compat.teardown_exact(session, nextitem), "teardown")
-        if call.excinfo is None:
-            return reports
-        # Built directly, not through pytest_runtest_makereport: plugins' makereport hooks expect
-        # their own runtest_protocol to have run for the item (pytest-rerunfailures does).
-        report = TestReport.from_item_and_call(item, call)
-        last = reports[-1] if reports and reports[-1].when == "teardown" else None
-        if last is None or last.passed:
-            return [*(reports[:-1] if last is not None else reports), report]
-        # The ranks' teardown failed too: keep that report and add the controller's error to it.
-        add_section = getattr(last.longrepr, "addsection", None)
-        if add_section is not None:
-            add_section("controller-side teardown (ordinary tests' fixtures)", str(report.longrepr))
-        return reports
 
     # -- pools ---------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from .. import reaper
 from ..endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
-    DUMP_WAIT,
     NOT_RECEIVED,
     Endgame,
     Position,
@@ -46,6 +45,7 @@ from ..stacks import (
 from .attempt import Attempt, Deserialize, TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuLease
+from .probes import dump_stacks
 from .protocol import (
     Collectives,
     CountCollectives,
@@ -58,8 +58,7 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
-from .rankfr import FR_SIGNAL, fr_path
-from .worker import DUMP_SIGNAL, rank_main
+from .worker import rank_main
 
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).
@@ -187,7 +186,7 @@ class Pool:
             ready = self.wait_for(list(pending.values()), left)
             if not ready:
                 self.broken = "did not start in time"
-                stacks = self.dump_stacks(list(pending.values()))
+                stacks = dump_stacks(list(pending.values()))
                 self.kill()
                 lines = [f"  rank {r}: {where_blocked(stacks[r], '')}" for r in sorted(pending)]
                 raise PoolStartError(
@@ -408,55 +407,7 @@ class Pool:
         """What each rank wrote to its log (fds 1 and 2) since the last test started."""
         return {r.rank: read_from(r.log_path, r.log_offset, limit) for r in self.ranks}
 
-    # -- stacks, kill, stop --------------------------------------------------------------------
-
-    def request_collectives(self, ranks: list[Rank]) -> None:
-        """Ask each rank for its flight-recorder records (:mod:`rankfr`; answered even while the
-        rank is stuck in C++). Read them with :meth:`read_collectives`."""
-        for r in ranks:
-            with contextlib.suppress(OSError):
-                os.unlink(fr_path(r.log_path))
-            with contextlib.suppress(OSError):
-                os.kill(r.pid, FR_SIGNAL)
-
-    def read_collectives(self, ranks: list[Rank], wait: float) -> dict[int, bytes | None]:
-        """The answers to :meth:`request_collectives`, waiting up to ``wait`` seconds for them
-        (None for a rank that did not answer)."""
-        end = time.monotonic() + wait
-        paths = {r.rank: fr_path(r.log_path) for r in ranks}
-        while time.monotonic() < end and not all(os.path.exists(p) for p in paths.values()):
-            time.sleep(0.02)
-        answers: dict[int, bytes | None] = {}
-        for rank, path in paths.items():
-            try:
-                with open(path, "rb") as f:
-                    answers[rank] = f.read()
-            except OSError:
-                answers[rank] = None
-        return answers
-
-    def dump_stacks(self, ranks: list[Rank]) -> dict[int, str]:
-        """Ask each rank for the stacks of all its threads (faulthandler, works inside C++)."""
-        offsets = {}
-        for r in ranks:
-            try:
-                offsets[r.rank] = os.stat(r.log_path).st_size
-                os.kill(r.pid, DUMP_SIGNAL)
-            except OSError:
-                offsets[r.rank] = -1
-        end = time.monotonic() + DUMP_WAIT
-        sizes: dict[int, int] = {}
-        while time.monotonic() < end:
-            time.sleep(0.05)
-            now = {r.rank: _size(r.log_path) for r in ranks}
-            grew = all(now[k] > offsets[k] for k in now if offsets[k] >= 0)
-            if grew and now == sizes:
-                break
-            sizes = now
-        return {
-            r.rank: read_from(r.log_path, offsets[r.rank]) if offsets[r.rank] >= 0 else ""
-            for r in ranks
-        }
+    # -- kill, stop ------------------------------------------------------------------------------
 
     def kill(self) -> None:
         """SIGKILL every rank and whatever it started (each rank leads its process group).
@@ -521,7 +472,7 @@ class Pool:
 
     def _stuck_at_stop(self, stuck: list[Rank], timeout: float) -> list[str]:
         """Ranks that did not finish their session teardown in time: where each was blocked."""
-        stacks = self.dump_stacks(stuck)
+        stacks = dump_stacks(stuck)
         ws = self.key.world_size
         out = []
         for rank in stuck:
@@ -539,10 +490,3 @@ class Pool:
                 f"{format_stack(dump, user_file(dump), rank.log_path)}"
             )
         return out
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1

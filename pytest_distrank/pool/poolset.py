@@ -118,6 +118,11 @@ class Stats:
     controller_cpu: list[float] = dataclasses.field(default_factory=list)
     #: Per rank of every pool that stopped cleanly: CPU seconds serving tests, tests served.
     rank_cpu: list[tuple[float, int]] = dataclasses.field(default_factory=list)
+    #: ``time.monotonic()`` when each distributed test's protocol ended (the steady-state cost
+    #: of a test is the distance between two: everything the session does per test but collect).
+    ended: list[float] = dataclasses.field(default_factory=list)
+    #: Per test that every rank finished: seconds between the first and the last rank's start.
+    start_spread: list[float] = dataclasses.field(default_factory=list)
     #: Seconds pools spent waiting for GPUs that other pytest processes held.
     gpu_wait_seconds: float = 0.0
 
@@ -130,6 +135,8 @@ class Stats:
             "test_seconds": self.test_seconds,
             "controller_cpu": self.controller_cpu,
             "rank_cpu": self.rank_cpu,
+            "start_spread": self.start_spread,
+            "ended": self.ended,
             "gpu_wait_seconds": self.gpu_wait_seconds,
         }
         Path(path).write_text(json.dumps(data, indent=1))

@@ -355,6 +355,7 @@ class WorkerPlugin:
         pg_problem: str = "",
         sequence: dict[str, int] | None = None,
         forks: tuple[int, ...] = (),
+        started: float = 0.0,
     ) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
@@ -373,6 +374,7 @@ class WorkerPlugin:
                 sequence or {},
                 forks,
                 tuple(self.warnings) if done else (),
+                started,
             )
 
         try:
@@ -435,6 +437,7 @@ class WorkerPlugin:
         item = items[message.nodeid]
         nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
         self.ctx.test = message
+        started = time.monotonic()
         self._phase(Phase.RECEIVED, message.index)
         teardown_unneeded(item)
         if not self.cfg.init_process_group:
@@ -462,6 +465,7 @@ class WorkerPlugin:
             pg_problem=problem,
             sequence=sequence_numbers() if healthy else {},
             forks=stray_forks(self.pid) if self.forks else (),
+            started=started,
         )
         self._phase(Phase.IDLE)
         self.tests += 1

@@ -36,6 +36,9 @@ def test_one_pool_start_serves_many_tests(
     assert all(cpu > 0 for cpu in stats["controller_cpu"])
     assert [tests for _, tests in stats["rank_cpu"]] == [30, 30]
     assert all(cpu > 0 for cpu, _ in stats["rank_cpu"])
+    assert len(stats["start_spread"]) == 30
+    assert len(stats["ended"]) == 30
+    assert all(spread >= 0 for spread in stats["start_spread"])
 
 
 def test_ranks_collect_only_the_files_of_their_pool(

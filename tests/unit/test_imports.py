@@ -38,6 +38,8 @@ POOL_CONTROLLER = {
         "gpus",
         "terminal",
         "debugrelay",
+        "ownreports",
+        "probes",
     )
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).

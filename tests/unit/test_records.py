@@ -1,5 +1,5 @@
 """Unit tests of the compact passing report (records.py ``compact_passed``, and its inverse
-``rebuild_passed`` in pool/controller.py): a plain passing phase report travels compact and comes
+``rebuild_passed`` in pool/ownreports.py): a plain passing phase report travels compact and comes
 back as pytest made it."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 import pytest
 from pytest import CallInfo, TestReport
 
-from pytest_distrank.pool.controller import rebuild_passed
+from pytest_distrank.pool.ownreports import rebuild_passed
 from pytest_distrank.records import compact_passed
 
 #: The phases of a test, as ``CallInfo.from_call`` types them.

@@ -1,0 +1,108 @@
+"""Reports the controller builds itself, beside the ones its ranks send.
+
+Runs in the controller (pool mode). A rank's plain passing phase travels as a tuple and is rebuilt
+here from the controller's own item; a test that could not reach its ranks (its pool did not
+start, its ranks did not collect it, its GPUs were not free) gets an error or a skip made here;
+and the controller's own fixtures (those of ordinary tests) are torn down here when a distributed
+test ends a module, as pytest's teardown phase would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+import pytest
+from pytest import CallInfo, TestReport
+
+from .. import _compat
+from ..merge import synthesized_failure
+from ..records import PassedPhase
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+
+def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
+    """The TestReport a rank's pytest made for a plain passing phase (protocol.compact_passed),
+    built from this process's item as ``TestReport.from_item_and_call`` builds it."""
+    outcome, when, duration, start, stop = data
+    if outcome != "passed" or when not in ("setup", "call", "teardown"):
+        raise ValueError(f"not a passing phase: {data!r}")
+    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
+    phase = cast(Literal["setup", "call", "teardown"], when)
+    return TestReport(
+        item.nodeid, item.location, keywords, "passed", None, phase, (), duration, start, stop, []
+    )
+
+
+def deserializer(item: pytest.Item) -> Callable[[Any], TestReport]:
+    """Rebuild a rank's report: pytest's own hook, or (a plain pass) from the item."""
+    config = item.config
+
+    def deserialize(data: dict[str, Any] | PassedPhase) -> TestReport:
+        if isinstance(data, tuple):
+            return rebuild_passed(item, data)
+        report = config.hook.pytest_report_from_serializable(config=config, data=data)
+        assert isinstance(report, TestReport)
+        return report
+
+    return deserialize
+
+
+def error_reports(item: pytest.Item, message: str) -> list[TestReport]:
+    """The test errors in setup with ``message``, its first line as the summary."""
+    first_line = message.splitlines()[0]
+    setup = synthesized_failure(
+        item.nodeid, item.location, "setup", first_line, message, note="error in setup"
+    )
+    teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
+    return [setup, teardown]
+
+
+def skip_reports(item: pytest.Item, reason: str) -> list[TestReport]:
+    """The test is skipped in setup for ``reason``."""
+    lineno = item.location[1]
+    longrepr = (str(item.path), (lineno or 0) + 1, f"Skipped: {reason}")
+    setup = TestReport(item.nodeid, item.location, {}, "skipped", longrepr, "setup")
+    teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
+    return [setup, teardown]
+
+
+def missing_message(item: pytest.Item, pool: Pool, missing: list[int]) -> str:
+    """Ranks of ``pool`` did not collect ``item``: why that happens, and their collection errors."""
+    errors = sorted({e for r in pool.ready if r.rank in missing for e in r.collect_errors})
+    ranks = ", ".join(str(r) for r in missing)
+    text = (
+        f"{item.nodeid}: rank(s) {ranks} of {pool.key.world_size} did not collect this test, "
+        "so collection differs between the controller and its ranks (a conftest.py or "
+        "collection hook that behaves differently inside ranks, e.g. reading RANK)."
+    )
+    if errors:
+        text += "\nCollection errors in the ranks:\n" + "\n".join(errors)
+    return text
+
+
+def teardown_controller_side(
+    item: pytest.Item, nextitem: pytest.Item | None, reports: list[TestReport]
+) -> list[TestReport]:
+    """Keep the controller's own SetupState in step: tear down what ``nextitem`` won't need.
+
+    Fixtures of ordinary tests live here; a distributed test between two modules must close
+    the first module's, as pytest's own teardown phase would.
+    """
+    session = item.session
+    call = CallInfo.from_call(lambda: _compat.teardown_exact(session, nextitem), "teardown")
+    if call.excinfo is None:
+        return reports
+    # Built directly, not through pytest_runtest_makereport: plugins' makereport hooks expect
+    # their own runtest_protocol to have run for the item (pytest-rerunfailures does).
+    report = TestReport.from_item_and_call(item, call)
+    last = reports[-1] if reports and reports[-1].when == "teardown" else None
+    if last is None or last.passed:
+        return [*(reports[:-1] if last is not None else reports), report]
+    # The ranks' teardown failed too: keep that report and add the controller's error to it.
+    add_section = getattr(last.longrepr, "addsection", None)
+    if add_section is not None:
+        add_section("controller-side teardown (ordinary tests' fixtures)", str(report.longrepr))
+    return reports

@@ -1,0 +1,82 @@
+"""Asking rank processes what they are doing, even while they are stuck inside C++.
+
+Runs in the controller (pool mode). Two signals, each answered into a file beside the rank's log:
+the stacks of all the rank's threads (faulthandler, registered on :data:`worker.DUMP_SIGNAL`,
+written into the rank's log), and its flight recorder's records of the collectives it issued
+(:mod:`rankfr`, a thread of the rank waiting on :data:`rankfr.FR_SIGNAL`). Ask for stacks first,
+records after (attempt.Attempt._unfinished says why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from typing import TYPE_CHECKING
+
+from ..endgame import DUMP_WAIT
+from ..stacks import read_from
+from .rankfr import FR_SIGNAL, fr_path
+from .worker import DUMP_SIGNAL
+
+if TYPE_CHECKING:
+    from .pool import Rank
+
+
+def request_collectives(ranks: list[Rank]) -> None:
+    """Ask each rank for its flight-recorder records (:mod:`rankfr`; answered even while the
+    rank is stuck in C++). Read them with :func:`read_collectives`."""
+    for r in ranks:
+        with contextlib.suppress(OSError):
+            os.unlink(fr_path(r.log_path))
+        with contextlib.suppress(OSError):
+            os.kill(r.pid, FR_SIGNAL)
+
+
+def read_collectives(ranks: list[Rank], wait: float) -> dict[int, bytes | None]:
+    """The answers to :func:`request_collectives`, waiting up to ``wait`` seconds for them
+    (None for a rank that did not answer)."""
+    end = time.monotonic() + wait
+    paths = {r.rank: fr_path(r.log_path) for r in ranks}
+    while time.monotonic() < end and not all(os.path.exists(p) for p in paths.values()):
+        time.sleep(0.02)
+    answers: dict[int, bytes | None] = {}
+    for rank, path in paths.items():
+        try:
+            with open(path, "rb") as f:
+                answers[rank] = f.read()
+        except OSError:
+            answers[rank] = None
+    return answers
+
+
+def dump_stacks(ranks: list[Rank]) -> dict[int, str]:
+    """Ask each rank for the stacks of all its threads (faulthandler, works inside C++); wait
+    until every log has grown and stopped growing, at most ``endgame.DUMP_WAIT`` seconds."""
+    offsets = {}
+    for r in ranks:
+        try:
+            offsets[r.rank] = os.stat(r.log_path).st_size
+            os.kill(r.pid, DUMP_SIGNAL)
+        except OSError:
+            offsets[r.rank] = -1
+    end = time.monotonic() + DUMP_WAIT
+    sizes: dict[int, int] = {}
+    while time.monotonic() < end:
+        time.sleep(0.05)
+        now = {r.rank: _size(r.log_path) for r in ranks}
+        grew = all(now[k] > offsets[k] for k in now if offsets[k] >= 0)
+        if grew and now == sizes:
+            break
+        sizes = now
+    return {
+        r.rank: read_from(r.log_path, offsets[r.rank]) if offsets[r.rank] >= 0 else ""
+        for r in ranks
+    }
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
