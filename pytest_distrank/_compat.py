@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -204,6 +204,59 @@ def replace_catching_logs(replacement: type) -> bool:
         return False
     _pytest.logging.catching_logs = replacement  # type: ignore[misc,assignment]
     return True
+
+
+def share_rewritten_modules(folder: str) -> Callable[[], None] | None:
+    """Keep pytest's assertion-rewritten test modules in ``folder`` when bytecode is not written.
+
+    pytest caches a rewritten module in ``__pycache__`` unless ``sys.dont_write_bytecode``
+    (``PYTHONDONTWRITEBYTECODE=1``, ``-B``): then the controller and every rank rewrite each
+    test module again (about 1 ms per test per process). With this, the first process to rewrite
+    a module writes it to ``folder`` (a session's private folder) and the others read it back,
+    as pytest reads its own cache (``_read_pyc`` checks the source's hash, or mtime and size).
+    Wraps ``_pytest.assertion.rewrite.get_cache_dir`` and ``_rewrite_test``; they do nothing new
+    when bytecode is written. Returns what undoes it, or None (nothing changed) when this pytest
+    lacks them or they are wrapped already.
+    """
+    import sys
+
+    try:
+        from _pytest.assertion import rewrite
+    except ImportError:
+        return None
+    get_cache_dir = getattr(rewrite, "get_cache_dir", None)
+    rewrite_test = getattr(rewrite, "_rewrite_test", None)
+    write_pyc = getattr(rewrite, "_write_pyc", None)
+    tail = getattr(rewrite, "PYC_TAIL", None)
+    key = getattr(rewrite, "assertstate_key", None)
+    if not (callable(get_cache_dir) and callable(rewrite_test) and callable(write_pyc)):
+        return None
+    if tail is None or key is None or getattr(rewrite_test, "_distrank_shared", False):
+        return None
+    shared = Path(folder)
+
+    def cache_dir(file_path: Path) -> Path:
+        if not sys.dont_write_bytecode:
+            return Path(get_cache_dir(file_path))  # pytest's own cache, untouched
+        return shared.joinpath(*file_path.parts[1:-1])
+
+    def rewrite_and_keep(fn: Path, config: pytest.Config) -> Any:
+        result = rewrite_test(fn, config)
+        if sys.dont_write_bytecode:  # pytest will not write it: keep it for the others
+            with contextlib.suppress(Exception):
+                pyc = cache_dir(fn) / (fn.name[:-3] + tail)
+                pyc.parent.mkdir(parents=True, exist_ok=True)
+                write_pyc(config.stash[key], result[1], result[0], pyc)
+        return result
+
+    def undo() -> None:
+        rewrite.get_cache_dir = get_cache_dir
+        rewrite._rewrite_test = rewrite_test
+
+    rewrite_and_keep._distrank_shared = True  # type: ignore[attr-defined]
+    rewrite.get_cache_dir = cache_dir
+    rewrite._rewrite_test = rewrite_and_keep
+    return undo
 
 
 def argparse_parser(config: pytest.Config) -> argparse.ArgumentParser:

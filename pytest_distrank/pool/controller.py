@@ -19,7 +19,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +107,8 @@ class Controller:
         self.terminal = DebugTerminal(config)
         #: Pools whose debug rank's pid was announced (--distrank-debug-rank).
         self._announced: set[int] = set()
+        #: Undoes _share_rewrites at the session's end.
+        self._undo_rewrites: Callable[[], None] | None = None
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -172,7 +174,21 @@ class Controller:
                 return
             if b"world_size" in text:
                 self.pools.file_preloads = file_preloads(text)
+                self._share_rewrites()
                 self._start_fork_server_early()
+
+    def _share_rewrites(self) -> None:
+        """Without bytecode writing, keep the test modules pytest rewrites here for the ranks,
+        which would rewrite each again (_compat.share_rewritten_modules)."""
+        if not sys.dont_write_bytecode or self._undo_rewrites is not None:
+            return
+        try:
+            folder = self.pools.workdir / "rewritten"
+        except SessionStartError:
+            return  # the first pool start reports it
+        self._undo_rewrites = _compat.share_rewritten_modules(str(folder))
+        if self._undo_rewrites is not None:
+            self.pools.rewritten = str(folder)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if any(entry.key is not None for entry in self._get_plan(session).values()):
@@ -458,6 +474,8 @@ class Controller:
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.pools.kill_all()
+        if self._undo_rewrites is not None:
+            self._undo_rewrites()
         if self._old_sigterm is not None:
             signal.signal(signal.SIGTERM, self._old_sigterm)
         if "torch" in sys.modules:

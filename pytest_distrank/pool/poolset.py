@@ -162,6 +162,8 @@ class PoolSet:
         self.file_preloads: list[str] = []
         self._context: Any = None
         self._workdir: Path | None = None
+        #: Where the ranks read the test modules the controller rewrote (controller.py).
+        self.rewritten = ""
         #: The fork server seen forking (a pid), or why it could not start (later pools fail).
         self._ready_fork_server = 0
         self._fork_server_failed: str | None = None
@@ -265,6 +267,7 @@ class PoolSet:
                 coverage=coverage,
                 files=tuple(files),
                 debug=debug,
+                rewritten=self.rewritten,
             )
             for rank in range(key.world_size)
         ]

@@ -70,6 +70,9 @@ class RankConfig:
     files: tuple[str, ...] = ()
     #: How the rank's debugger behaves (``--pdb``, ``--trace``, ``--distrank-debug-rank``).
     debug: DebugSettings | None = None
+    #: The session's folder of assertion-rewritten test modules, when bytecode is not written
+    #: (_compat.share_rewritten_modules): the controller rewrote them, the rank reads them.
+    rewritten: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -139,6 +139,8 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.clear()
         os.environ.update(_rank_env(cfg))
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
+        if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)
+            _compat.share_rewritten_modules(cfg.rewritten)
         start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
         plugin.coverage = _start_coverage(cfg.coverage)

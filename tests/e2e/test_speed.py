@@ -78,3 +78,33 @@ def test_ranks_collect_only_the_files_of_their_pool(
     for rank in (0, 1):
         looked_at = set((pytester.path / f"looked-at-rank{rank}.txt").read_text().split())
         assert looked_at <= {"test_dist.py", "conftest.py"}, sorted(looked_at)
+
+
+def test_without_bytecode_ranks_share_the_rewritten_test_modules(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under PYTHONDONTWRITEBYTECODE pytest caches no rewritten module: the controller keeps its
+    rewrite in the session's folder for the ranks (about 1 ms per test per rank saved), and
+    nothing is written beside the test files."""
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    pytester.makepyfile(
+        test_rewritten="""
+        import pytest
+
+        def test_plain():
+            x = 2
+            assert x == 3
+
+        @pytest.mark.world_size(2)
+        def test_dist(rank):
+            x = rank + 10
+            assert x == 10
+        """
+    )
+    result = run_pytest("-rf")
+    result.assert_outcomes(failed=2)
+    # Both are rewritten asserts, with pytest's explanation of the values.
+    result.stdout.fnmatch_lines(["E       assert 2 == 3", "E       assert 11 == 10"])
+    kept = list(pytester.path.rglob("rewritten/**/test_rewritten.*pytest*.pyc"))
+    assert len(kept) == 1, kept
+    assert not list(pytester.path.glob("__pycache__")), "bytecode written beside the tests"
