@@ -30,7 +30,13 @@ MARKERS = (
     "requires_gpus(n): skipped unless at least n GPUs are visible.",
     "distrank_isolate: run this distributed test on fresh rank processes of its own, started "
     "for it and ended after it (for tests that need a fresh process).",
+    "simulate(mode, *sizes, ranks=(0,)): also run the test in a simulated world of each of "
+    "`sizes` ranks, in one process, with ids ws<N>-<mode>; mode 'fake' (PyTorch's fake process "
+    "group: collectives return at once and move no data); `ranks`: the simulated rank(s) the "
+    "process plays, one test each.",
 )
+#: Modes of ``@pytest.mark.simulate``.
+SIMULATION_MODES = ("fake",)
 
 #: The ini key listing tests that need fresh rank processes (node-id patterns, fnmatch style).
 ISOLATE_INI = "distrank_isolate_tests"
@@ -43,6 +49,26 @@ class MarkerError(Exception):
 
 
 @dataclasses.dataclass(frozen=True)
+class Simulated:
+    """One simulated world a test runs in (``@pytest.mark.simulate``): one process plays
+    ``rank`` of ``size`` ranks."""
+
+    mode: str
+    size: int
+    rank: int
+    #: Whether the marker named its ranks (then the id names the rank too).
+    named_rank: bool = False
+
+    @property
+    def id(self) -> str:
+        tail = f"-r{self.rank}" if self.named_rank else ""
+        return f"ws{self.size}-{self.mode}{tail}"
+
+    def describe(self) -> str:
+        return f"world size {self.size} simulated ({self.mode}, as rank {self.rank})"
+
+
+@dataclasses.dataclass(frozen=True)
 class DistSpec:
     """What one distributed test asks for."""
 
@@ -51,6 +77,8 @@ class DistSpec:
     init_process_group: bool
     needs_nccl: bool
     min_gpus: int
+    #: A simulated world: ``world_size`` is then 1 (the process), ``backend`` the mode's.
+    simulated: Simulated | None = None
 
 
 def _format_marker(marker: pytest.Mark) -> str:
@@ -95,6 +123,41 @@ def _backend(marker: pytest.Mark | None, needs_nccl: bool, default: str) -> str:
         raise MarkerError(f"{_format_marker(marker)}: unknown backend {raw!r}; {exc}.") from None
 
 
+def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
+    """The simulated worlds the ``simulate`` markers of a test ask for (none without)."""
+    out: list[Simulated] = []
+    for marker in item.iter_markers("simulate"):
+        unknown = sorted(set(marker.kwargs) - {"ranks"})
+        if unknown:
+            raise MarkerError(
+                f"{_format_marker(marker)}: unknown keyword {unknown[0]!r}; simulate takes a "
+                "mode, sizes and ranks."
+            )
+        if not marker.args or marker.args[0] not in SIMULATION_MODES:
+            given = repr(marker.args[0]) if marker.args else "none"
+            raise MarkerError(
+                f"{_format_marker(marker)}: mode {given} is not one of "
+                f"{', '.join(repr(m) for m in SIMULATION_MODES)}; write e.g. "
+                "@pytest.mark.simulate('fake', 1024)."
+            )
+        mode, sizes = marker.args[0], tuple(_size(a, marker) for a in marker.args[1:])
+        if not sizes:
+            raise MarkerError(f"{_format_marker(marker)}: give the simulated world size(s).")
+        raw = marker.kwargs.get("ranks", (0,))
+        ranks = (raw,) if isinstance(raw, int) and not isinstance(raw, bool) else tuple(raw)
+        for size in sizes:
+            for rank in ranks:
+                if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
+                    raise MarkerError(
+                        f"{_format_marker(marker)}: rank {rank!r} is not a rank of a world of "
+                        f"size {size} (0 to {size - 1})."
+                    )
+                out.append(Simulated(mode, size, rank, "ranks" in marker.kwargs))
+    if len(set(out)) != len(out):
+        raise MarkerError("@pytest.mark.simulate: the same simulated world is asked for twice.")
+    return tuple(out)
+
+
 def min_gpus(item: pytest.Item) -> int:
     marker = item.get_closest_marker("requires_gpus")
     if marker is None:
@@ -119,15 +182,28 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
     if error is not None:
         raise MarkerError(error)
     marker = item.get_closest_marker("world_size")
-    if marker is None:
+    simulated = simulations(item)
+    if marker is None and not simulated:
         return None
+    cls = getattr(item, "cls", None)
+    if simulated and isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+        raise MarkerError(
+            f"@pytest.mark.simulate on the unittest.TestCase method {item.name!r}: pytest never "
+            "parametrizes unittest.TestCase methods, so the simulated ids cannot be made. Write "
+            "the test as a plain pytest function."
+        )
+    callspec = getattr(item, "callspec", None)
+    param = callspec.params.get(WS_PARAM) if callspec is not None else None
+    if isinstance(param, Simulated):
+        return DistSpec(1, param.mode, True, False, 0, simulated=param)
+    if marker is None:
+        raise MarkerError(f"{item.nodeid}: no simulated world to run in")  # pragma: no cover
     init_pg = marker.kwargs.get("init_process_group", True)
     if not isinstance(init_pg, bool):
         raise MarkerError(
             f"{_format_marker(marker)}: init_process_group must be True or False, got {init_pg!r}."
         )
     sizes = world_sizes(marker, default_size)
-    cls = getattr(item, "cls", None)
     if len(sizes) > 1 and isinstance(cls, type) and issubclass(cls, unittest.TestCase):
         raise MarkerError(
             f"{_format_marker(marker)} on the unittest.TestCase method {item.name!r}: pytest never "
@@ -135,8 +211,7 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
             "them), so only one size could run. Give it one size, or one TestCase subclass per "
             "size, or write it as a plain pytest function."
         )
-    callspec = getattr(item, "callspec", None)
-    size = callspec.params.get(WS_PARAM, sizes[0]) if callspec is not None else sizes[0]
+    size = param if isinstance(param, int) else sizes[0]
     needs_nccl = item.get_closest_marker("requires_nccl") is not None
     return DistSpec(
         world_size=size,
@@ -148,22 +223,26 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
 
 
 def parametrize_world_sizes(metafunc: pytest.Metafunc, default_size: int) -> None:
-    """``world_size(2, 4)`` -> one test per size, with ids ``ws2`` and ``ws4``.
+    """``world_size(2, 4)`` -> one test per size, with ids ``ws2`` and ``ws4``; each simulated
+    world of a ``simulate`` marker adds one more (``ws1024-fake``).
 
     A marker that does not parse is left alone here; the test reports it as its own error.
     """
     marker = metafunc.definition.get_closest_marker("world_size")
-    if marker is None:
-        return
     try:
-        sizes = world_sizes(marker, default_size)
+        sizes: tuple[int | Simulated, ...] = (
+            world_sizes(marker, default_size) if marker is not None else ()
+        )
+        simulated = simulations(metafunc.definition)
     except MarkerError:
         return
-    if len(sizes) < 2:
+    values = (*sizes, *simulated)
+    if len(values) < 2 and not simulated:
         return
     if WS_PARAM not in metafunc.fixturenames:
         metafunc.fixturenames.append(WS_PARAM)
-    metafunc.parametrize(WS_PARAM, sizes, ids=[f"ws{n}" for n in sizes])
+    ids = [v.id if isinstance(v, Simulated) else f"ws{v}" for v in values]
+    metafunc.parametrize(WS_PARAM, values, ids=ids)
 
 
 def wants_fresh_ranks(item: pytest.Item, patterns: list[str]) -> bool:

@@ -12,7 +12,7 @@ import pytest
 
 from . import __version__, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
-from .settings import OPTIONS, SUITES, Settings, resolve
+from .settings import OPTIONS, SUITES, WORLD_SIZE, Settings, resolve
 from .suites import SuitesPlugin
 
 CONTROLLER_NAME = "distrank-controller"
@@ -82,8 +82,8 @@ def _take_existing_suites(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    # The default size only matters for a bare world_size(), which never parametrizes.
-    parametrize_world_sizes(metafunc, default_size=1)
+    # The default size matters for a bare world_size() beside a simulate marker (ids ws<N>).
+    parametrize_world_sizes(metafunc, default_size=resolve(metafunc.config, WORLD_SIZE).value)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -133,6 +133,12 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
         return Step("error", f"{item.nodeid}: {exc}")
     if spec is None:
         return Step("rank0")
+    if spec.simulated is not None:
+        return Step(
+            "skip",
+            f"{spec.simulated.describe()} runs in pool mode only (pytest without a launcher); "
+            f"this is a launched world of {ws} ({launcher})",
+        )
     if spec.world_size != ws:
         ranks = "rank" if ws == 1 else "ranks"
         return Step(

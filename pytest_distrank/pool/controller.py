@@ -28,7 +28,7 @@ from pytest import TestReport
 
 from .. import _compat
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
-from ..merge import annotate, merge_test
+from ..merge import annotate, explain_simulation, merge_test
 from ..records import RunTest
 from ..requirements import check_ordinary_test, gpus_needed, skip_reason
 from ..settings import Settings, Value, item_timeout
@@ -136,7 +136,11 @@ class Controller:
             if entry.skip:
                 continue
             entry.key = PoolKey(
-                spec.world_size, spec.backend, spec.init_process_group, gpus=gpus_needed(spec)
+                spec.world_size,
+                spec.backend,
+                spec.init_process_group,
+                gpus=gpus_needed(spec),
+                simulated=spec.simulated,
             )
             if wants_fresh_ranks(item, fresh):  # a key of its own: a pool for this test alone
                 entry.key = dataclasses.replace(entry.key, isolated=-len(plan))
@@ -303,6 +307,8 @@ class Controller:
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && pytest -p distrank "
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
+        if key.simulated is not None:
+            explain_simulation(merged, key.simulated)
         return merged
 
     def _run_on_pool(

@@ -33,6 +33,7 @@ from ..endgame import (
 from ..fitness import (
     why_silent,
 )
+from ..markers import Simulated
 from ..records import Reports, RunTest
 from ..stacks import (
     format_stack,
@@ -77,8 +78,12 @@ class PoolKey:
     isolated: int = 0
     #: GPUs the pool leases for its lifetime (gpus.py); 0 for CPU-only pools.
     gpus: int = 0
+    #: A simulated world its one rank process plays (markers.Simulated), or None.
+    simulated: Simulated | None = None
 
     def describe(self) -> str:
+        if self.simulated is not None:
+            return f"{self.simulated.describe()} in one process"
         init = "" if self.init_process_group else ", init_process_group=False"
         gpus = f", {self.gpus} GPU{'s' if self.gpus > 1 else ''}" if self.gpus else ""
         return f"world_size={self.world_size}, backend={self.backend}{init}{gpus}"

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from .. import _compat
-from ..settings import GPU_LOCK_DIR, Settings, Value, parse_seconds
+from ..settings import GPU_LOCK_DIR, WORLD_SIZE, Settings, Value, parse_seconds
 from ..settings import PRELOAD as PRELOAD_OPTION
 from .gpus import GpuLease, GpuUnavailable, lease
 from .pool import Pool, PoolKey, PoolStartError
@@ -241,6 +241,8 @@ class PoolSet:
         self._note_crowded(key, nodeids)
         gpu_lease = self._lease(key)
         env = dict(os.environ)
+        # A rank parametrizes a bare world_size() beside simulate() with the default size too.
+        env[WORLD_SIZE.env] = str(self.settings.world_size.value)
         if gpu_lease is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
         self.next_pool_id += 1
@@ -268,6 +270,11 @@ class PoolSet:
                 files=tuple(files),
                 debug=debug,
                 rewritten=self.rewritten,
+                simulated=(
+                    (key.simulated.mode, key.simulated.size, key.simulated.rank)
+                    if key.simulated is not None
+                    else None
+                ),
             )
             for rank in range(key.world_size)
         ]

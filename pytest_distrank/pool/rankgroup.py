@@ -30,7 +30,9 @@ def start_rank(cfg: RankConfig) -> RankContext:
 
     store = dist.FileStore(cfg.store_path, cfg.world_size)
     ctx = RankContext(cfg.rank, cfg.world_size, cfg.local_rank, cfg.backend, store, None)
-    master_store(ctx, "pool/")
+    master_store(ctx, "pool/")  # as the process it is: rank 0 of its pool
+    if cfg.simulated is not None:
+        return _simulate(ctx, *cfg.simulated)
     if cfg.init_process_group:
         device_id = None
         if "nccl" in cfg.backend:
@@ -47,6 +49,19 @@ def start_rank(cfg: RankConfig) -> RankContext:
             device_id=device_id,
         )
         ctx.pg = dist.group.WORLD
+    return ctx
+
+
+def _simulate(ctx: RankContext, mode: str, size: int, rank: int) -> RankContext:
+    """Play ``rank`` of a simulated world of ``size`` (``@pytest.mark.simulate``): the fixtures
+    see the simulated rank and size, the default group is PyTorch's fake group."""
+    import torch.distributed as dist
+
+    assert mode == "fake", mode
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
+    ctx.rank, ctx.world_size, ctx.backend, ctx.pg = rank, size, "fake", dist.group.WORLD
     return ctx
 
 

@@ -102,14 +102,17 @@ def _detach_from_controller_tree(expected_parent: int) -> None:
 def _rank_env(cfg: RankConfig) -> dict[str, str]:
     env = dict(cfg.env)
     env.pop("PYTEST_ADDOPTS", None)
+    rank, size = cfg.rank, cfg.world_size
+    if cfg.simulated is not None:  # the rank it plays in a simulated world
+        rank, size = cfg.simulated[2], cfg.simulated[1]
     env.update(
-        RANK=str(cfg.rank),
-        WORLD_SIZE=str(cfg.world_size),
+        RANK=str(rank),
+        WORLD_SIZE=str(size),
         LOCAL_RANK=str(cfg.local_rank),
         LOCAL_WORLD_SIZE=str(cfg.world_size),
         GROUP_RANK="0",
-        ROLE_RANK=str(cfg.rank),
-        ROLE_WORLD_SIZE=str(cfg.world_size),
+        ROLE_RANK=str(rank),
+        ROLE_WORLD_SIZE=str(size),
         MASTER_ADDR=MASTER_ADDR,
         # MASTER_PORT is set once rank 0 hosts a store (see _master_store). torchrun's convention:
         # the store at MASTER_ADDR:MASTER_PORT is hosted by someone else (here: a TCPStore that

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from pytest_distrank.markers import MarkerError, world_sizes
+from pytest_distrank.markers import MarkerError, simulations, world_sizes
 
 
 def mark(*args: object, **kwargs: object) -> pytest.Mark:
@@ -26,3 +28,45 @@ def test_bad_sizes_name_the_marker_and_value(bad: object) -> None:
 def test_unknown_keyword() -> None:
     with pytest.raises(MarkerError, match="unknown keyword 'size'"):
         world_sizes(mark(2, size=3), default=2)
+
+
+class _Item:
+    """What simulations() reads of an item: its simulate markers."""
+
+    def __init__(self, *marks: pytest.MarkDecorator) -> None:
+        self.marks = [m.mark for m in marks]
+
+    def iter_markers(self, name: str) -> list[pytest.Mark]:
+        return [m for m in self.marks if m.name == name]
+
+
+def test_simulated_worlds_one_per_size_and_rank() -> None:
+    item = _Item(pytest.mark.simulate("fake", 64, 1024, ranks=(0, 63)))
+    worlds = simulations(item)  # type: ignore[arg-type]
+    assert [(w.size, w.rank) for w in worlds] == [(64, 0), (64, 63), (1024, 0), (1024, 63)]
+    assert [w.id for w in worlds][:2] == ["ws64-fake-r0", "ws64-fake-r63"]
+    assert simulations(_Item(pytest.mark.simulate("fake", 8)))[0].id == "ws8-fake"  # type: ignore[arg-type]
+    assert simulations(_Item(pytest.mark.simulate("fake", 8, ranks=7)))[0].rank == 7  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("marker", "message"),
+    [
+        (pytest.mark.simulate("local", 8), "mode 'local' is not one of 'fake'"),
+        (pytest.mark.simulate(), "mode none is not one of 'fake'"),
+        (pytest.mark.simulate("fake"), "give the simulated world size"),
+        (pytest.mark.simulate("fake", 0), "world size 0 is not a positive integer"),
+        (pytest.mark.simulate("fake", 8, ranks=(8,)), "rank 8 is not a rank of a world of size 8"),
+        (pytest.mark.simulate("fake", 8, ranks=(True,)), "rank True is not a rank"),
+        (pytest.mark.simulate("fake", 8, mode="x"), "unknown keyword 'mode'"),
+    ],
+)
+def test_bad_simulate_markers_say_what_is_wrong(marker: pytest.MarkDecorator, message: str) -> None:
+    with pytest.raises(MarkerError, match=re.escape(message)):
+        simulations(_Item(marker))  # type: ignore[arg-type]
+
+
+def test_the_same_simulated_world_twice_is_an_error() -> None:
+    twice = _Item(pytest.mark.simulate("fake", 8), pytest.mark.simulate("fake", 8))
+    with pytest.raises(MarkerError, match="asked for twice"):
+        simulations(twice)  # type: ignore[arg-type]
