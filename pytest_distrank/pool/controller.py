@@ -186,10 +186,16 @@ class Controller:
         which would rewrite each again (_compat.share_rewritten_modules)."""
         if not sys.dont_write_bytecode or self._undo_rewrites is not None:
             return
+        # In pytest's basetemp, not the session's folder: that is made at the first pool start,
+        # which reports a failure to make it; the rewritten modules' folder is made when the
+        # first one is written, and is not needed (ranks rewrite for themselves) if it cannot be.
         try:
-            folder = self.pools.workdir / "rewritten"
-        except SessionStartError:
-            return  # the first pool start reports it
+            base = _compat.getbasetemp(self.config)
+        except OSError:
+            return
+        if base is None:
+            return
+        folder = base / "distrank-rewritten"
         self._undo_rewrites = _compat.share_rewritten_modules(str(folder))
         if self._undo_rewrites is not None:
             self.pools.rewritten = str(folder)

@@ -105,6 +105,6 @@ def test_without_bytecode_ranks_share_the_rewritten_test_modules(
     result.assert_outcomes(failed=2)
     # Both are rewritten asserts, with pytest's explanation of the values.
     result.stdout.fnmatch_lines(["E       assert 2 == 3", "E       assert 11 == 10"])
-    kept = list(pytester.path.rglob("rewritten/**/test_rewritten.*pytest*.pyc"))
+    kept = list(pytester.path.rglob("distrank-rewritten/**/test_rewritten.*pytest*.pyc"))
     assert len(kept) == 1, kept
     assert not list(pytester.path.glob("__pycache__")), "bytecode written beside the tests"
