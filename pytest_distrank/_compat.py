@@ -18,7 +18,7 @@ import contextlib
 import os
 import signal
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -389,3 +389,45 @@ def print_stacks_on_fatal_signal(enabled: bool) -> None:
     setter = getattr(torch._C, "_set_print_stack_traces_on_fatal_signal", None)
     if setter is not None:
         setter(enabled)
+
+
+#: PyTorch's LocalTensor package (private); messages to users name it for its rank_map helpers.
+LOCAL_TENSOR_MODULE = "torch.distributed._local_tensor"
+
+
+def fake_store() -> Any:
+    """The store PyTorch's fake process group takes (``torch.testing._internal``'s
+    ``FakeStore``); without it no simulated world starts, and the pool says so at start-up."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def every_rank_int(size: int) -> Any:
+    """A ``torch.SymInt`` that is ``r`` on each simulated rank ``r < size``: ``LocalIntNode`` of
+    ``torch.distributed._local_tensor`` (private, torch >= 2.10), which PyTorch's own
+    ``LocalDTensorTestBase.rank`` returns."""
+    import torch
+    from torch.distributed._local_tensor import LocalIntNode
+
+    return torch.SymInt(LocalIntNode({r: r for r in range(size)}))
+
+
+@contextlib.contextmanager
+def local_tensor_mode(size: int) -> Iterator[None]:
+    """``LocalTensorMode`` over ranks ``0..size-1`` (``torch.distributed._local_tensor``),
+    entered as PyTorch's ``LocalDTensorTestBase`` enters it around a test: autograd's
+    record_function off (``torch.autograd._enable_record_function``), DTensor's random-number
+    tracker dropped after it (``torch.distributed.tensor._random._rng_tracker``) so the next
+    test seeds afresh."""
+    import torch
+    from torch.distributed._local_tensor import LocalTensorMode
+    from torch.distributed.tensor import _random
+
+    torch.autograd._enable_record_function(False)
+    try:
+        with LocalTensorMode(frozenset(range(size))):
+            yield
+    finally:
+        torch.autograd._enable_record_function(True)
+        _random._rng_tracker = None

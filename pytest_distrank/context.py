@@ -36,10 +36,16 @@ class RankContext:
     test: RunTest = dataclasses.field(default_factory=lambda: RunTest(-1, "", None, ""))
     #: Pool mode, on rank 0: the TCPStore server behind MASTER_PORT (kept alive while in use).
     master_server: Any = None
+    #: A simulated world's ``device`` type ("cpu" or "meta"); "" leaves it to the backend.
+    device_type: str = ""
+    #: A local-mode world: the ``rank`` fixture's value, a ``torch.SymInt`` of every rank.
+    symbolic_rank: Any = None
 
     def device(self) -> torch.device:
         import torch
 
+        if self.device_type:
+            return torch.device(self.device_type)
         if "nccl" in self.backend:
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")

@@ -76,8 +76,10 @@ def _context(request: pytest.FixtureRequest) -> RankContext:
 
 @pytest.fixture(scope="session")
 def rank(request: pytest.FixtureRequest) -> int:
-    """This process's global rank, ``0 <= rank < world_size``."""
-    return _context(request).rank
+    """This process's global rank, ``0 <= rank < world_size``; in a local-mode simulated world a
+    ``torch.SymInt`` that is each rank at once (docs/simulation.md)."""
+    ctx = _context(request)
+    return ctx.rank if ctx.symbolic_rank is None else ctx.symbolic_rank
 
 
 @pytest.fixture(scope="session")

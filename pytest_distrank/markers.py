@@ -30,13 +30,17 @@ MARKERS = (
     "requires_gpus(n): skipped unless at least n GPUs are visible.",
     "distrank_isolate: run this distributed test on fresh rank processes of its own, started "
     "for it and ended after it (for tests that need a fresh process).",
-    "simulate(mode, *sizes, ranks=(0,)): also run the test in a simulated world of each of "
-    "`sizes` ranks, in one process, with ids ws<N>-<mode>; mode 'fake' (PyTorch's fake process "
-    "group: collectives return at once and move no data); `ranks`: the simulated rank(s) the "
-    "process plays, one test each.",
+    "simulate(mode, *sizes, ranks=(0,), device='cpu'): also run the test in a simulated world "
+    "of each of `sizes` ranks, in one process, with ids ws<N>-<mode>; mode 'fake' (PyTorch's "
+    "fake process group: collectives return at once and move no data; `ranks`: the simulated "
+    "rank(s) the process plays, one test each; device='meta': the `device` fixture is meta) or "
+    "'local' (LocalTensorMode: every rank's tensors in the one process, collectives computed "
+    "exactly; `rank` is a symbolic int of every rank).",
 )
 #: Modes of ``@pytest.mark.simulate``.
-SIMULATION_MODES = ("fake",)
+SIMULATION_MODES = ("fake", "local")
+#: The devices a fake-mode test may ask for (``device=``): meta allocates no memory.
+SIMULATION_DEVICES = ("cpu", "meta")
 
 #: The ini key listing tests that need fresh rank processes (node-id patterns, fnmatch style).
 ISOLATE_INI = "distrank_isolate_tests"
@@ -55,9 +59,12 @@ class Simulated:
 
     mode: str
     size: int
+    #: The rank a fake world's process plays; 0 in local mode (the process plays every rank).
     rank: int
     #: Whether the marker named its ranks (then the id names the rank too).
     named_rank: bool = False
+    #: The ``device`` fixture's type: "cpu" or "meta" (fake mode only).
+    device: str = "cpu"
 
     @property
     def id(self) -> str:
@@ -65,7 +72,10 @@ class Simulated:
         return f"ws{self.size}-{self.mode}{tail}"
 
     def describe(self) -> str:
-        return f"world size {self.size} simulated ({self.mode}, as rank {self.rank})"
+        if self.mode == "local":
+            return f"world size {self.size} simulated (local: every rank at once)"
+        device = f", device {self.device}" if self.device != "cpu" else ""
+        return f"world size {self.size} simulated ({self.mode}, as rank {self.rank}{device})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,11 +137,11 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
     """The simulated worlds the ``simulate`` markers of a test ask for (none without)."""
     out: list[Simulated] = []
     for marker in item.iter_markers("simulate"):
-        unknown = sorted(set(marker.kwargs) - {"ranks"})
+        unknown = sorted(set(marker.kwargs) - {"ranks", "device"})
         if unknown:
             raise MarkerError(
                 f"{_format_marker(marker)}: unknown keyword {unknown[0]!r}; simulate takes a "
-                "mode, sizes and ranks."
+                "mode, sizes, ranks and device."
             )
         if not marker.args or marker.args[0] not in SIMULATION_MODES:
             given = repr(marker.args[0]) if marker.args else "none"
@@ -143,6 +153,13 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
         mode, sizes = marker.args[0], tuple(_size(a, marker) for a in marker.args[1:])
         if not sizes:
             raise MarkerError(f"{_format_marker(marker)}: give the simulated world size(s).")
+        device = _simulated_device(marker, mode)
+        if mode == "local" and "ranks" in marker.kwargs:
+            raise MarkerError(
+                f"{_format_marker(marker)}: local mode plays every rank at once (the `rank` "
+                "fixture is a symbolic int of all of them); ranks= picks the rank of a 'fake' "
+                "world."
+            )
         raw = marker.kwargs.get("ranks", (0,))
         ranks = (raw,) if isinstance(raw, int) and not isinstance(raw, bool) else tuple(raw)
         for size in sizes:
@@ -152,10 +169,25 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
                         f"{_format_marker(marker)}: rank {rank!r} is not a rank of a world of "
                         f"size {size} (0 to {size - 1})."
                     )
-                out.append(Simulated(mode, size, rank, "ranks" in marker.kwargs))
+                out.append(Simulated(mode, size, rank, "ranks" in marker.kwargs, device))
     if len(set(out)) != len(out):
         raise MarkerError("@pytest.mark.simulate: the same simulated world is asked for twice.")
     return tuple(out)
+
+
+def _simulated_device(marker: pytest.Mark, mode: str) -> str:
+    device = marker.kwargs.get("device", "cpu")
+    if device not in SIMULATION_DEVICES:
+        raise MarkerError(
+            f"{_format_marker(marker)}: device {device!r} is not one of "
+            f"{', '.join(repr(d) for d in SIMULATION_DEVICES)}."
+        )
+    if mode == "local" and device != "cpu":
+        raise MarkerError(
+            f"{_format_marker(marker)}: local mode computes every rank's values, on the CPU; "
+            "device='meta' is for 'fake' worlds."
+        )
+    return str(device)
 
 
 def min_gpus(item: pytest.Item) -> int:
@@ -195,7 +227,8 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
     callspec = getattr(item, "callspec", None)
     param = callspec.params.get(WS_PARAM) if callspec is not None else None
     if isinstance(param, Simulated):
-        return DistSpec(1, param.mode, True, False, 0, simulated=param)
+        # Both modes run on PyTorch's fake process group (local mode computes above it).
+        return DistSpec(1, "fake", True, False, 0, simulated=param)
     if marker is None:
         raise MarkerError(f"{item.nodeid}: no simulated world to run in")  # pragma: no cover
     init_pg = marker.kwargs.get("init_process_group", True)

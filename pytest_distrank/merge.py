@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from pytest import TestReport
 
@@ -28,9 +27,6 @@ from ._compat import (
     ReprFileLocation,
     ReprTracebackNative,
 )
-
-if TYPE_CHECKING:
-    from .markers import Simulated
 
 WHENS = ("setup", "call", "teardown")
 _RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")
@@ -432,19 +428,6 @@ def annotate(
     for report in merged:
         if report.failed and isinstance(report.longrepr, ExceptionRepr):
             report.longrepr.addsection("distrank: rerun just this test", rerun)
-
-
-def explain_simulation(merged: Sequence[TestReport], simulated: Simulated) -> None:
-    """Under every failure of a simulated test: what the simulation does and does not do."""
-    text = (
-        f"{simulated.describe()}, in one process. Fake mode moves no data: every collective "
-        "returns at once with this rank's own input, so a value that depends on other ranks' "
-        "data is not what a real run computes. Check shapes, placements and plans here; check "
-        "numbers at a real world size."
-    )
-    for report in merged:
-        if report.failed and isinstance(report.longrepr, ExceptionRepr):
-            report.longrepr.addsection("distrank: simulated world", text)
 
 
 def merge_warnings(

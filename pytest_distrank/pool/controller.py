@@ -26,9 +26,9 @@ from typing import Any
 import pytest
 from pytest import TestReport
 
-from .. import _compat
+from .. import _compat, simreport
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
-from ..merge import annotate, explain_simulation, merge_test
+from ..merge import annotate, merge_test
 from ..records import RunTest
 from ..requirements import check_ordinary_test, gpus_needed, skip_reason
 from ..settings import Settings, Value, item_timeout
@@ -314,7 +314,7 @@ class Controller:
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         if key.simulated is not None:
-            explain_simulation(merged, key.simulated)
+            simreport.relabel(merged, key.simulated)
         return merged
 
     def _run_on_pool(

@@ -271,9 +271,7 @@ class PoolSet:
                 debug=debug,
                 rewritten=self.rewritten,
                 simulated=(
-                    (key.simulated.mode, key.simulated.size, key.simulated.rank)
-                    if key.simulated is not None
-                    else None
+                    (sim.mode, sim.size, sim.rank, sim.device) if (sim := key.simulated) else None
                 ),
             )
             for rank in range(key.world_size)

@@ -73,9 +73,9 @@ class RankConfig:
     #: The session's folder of assertion-rewritten test modules, when bytecode is not written
     #: (_compat.share_rewritten_modules): the controller rewrote them, the rank reads them.
     rewritten: str = ""
-    #: A simulated world this one rank process plays (``@pytest.mark.simulate``): its mode, size
-    #: and the rank it is; None for a real pool.
-    simulated: tuple[str, int, int] | None = None
+    #: A simulated world this one rank process plays (``@pytest.mark.simulate``): its mode, size,
+    #: the rank it is (fake mode) and the ``device`` fixture's type; None for a real pool.
+    simulated: tuple[str, int, int, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 from .. import _compat
 from ..context import RankContext
 from .protocol import RankConfig
+from .simulate import simulate
 
 STORE_TIMEOUT = timedelta(seconds=300)
 MASTER_ADDR = "127.0.0.1"
@@ -32,7 +33,7 @@ def start_rank(cfg: RankConfig) -> RankContext:
     ctx = RankContext(cfg.rank, cfg.world_size, cfg.local_rank, cfg.backend, store, None)
     master_store(ctx, "pool/")  # as the process it is: rank 0 of its pool
     if cfg.simulated is not None:
-        return _simulate(ctx, *cfg.simulated)
+        return simulate(ctx, *cfg.simulated)
     if cfg.init_process_group:
         device_id = None
         if "nccl" in cfg.backend:
@@ -49,19 +50,6 @@ def start_rank(cfg: RankConfig) -> RankContext:
             device_id=device_id,
         )
         ctx.pg = dist.group.WORLD
-    return ctx
-
-
-def _simulate(ctx: RankContext, mode: str, size: int, rank: int) -> RankContext:
-    """Play ``rank`` of a simulated world of ``size`` (``@pytest.mark.simulate``): the fixtures
-    see the simulated rank and size, the default group is PyTorch's fake group."""
-    import torch.distributed as dist
-
-    assert mode == "fake", mode
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=size)
-    ctx.rank, ctx.world_size, ctx.backend, ctx.pg = rank, size, "fake", dist.group.WORLD
     return ctx
 
 

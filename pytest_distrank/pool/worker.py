@@ -21,7 +21,6 @@ and the stdlib-only :mod:`reaper` and :mod:`stacks`. A rank process:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import faulthandler
 import os
 import pickle
@@ -32,7 +31,7 @@ import traceback
 import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -61,12 +60,11 @@ from .protocol import (
     phase_slots,
 )
 from .rankfr import start_responder
-from .rankgroup import MASTER_ADDR, group_problem, master_store, start_rank
+from .rankgroup import group_problem, master_store, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
+from .rankproc import detach_from_controller_tree, rank_env
+from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
-
-if TYPE_CHECKING:
-    pass
 
 #: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
@@ -76,61 +74,13 @@ PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 CONTROLLER_ONLY_PLUGINS = ("rerunfailures",)
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
-_PR_SET_PDEATHSIG = 1
-
-
-def _detach_from_controller_tree(expected_parent: int) -> None:
-    """Die with the controller, and keep Ctrl-C out.
-
-    The fork server hands every child a copy of the write end of its "alive" pipe; while a rank
-    holds it, the fork server never sees the controller die. Close it, and ask the kernel to
-    SIGKILL this rank when its parent (the fork server, or the controller under spawn) dies.
-    """
-    _compat.close_fork_server_alive_fd()
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != expected_parent:
-        os._exit(1)  # the parent died before prctl took effect
-    reaper.become_subreaper()  # orphans of what the tests start stay findable (reaper.py)
-    # Own process group: the terminal's SIGINT goes to the controller only, and the controller
-    # can kill this rank together with any processes it starts.
-    with contextlib.suppress(OSError):
-        os.setpgid(0, 0)
-
-
-def _rank_env(cfg: RankConfig) -> dict[str, str]:
-    env = dict(cfg.env)
-    env.pop("PYTEST_ADDOPTS", None)
-    rank, size = cfg.rank, cfg.world_size
-    if cfg.simulated is not None:  # the rank it plays in a simulated world
-        rank, size = cfg.simulated[2], cfg.simulated[1]
-    env.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(size),
-        LOCAL_RANK=str(cfg.local_rank),
-        LOCAL_WORLD_SIZE=str(cfg.world_size),
-        GROUP_RANK="0",
-        ROLE_RANK=str(rank),
-        ROLE_WORLD_SIZE=str(size),
-        MASTER_ADDR=MASTER_ADDR,
-        # MASTER_PORT is set once rank 0 hosts a store (see _master_store). torchrun's convention:
-        # the store at MASTER_ADDR:MASTER_PORT is hosted by someone else (here: a TCPStore that
-        # rank 0 serves beside its test code), so every rank is a client (else rank 0 would try
-        # to host a second store on the port).
-        TORCHELASTIC_USE_AGENT_STORE="True",
-        TORCHELASTIC_RESTART_COUNT="0",
-        DISTRANK_RANK=str(cfg.rank),
-    )
-    env[reaper.POOL_TAG_ENV] = cfg.store_path  # unique per pool: see reaper.py
-    return env
 
 
 def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -> None:
     """Entry point of a rank process. Never returns: ends with ``os._exit``."""
     code = 0
     try:
-        _detach_from_controller_tree(parent_pid)
+        detach_from_controller_tree(parent_pid)
         log_fd = os.open(cfg.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -140,7 +90,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.dup2(null, 0)
         os.close(null)
         os.environ.clear()
-        os.environ.update(_rank_env(cfg))
+        os.environ.update(rank_env(cfg))
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)
             _compat.share_rewritten_modules(cfg.rewritten)
@@ -246,6 +196,9 @@ class WorkerPlugin:
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
+        local = local_mode_plugin(self.cfg.simulated)
+        if local is not None:  # every test of a local-mode pool runs under LocalTensorMode
+            config.pluginmanager.register(local, "distrank-local-mode")
         for name in CONTROLLER_ONLY_PLUGINS:
             # Configured (its markers are known) but never called: the controller owns it.
             if config.pluginmanager.get_plugin(name) is not None:

@@ -51,6 +51,8 @@ POOL_RANK = {
     "pool.preload",
     "pool.suiterank",
     "pool.rankpdb",
+    "pool.rankproc",
+    "pool.simulate",
 }
 #: Pool mode, both sides.
 POOL_BOTH = {"pool.protocol"}
@@ -66,6 +68,7 @@ NO_TORCH = {
     "collectives",
     "pool.protocol",
     "merge",
+    "simreport",
     "endgame",
     "fitness",
     "stacks",
@@ -177,6 +180,9 @@ PRIVATE_SPELLINGS = (
     "_use_item_location",
     "._world",
     "_get_sequence_number_for_group",
+    "_local_tensor",
+    "_enable_record_function",
+    "_rng_tracker",
 )
 TESTS = ROOT / "tests"
 

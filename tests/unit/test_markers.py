@@ -49,11 +49,23 @@ def test_simulated_worlds_one_per_size_and_rank() -> None:
     assert simulations(_Item(pytest.mark.simulate("fake", 8, ranks=7)))[0].rank == 7  # type: ignore[arg-type]
 
 
+def test_local_and_meta_worlds() -> None:
+    local = simulations(_Item(pytest.mark.simulate("local", 4, 64)))  # type: ignore[arg-type]
+    assert [s.id for s in local] == ["ws4-local", "ws64-local"]
+    assert local[1].describe() == "world size 64 simulated (local: every rank at once)"
+    meta = simulations(_Item(pytest.mark.simulate("fake", 8, device="meta")))[0]  # type: ignore[arg-type]
+    assert (meta.id, meta.device) == ("ws8-fake", "meta")
+    assert meta.describe() == "world size 8 simulated (fake, as rank 0, device meta)"
+
+
 @pytest.mark.parametrize(
     ("marker", "message"),
     [
-        (pytest.mark.simulate("local", 8), "mode 'local' is not one of 'fake'"),
-        (pytest.mark.simulate(), "mode none is not one of 'fake'"),
+        (pytest.mark.simulate("threads", 8), "mode 'threads' is not one of 'fake', 'local'"),
+        (pytest.mark.simulate(), "mode none is not one of 'fake', 'local'"),
+        (pytest.mark.simulate("local", 8, ranks=(1,)), "local mode plays every rank at once"),
+        (pytest.mark.simulate("fake", 8, device="cuda"), "device 'cuda' is not one of"),
+        (pytest.mark.simulate("local", 8, device="meta"), "device='meta' is for 'fake' worlds"),
         (pytest.mark.simulate("fake"), "give the simulated world size"),
         (pytest.mark.simulate("fake", 0), "world size 0 is not a positive integer"),
         (pytest.mark.simulate("fake", 8, ranks=(8,)), "rank 8 is not a rank of a world of size 8"),
