@@ -1,4 +1,6 @@
-"""A sharding plan checked at the world size it will run at, in one process (fake mode).
+"""Distributed code checked at world sizes no CI machine has, in one process (simulated worlds).
+
+Fake mode, for a sharding plan:
 
 ``@pytest.mark.simulate("fake", 1024)`` runs the test once more, as one rank of a simulated world
 of 1024 ranks, in one process: the default group is PyTorch's fake process group, so a
@@ -6,12 +8,19 @@ of 1024 ranks, in one process: the default group is PyTorch's fake process group
 at once and moves no data. Check what does not depend on other ranks' data (shapes, placements,
 which rank holds what); check numbers at a real world size, as the ``ws4`` id of the same test
 does here. ``ranks=(0, 1023)`` plays the first and the last rank, one test each.
+
+Local mode, for numbers: ``@pytest.mark.simulate("local", 4, 64)`` runs the test once per size
+under PyTorch's LocalTensorMode, which holds every rank's tensors in the one process and computes
+each collective exactly. The same assertions hold for the real run at ``ws4`` and the local runs
+at 4 and 64 ranks. ``rank`` there is a symbolic int of every rank: use it in tensor arithmetic,
+not as one number (docs/simulation.md).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
@@ -40,3 +49,26 @@ def test_the_plan_gives_each_rank_its_shard(rank, world_size, device):
     # What each rank holds, in bytes: the memory estimate of the plan (float32).
     held = sum(t.to_local().numel() * 4 for t in (up, down, batch))
     assert held == (2 * FFN * HIDDEN // tp + 64 * HIDDEN) * 4
+
+
+@pytest.mark.world_size(4)
+@pytest.mark.simulate("local", 4, 64)
+def test_a_row_sharded_matmul_and_its_gradient_norm(rank, world_size, device):
+    mesh = init_device_mesh(device.type, (world_size,))
+    x = torch.arange(world_size * 8, dtype=torch.float32).reshape(world_size * 2, 4) / 10
+    w = torch.linspace(-1, 1, 12).reshape(4, 3)
+    rows = distribute_tensor(x, mesh, [Shard(0)])
+    weight = distribute_tensor(w, mesh, [Replicate()])
+    assert rows.to_local().shape == (2, 4)
+
+    out = rows @ weight  # stays sharded by rows: no communication
+    assert out.placements == (Shard(0),)
+    torch.testing.assert_close(out.full_tensor(), x @ w)
+    # A reduction across ranks: the global sum of squares, as a gradient-norm check would do it.
+    norm = (out * out).sum().full_tensor().sqrt()
+    torch.testing.assert_close(norm, (x @ w).norm())
+
+    # Each rank's own value, then all of them summed: 1 + 2 + ... + world_size.
+    mine = torch.ones(1) * (rank + 1)
+    dist.all_reduce(mine)
+    assert mine.item() == world_size * (world_size + 1) // 2

@@ -431,3 +431,18 @@ def local_tensor_mode(size: int) -> Iterator[None]:
     finally:
         torch.autograd._enable_record_function(True)
         _random._rng_tracker = None
+
+
+def dispatch_modes() -> list[str]:
+    """The class names of the torch dispatch modes entered now (``torch.utils._python_dispatch.
+    _get_current_dispatch_mode_stack``, private); [] when torch is not imported or has no such
+    stack (then a test that leaves one entered goes unnoticed, as before)."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return []
+    try:
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    except ImportError:
+        return []
+    return [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]

@@ -100,6 +100,16 @@ def live_groups() -> list[Any]:
     return groups
 
 
+def left_modes() -> str:
+    """After a test: the torch dispatch modes it left entered ("" when none). Every later test
+    of the rank would run under them (a FakeTensorMode makes every tensor fake), so the pool is
+    not fit to serve another test."""
+    modes = _compat.dispatch_modes()
+    if not modes:
+        return ""
+    return f"left torch dispatch mode{'s' if len(modes) > 1 else ''} entered: {', '.join(modes)}"
+
+
 def sequence_numbers() -> dict[str, int]:
     """Each live group's sequence number: compared between ranks after every test (~30 us)."""
     out: dict[str, int] = {}

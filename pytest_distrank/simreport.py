@@ -67,6 +67,13 @@ def explain(simulated: Simulated, crash: str, crash_path: str) -> str:
             "maybe_run_for_local_tensor, which run a function once per rank (and once, on the "
             "real rank, in a real world)."
         )
+    if _LOCAL_TENSOR_FILE.search(crash_path):
+        return (
+            f"{where} The failure was raised inside PyTorch's LocalTensor ({crash_path}): local "
+            "mode does not support what the test did there (point-to-point send/recv, for "
+            "one, needs torch's LocalRunnerMode). Check this test at a real world size (world_size "
+            "marker), or drop 'local' from its simulate marker."
+        )
     return (
         f"{where} Local mode runs the test once under LocalTensorMode: every tensor holds each "
         "rank's value and collectives compute what real ones would, so the numbers are those "

@@ -40,6 +40,7 @@ from ..context import RANK_CONTEXT, RankContext
 from ..rankside import (
     cap_section,
     collective_counts,
+    left_modes,
     sequence_numbers,
     stray_forks,
     teardown_unneeded,
@@ -417,7 +418,7 @@ class WorkerPlugin:
         problem = group_problem(self.ctx)
         healthy = not problem
         leaks = self.suites.problem()
-        problem = "; ".join(p for p in (problem, leaks) if p)
+        problem = "; ".join(p for p in (problem, leaks, left_modes()) if p)
         self._flush(
             done=True,
             pg_problem=problem,

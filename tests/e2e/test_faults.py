@@ -200,6 +200,28 @@ def test_destroy(rank):
     )
 
 
+def test_a_dispatch_mode_left_entered_does_not_reach_the_next_test(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    make_case(
+        pytester,
+        """
+@pytest.mark.world_size(2)
+def test_enter(rank):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    FakeTensorMode().__enter__()  # never left: every later tensor would be fake
+""",
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "pool killed after a fault: world_size=2, backend=gloo: "
+            "*::test_enter left torch dispatch mode entered: FakeTensorMode"
+        ]
+    )
+
+
 def test_sys_exit_in_a_test_is_a_failure(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
     make_case(
         pytester,

@@ -72,3 +72,9 @@ def test_other_local_failures_say_the_numbers_are_real() -> None:
     text = explain(LOCAL64, "AssertionError: assert 10.0 == 11", "/x/test_x.py")
     assert "the numbers are those of a real run" in text
     assert "moves no data" not in text
+
+
+def test_other_failures_inside_local_tensor_are_the_modes() -> None:
+    path = "/x/torch/distributed/_local_tensor/__init__.py"
+    crash = "AttributeError: 'LocalTensor' object has no attribute '__src_rank__'"
+    assert "raised inside PyTorch's LocalTensor" in explain(LOCAL64, crash, path)
