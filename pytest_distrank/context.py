@@ -40,12 +40,16 @@ class RankContext:
     device_type: str = ""
     #: A local-mode world: the ``rank`` fixture's value, a ``torch.SymInt`` of every rank.
     symbolic_rank: Any = None
+    #: Pool mode: the CUDA device index the pool gave this rank (-1: none, or the backend's rule).
+    cuda_device: int = -1
 
     def device(self) -> torch.device:
         import torch
 
         if self.device_type:
             return torch.device(self.device_type)
+        if self.cuda_device >= 0:
+            return torch.device("cuda", self.cuda_device)
         if "nccl" in self.backend:
             return torch.device("cuda", self.local_rank)
         return torch.device("cpu")

@@ -6,8 +6,9 @@ rank follows. Never initialises CUDA: the GPU count
 comes from ``torch.cuda.device_count()``, which asks NVML first, and a CPU build of torch answers 0
 without touching a driver.
 
-Test seam: ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs are visible, so that
-the decisions below can be tested on machines without GPUs.
+Test seams: ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs are visible, and
+``DISTRANK_FAKE_NCCL_VERSION`` that this NCCL is built in (gpuplan.py), so that the decisions
+below can be tested on machines without GPUs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import pytest
 
 from . import _compat
+from .gpuplan import FAKE_NCCL_VERSION_ENV, STRICT, GpuPlan, GpuPolicy, plan_gpus
 from .markers import DistSpec, MarkerError, min_gpus
 
 FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
@@ -48,6 +50,8 @@ def backend_available(name: str) -> bool:
     """
     if name in ("gloo", "fake"):  # fake: torch.testing's, registered by the rank that uses it
         return True
+    if name == "nccl" and os.environ.get(FAKE_NCCL_VERSION_ENV, "").strip():
+        return True  # the test seam: this NCCL is taken as built in (gpuplan.py)
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -78,34 +82,37 @@ def _gpus(n: int) -> str:
     return "1 GPU" if n == 1 else f"{n} GPUs"
 
 
-def skip_reason(spec: DistSpec) -> str | None:
-    """Why this distributed test cannot run on this machine, or None when it can."""
+def gpu_plan(spec: DistSpec, policy: GpuPolicy = STRICT) -> GpuPlan | str:
+    """How the test's ranks use GPUs (gpuplan.py), or why it cannot run on this machine."""
     backends = _backends_of(spec.backend)
-    if spec.needs_nccl:
-        if not backend_available("nccl"):
-            return (
-                f"requires_nccl: needs NCCL and {_gpus(spec.world_size)}, but this torch build "
-                f"(torch {_torch_version()}) has no NCCL"
-            )
-        found = visible_gpu_count()
-        if found < spec.world_size:
-            return f"requires_nccl: needs NCCL and {_gpus(spec.world_size)}, found {found}"
+    if spec.needs_nccl and not backend_available("nccl"):
+        return (
+            f"requires_nccl: needs NCCL and {_gpus(spec.world_size)}, but this torch build "
+            f"(torch {_torch_version()}) has no NCCL"
+        )
     for name in backends:
         if not backend_available(name):
             return (
                 f"backend {name!r} is not available in this torch build (torch {_torch_version()})"
             )
-    if "nccl" in backends and not spec.needs_nccl:
-        found = visible_gpu_count()
-        if found < spec.world_size:
-            return f"backend 'nccl' needs {_gpus(spec.world_size)} (one per rank), found {found}"
-    return gpu_skip_reason(spec.min_gpus)
+    reason = gpu_skip_reason(spec.min_gpus)
+    if reason:
+        return reason
+    uses_nccl = spec.needs_nccl or "nccl" in backends
+    return plan_gpus(
+        spec.world_size,
+        spec.backend,
+        spec.needs_nccl,
+        spec.min_gpus,
+        visible_gpu_count() if uses_nccl else 0,
+        policy,
+    )
 
 
-def gpus_needed(spec: DistSpec) -> int:
-    """GPUs a pool of this test leases: one per rank for nccl, at least ``requires_gpus(n)``."""
-    per_rank = spec.needs_nccl or "nccl" in _backends_of(spec.backend)
-    return max(spec.min_gpus, spec.world_size if per_rank else 0)
+def skip_reason(spec: DistSpec, policy: GpuPolicy = STRICT) -> str | None:
+    """Why this distributed test cannot run on this machine, or None when it can."""
+    plan = gpu_plan(spec, policy)
+    return plan if isinstance(plan, str) else None
 
 
 def gpu_skip_reason(min_gpus: int) -> str | None:

@@ -212,6 +212,27 @@ GPU_WAIT = Option(
     "them; after that its test is skipped (default: 600; 0 to skip at once).",
     parse_seconds,
 )
+GPU_OVERSUBSCRIBE = Option(
+    "distrank_gpu_oversubscribe",
+    "--distrank-gpu-oversubscribe",
+    "DISTRANK_GPU_OVERSUBSCRIBE",
+    "false",
+    "Let the ranks of an NCCL test share GPUs (rank r on GPU r mod n) when there are fewer GPUs "
+    "than ranks: with NCCL >= 2.30 (NCCL_MULTI_RANK_GPU_ENABLE=1), else with gloo on CUDA "
+    "tensors if --distrank-gpu-fallback=gloo; off: such tests are skipped (default: off).",
+    parse_bool,
+    is_flag=True,
+)
+GPU_FALLBACK = Option(
+    "distrank_gpu_fallback",
+    "--distrank-gpu-fallback",
+    "DISTRANK_GPU_FALLBACK",
+    "none",
+    "With --distrank-gpu-oversubscribe and an NCCL older than 2.30: 'gloo' runs NCCL tests with "
+    "gloo on the same CUDA tensors (collectives gloo cannot run on CUDA skip, naming the op); "
+    "'none' skips them (default: none).",
+    one_of(("none", "gloo")),
+)
 
 LAUNCHERS = ("auto", "off", "torchrun", "slurm", "mpi")
 
@@ -287,6 +308,8 @@ OPTIONS: tuple[Option[Any], ...] = (
     PRELOAD,
     GPU_LOCK_DIR,
     GPU_WAIT,
+    GPU_OVERSUBSCRIBE,
+    GPU_FALLBACK,
     LAUNCHER,
     SUITES,
     DEBUG_RANK,
@@ -346,6 +369,8 @@ class Settings:
     preload: Value[tuple[str, ...]]
     gpu_lock_dir: Value[str]
     gpu_wait: Value[float]
+    gpu_oversubscribe: Value[bool]
+    gpu_fallback: Value[str]
     debug_rank: Value[int | None]
 
     @classmethod
@@ -361,6 +386,8 @@ class Settings:
             preload=resolve(config, PRELOAD),
             gpu_lock_dir=resolve(config, GPU_LOCK_DIR),
             gpu_wait=resolve(config, GPU_WAIT),
+            gpu_oversubscribe=resolve(config, GPU_OVERSUBSCRIBE),
+            gpu_fallback=resolve(config, GPU_FALLBACK),
             debug_rank=resolve(config, DEBUG_RANK),
         )
 

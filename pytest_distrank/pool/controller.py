@@ -27,10 +27,11 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat, simreport
+from ..gpuplan import GpuPolicy
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
 from ..merge import annotate, merge_test
 from ..records import RunTest
-from ..requirements import check_ordinary_test, gpus_needed, skip_reason
+from ..requirements import check_ordinary_test, gpu_plan
 from ..settings import Settings, Value, item_timeout
 from ..warnings_relay import forward_warnings
 from .attempt import TestRun
@@ -91,6 +92,12 @@ class Controller:
     def __init__(self, config: pytest.Config, settings: Settings) -> None:
         self.config = config
         self.settings = settings
+        #: What the user allows when an NCCL test has fewer GPUs than ranks (gpuplan.py).
+        self.gpu_policy = GpuPolicy(
+            settings.gpu_oversubscribe.value,
+            settings.gpu_fallback.value,
+            settings.gpu_oversubscribe.source,
+        )
         self.plan: dict[str, Planned] | None = None
         self.pool_nodeids: dict[PoolKey, list[str]] = {}
         self.pool_files: dict[PoolKey, set[str]] = {}
@@ -131,16 +138,18 @@ class Controller:
                 continue
             if spec is None:
                 continue
-            entry = Planned(spec, skip=skip_reason(spec), timeout=timeout)
+            gpus = gpu_plan(spec, self.gpu_policy)
+            entry = Planned(spec, skip=gpus if isinstance(gpus, str) else None, timeout=timeout)
             plan[item.nodeid] = entry
-            if entry.skip:
+            if isinstance(gpus, str):
                 continue
             entry.key = PoolKey(
                 spec.world_size,
-                spec.backend,
+                gpus.backend,
                 spec.init_process_group,
-                gpus=gpus_needed(spec),
+                gpus=gpus.gpus,
                 simulated=spec.simulated,
+                gpu_share=gpus.shared,
             )
             if wants_fresh_ranks(item, fresh):  # a key of its own: a pool for this test alone
                 entry.key = dataclasses.replace(entry.key, isolated=-len(plan))

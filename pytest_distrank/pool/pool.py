@@ -33,6 +33,7 @@ from ..endgame import (
 from ..fitness import (
     why_silent,
 )
+from ..gpuplan import GpuPlan
 from ..markers import Simulated
 from ..records import Reports, RunTest
 from ..stacks import (
@@ -80,13 +81,27 @@ class PoolKey:
     gpus: int = 0
     #: A simulated world its one rank process plays (markers.Simulated), or None.
     simulated: Simulated | None = None
+    #: Ranks share the leased GPUs (gpuplan.py): "nccl" (NCCL multi-rank) or "gloo" (the
+    #: fallback); "" for one GPU per rank.
+    gpu_share: str = ""
 
     def describe(self) -> str:
         if self.simulated is not None:
             return f"{self.simulated.describe()} in one process"
         init = "" if self.init_process_group else ", init_process_group=False"
-        gpus = f", {self.gpus} GPU{'s' if self.gpus > 1 else ''}" if self.gpus else ""
+        if self.gpu_share:
+            shared = GpuPlan(self.gpus, self.backend, self.gpu_share)
+            gpus = f", {shared.describe(self.world_size)}"
+        else:
+            gpus = f", {self.gpus} GPU{'s' if self.gpus > 1 else ''}" if self.gpus else ""
         return f"world_size={self.world_size}, backend={self.backend}{init}{gpus}"
+
+    def cuda_device(self, rank: int) -> int:
+        """The CUDA device index rank ``rank`` uses within the lease (-1: none): its own GPU
+        for NCCL, GPU ``rank % gpus`` when ranks share them."""
+        if not self.gpus or not (self.gpu_share or "nccl" in self.backend):
+            return -1
+        return rank % self.gpus
 
 
 @dataclasses.dataclass(frozen=True)

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 
 from .. import _compat
+from ..gpuplan import MULTI_RANK_ENV
 from ..settings import GPU_LOCK_DIR, WORLD_SIZE, Settings, Value, parse_seconds
 from ..settings import PRELOAD as PRELOAD_OPTION
 from .gpus import GpuLease, GpuUnavailable, lease
@@ -245,6 +246,8 @@ class PoolSet:
         env[WORLD_SIZE.env] = str(self.settings.world_size.value)
         if gpu_lease is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
+        if key.gpu_share == "nccl":  # several ranks per GPU: NCCL >= 2.30 needs the switch
+            env[MULTI_RANK_ENV] = "1"
         self.next_pool_id += 1
         pool_id = self.next_pool_id
         coverage = coverage_settings(self.config)
@@ -273,6 +276,7 @@ class PoolSet:
                 simulated=(
                     (sim.mode, sim.size, sim.rank, sim.device) if (sim := key.simulated) else None
                 ),
+                cuda_device=key.cuda_device(rank),
             )
             for rank in range(key.world_size)
         ]

@@ -76,6 +76,8 @@ class RankConfig:
     #: A simulated world this one rank process plays (``@pytest.mark.simulate``): its mode, size,
     #: the rank it is (fake mode) and the ``device`` fixture's type; None for a real pool.
     simulated: tuple[str, int, int, str] | None = None
+    #: The CUDA device (index within the pool's lease) the rank uses; -1 for none.
+    cuda_device: int = -1
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,17 +31,18 @@ def start_rank(cfg: RankConfig) -> RankContext:
 
     store = dist.FileStore(cfg.store_path, cfg.world_size)
     ctx = RankContext(cfg.rank, cfg.world_size, cfg.local_rank, cfg.backend, store, None)
+    ctx.cuda_device = cfg.cuda_device
     master_store(ctx, "pool/")  # as the process it is: rank 0 of its pool
     if cfg.simulated is not None:
         return simulate(ctx, *cfg.simulated)
     if cfg.init_process_group:
         device_id = None
-        if "nccl" in cfg.backend:
+        if cfg.cuda_device >= 0 and ("nccl" in cfg.backend or _cuda_available()):
             import torch
 
-            torch.cuda.set_device(cfg.local_rank)
+            torch.cuda.set_device(cfg.cuda_device)
             # Bound to its GPU: collectives such as barrier() need not guess the device.
-            device_id = torch.device("cuda", cfg.local_rank)
+            device_id = torch.device("cuda", cfg.cuda_device) if "nccl" in cfg.backend else None
         dist.init_process_group(
             cfg.backend,
             store=store,
@@ -51,6 +52,14 @@ def start_rank(cfg: RankConfig) -> RankContext:
         )
         ctx.pg = dist.group.WORLD
     return ctx
+
+
+def _cuda_available() -> bool:
+    """A gloo pool that shares GPUs binds its rank's GPU only where CUDA is there (the fake GPU
+    count of the test seam has none to bind)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def master_store(ctx: RankContext, prefix: str) -> None:

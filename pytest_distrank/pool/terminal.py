@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 
+from ..gpuplan import describe_policy, nccl_version
 from .controller import Controller
 
 
@@ -16,10 +17,13 @@ def header_line(controller: Controller, version: str) -> str:
     isolate = ", isolate" if s.isolate.value else ""
     if s.preload.value:
         isolate += f", preload {','.join(s.preload.value)}"
+    gpus = ""
+    if controller.gpu_policy.oversubscribe:  # only then is NCCL's version asked (imports torch)
+        gpus = ", " + describe_policy(controller.gpu_policy, nccl_version())
     return (
         f"distrank: {version}, backend {s.backend.value}, start method {s.start_method.value}, "
         f"timeout {timeout} ({s.timeout.source}), default world size {s.world_size.value}"
-        f"{isolate}"
+        f"{isolate}{gpus}"
     )
 
 
