@@ -101,3 +101,6 @@ class Reports:
     #: With ``done``: ``time.monotonic()`` (one clock for every process of the machine) when the
     #: rank began the test; the controller's stats keep the spread between the ranks.
     started: float = 0.0
+    #: With ``done``: the CUDA memory the test left allocated on this rank, in words ("left
+    #: 64 MiB of CUDA memory allocated"), or "" (pool/rankgpu.py).
+    cuda_note: str = ""

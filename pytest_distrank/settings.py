@@ -70,6 +70,21 @@ def one_of(choices: tuple[str, ...], lower: bool = False) -> Callable[[str], str
 parse_start_method = one_of(START_METHODS)
 
 
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
+_UNITS["gib"] = 2**30
+
+
+def parse_bytes(text: str) -> int:
+    """A size: ``512MiB``, ``1GiB``, ``2GB``, a number of bytes; ``0`` for none."""
+    import re
+
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = found.group(2).lower() if found else ""
+    if found is None or unit not in _UNITS:
+        raise ValueError("expected a size such as 512MiB, 1GiB or 0 (for none)")
+    return int(float(found.group(1)) * _UNITS[unit])
+
+
 def parse_bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -233,6 +248,16 @@ GPU_FALLBACK = Option(
     "'none' skips them (default: none).",
     one_of(("none", "gloo")),
 )
+CUDA_GROWTH = Option(
+    "distrank_cuda_growth",
+    "--distrank-cuda-growth",
+    "DISTRANK_CUDA_GROWTH",
+    "1GiB",
+    "CUDA memory a rank may hold above its steady state (what it held after its first test) "
+    "before its pool is replaced; each test that leaves memory allocated is named in the "
+    "summary either way (default: 1GiB; 0: never replace).",
+    parse_bytes,
+)
 
 LAUNCHERS = ("auto", "off", "torchrun", "slurm", "mpi")
 
@@ -310,6 +335,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     GPU_WAIT,
     GPU_OVERSUBSCRIBE,
     GPU_FALLBACK,
+    CUDA_GROWTH,
     LAUNCHER,
     SUITES,
     DEBUG_RANK,
@@ -371,6 +397,7 @@ class Settings:
     gpu_wait: Value[float]
     gpu_oversubscribe: Value[bool]
     gpu_fallback: Value[str]
+    cuda_growth: Value[int]
     debug_rank: Value[int | None]
 
     @classmethod
@@ -388,6 +415,7 @@ class Settings:
             gpu_wait=resolve(config, GPU_WAIT),
             gpu_oversubscribe=resolve(config, GPU_OVERSUBSCRIBE),
             gpu_fallback=resolve(config, GPU_FALLBACK),
+            cuda_growth=resolve(config, CUDA_GROWTH),
             debug_rank=resolve(config, DEBUG_RANK),
         )
 

@@ -72,6 +72,8 @@ class TestRun:
     warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
     #: Per rank that finished: when it began the test (Reports.started, monotonic seconds).
     started: dict[int, float] = dataclasses.field(default_factory=dict)
+    #: Lines for the session summary (CUDA memory a test left allocated, Reports.cuda_note).
+    notes: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -225,6 +227,11 @@ class Attempt:
             self._unfit(f"{self.test.nodeid} left forked processes")
         if message.pg_problem:
             self._unfit(f"{self.test.nodeid} {message.pg_problem}")
+        if message.cuda_note:
+            ws = self.pool.key.world_size
+            self.result.notes.append(
+                f"CUDA memory: {self.test.nodeid} {message.cuda_note} on rank {rank.rank}/{ws}"
+            )
 
     def _crash_report(self, rank: Rank, message: object) -> TestReport:
         """A rank that died or stopped serving during the test: what it was doing, its output."""

@@ -319,6 +319,7 @@ class Controller:
         if merged is None:
             merged = merge_test(run.reports, key.world_size)
         forward_warnings(item, run.warnings, key.world_size)
+        self.pools.notes.extend(run.notes)
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && pytest -p distrank "
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)

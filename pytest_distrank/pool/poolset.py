@@ -277,6 +277,8 @@ class PoolSet:
                     (sim.mode, sim.size, sim.rank, sim.device) if (sim := key.simulated) else None
                 ),
                 cuda_device=key.cuda_device(rank),
+                gpu_share=key.gpu_share,
+                cuda_growth=self.settings.cuda_growth.value,
             )
             for rank in range(key.world_size)
         ]

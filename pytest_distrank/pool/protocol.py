@@ -78,6 +78,11 @@ class RankConfig:
     simulated: tuple[str, int, int, str] | None = None
     #: The CUDA device (index within the pool's lease) the rank uses; -1 for none.
     cuda_device: int = -1
+    #: "gloo" when the pool runs NCCL tests with gloo on shared GPUs (gpuplan.py), "nccl" for
+    #: NCCL multi-rank, "" for one GPU per rank.
+    gpu_share: str = ""
+    #: Bytes of CUDA memory above its steady state that make the rank's pool unfit (0: never).
+    cuda_growth: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

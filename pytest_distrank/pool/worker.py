@@ -61,6 +61,7 @@ from .protocol import (
     phase_slots,
 )
 from .rankfr import start_responder
+from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import detach_from_controller_tree, rank_env
@@ -170,6 +171,8 @@ class WorkerPlugin:
         #: The controller's terminal, for debuggers opened in this rank (rankpdb.py).
         self.relay = Relay(conn, cfg.rank, cfg.world_size)
         self.debug = cfg.debug or DebugSettings()
+        #: The CUDA memory each test leaves allocated (rankgpu.py).
+        self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
 
     def _arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -200,6 +203,9 @@ class WorkerPlugin:
         local = local_mode_plugin(self.cfg.simulated)
         if local is not None:  # every test of a local-mode pool runs under LocalTensorMode
             config.pluginmanager.register(local, "distrank-local-mode")
+        fallback = gloo_fallback_plugin(self.cfg)
+        if fallback is not None:  # what gloo cannot run on CUDA tensors is a skip
+            config.pluginmanager.register(fallback, "distrank-gloo-fallback")
         for name in CONTROLLER_ONLY_PLUGINS:
             # Configured (its markers are known) but never called: the controller owns it.
             if config.pluginmanager.get_plugin(name) is not None:
@@ -315,6 +321,7 @@ class WorkerPlugin:
         sequence: dict[str, int] | None = None,
         forks: tuple[int, ...] = (),
         started: float = 0.0,
+        cuda_note: str = "",
     ) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
@@ -334,6 +341,7 @@ class WorkerPlugin:
                 forks,
                 tuple(self.warnings) if done else (),
                 started,
+                cuda_note,
             )
 
         try:
@@ -418,13 +426,15 @@ class WorkerPlugin:
         problem = group_problem(self.ctx)
         healthy = not problem
         leaks = self.suites.problem()
-        problem = "; ".join(p for p in (problem, leaks, left_modes()) if p)
+        cuda_note, cuda_problem = self.cuda.after_test()
+        problem = "; ".join(p for p in (problem, leaks, left_modes(), cuda_problem) if p)
         self._flush(
             done=True,
             pg_problem=problem,
             sequence=sequence_numbers() if healthy else {},
             forks=stray_forks(self.pid) if self.forks else (),
             started=started,
+            cuda_note=cuda_note,
         )
         self._phase(Phase.IDLE)
         self.tests += 1

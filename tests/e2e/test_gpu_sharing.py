@@ -140,3 +140,86 @@ def test_a_bad_fallback_value_names_the_option(
             "*expected one of none, gloo",
         ]
     )
+
+
+def test_what_gloo_cannot_run_on_cuda_is_a_skip_naming_the_op(
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    fake_gpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine(pytester, monkeypatch, gpus=1, nccl="2.21.5")
+    pytester.makepyfile(
+        test_alltoall="""
+        import pytest
+
+        @pytest.mark.world_size(2, backend="nccl")
+        def test_alltoall(backend):
+            assert backend == "gloo"
+            # What ProcessGroupGloo raises for an op it cannot run on CUDA tensors.
+            raise RuntimeError("ProcessGroupGloo::alltoall_base: unsupported device type cuda")
+        """
+    )
+    result = run_pytest(
+        "-rs", "--distrank-gpu-oversubscribe", "--distrank-gpu-fallback=gloo", "test_alltoall.py"
+    )
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "SKIPPED [[]1[]] test_alltoall.py:7: gloo cannot run alltoall_base on CUDA tensors; "
+            "this NCCL test ran with gloo (2 ranks on 1 GPU, --distrank-gpu-fallback=gloo). It "
+            "needs NCCL >= 2.30 or one GPU per rank."
+        ]
+    )
+
+
+def test_cuda_memory_a_test_leaves_is_named_and_past_the_limit_replaces_the_pool(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    allocated = pytester.path / "allocated"
+    monkeypatch.setenv("DISTRANK_FAKE_CUDA_ALLOCATED_FILE", str(allocated))
+    pytester.makepyfile(
+        test_memory="""
+        import os, pathlib, pytest
+
+        def hold(mib):  # what torch.cuda.memory_allocated() would say after the test
+            pathlib.Path(os.environ["DISTRANK_FAKE_CUDA_ALLOCATED_FILE"]).write_text(
+                str(mib << 20)
+            )
+
+        @pytest.mark.world_size(1)
+        def test_a_model(rank):
+            hold(100)
+
+        @pytest.mark.world_size(1)
+        def test_b_leaks_a_little(rank):
+            hold(164)
+
+        @pytest.mark.world_size(1)
+        def test_c_leaks_a_lot(rank):
+            pathlib.Path("pid-c").write_text(str(os.getpid()))
+            hold(1400)
+
+        @pytest.mark.world_size(1)
+        def test_d_next(rank):
+            assert pathlib.Path("pid-c").read_text() != str(os.getpid())
+        """
+    )
+    result = run_pytest("--distrank-cuda-growth=1GiB")
+    result.assert_outcomes(passed=4)
+    result.stdout.fnmatch_lines(
+        [
+            "pool killed after a fault: world_size=1, backend=gloo: "
+            "test_memory.py::test_c_leaks_a_lot left the rank holding 1.3 GiB of CUDA memory "
+            "above its steady state (100 MiB after its first test), past the limit of 1.0 GiB "
+            "(--distrank-cuda-growth)",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "CUDA memory: test_memory.py::test_b_leaks_a_little left 64 MiB of CUDA memory "
+            "allocated on rank 0/1",
+            "CUDA memory: test_memory.py::test_c_leaks_a_lot left 1.2 GiB of CUDA memory "
+            "allocated on rank 0/1",
+        ]
+    )

@@ -52,6 +52,7 @@ POOL_RANK = {
     "pool.suiterank",
     "pool.rankpdb",
     "pool.rankproc",
+    "pool.rankgpu",
     "pool.simulate",
 }
 #: Pool mode, both sides.

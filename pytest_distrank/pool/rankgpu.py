@@ -1,0 +1,136 @@
+"""A pool rank's GPU after each test: CUDA memory a test left allocated, and the skips of the
+gloo fallback.
+
+Runs in pool-mode rank processes (:mod:`worker` calls :meth:`CudaMemory.after_test` after every
+test, PyTorch's own suites included, and registers :class:`GlooFallback` in pools that run NCCL
+tests with gloo, see gpuplan.py).
+
+CUDA memory: the bytes ``torch.cuda.memory_allocated`` counts on the rank's device after its first
+test are its steady state (session fixtures, a model a module fixture keeps); each later test
+that ends with more than the test before it is named (a note in the controller's summary), and
+when the rank holds more than the limit (``--distrank-cuda-growth``) above its steady state the
+pool is replaced before the next test. Nothing is asked of CUDA unless the test initialised it.
+
+Test seam: ``DISTRANK_FAKE_CUDA_ALLOCATED_FILE`` names a file whose number is taken as the bytes
+allocated, so the rule is tested on machines without GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import Any
+
+import pytest
+
+from .protocol import RankConfig
+
+FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
+_MIB = 1024 * 1024
+
+
+def size_words(n: int) -> str:
+    """Bytes in words: ``64 MiB``, ``1.5 GiB``."""
+    if n >= 1024 * _MIB:
+        return f"{n / (1024 * _MIB):.1f} GiB"
+    return f"{n / _MIB:.0f} MiB" if n >= _MIB else f"{n} bytes"
+
+
+def cuda_allocated(device: int) -> int | None:
+    """Bytes PyTorch's allocator holds for tensors on ``device``; None where the process has
+    not initialised CUDA (nothing is asked then)."""
+    fake = os.environ.get(FAKE_ALLOCATED_ENV)
+    if fake:
+        try:
+            with open(fake) as f:
+                return int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            return None
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.memory_allocated(max(device, 0)))
+
+
+class CudaMemory:
+    """One rank's CUDA memory from test to test (see the module docstring)."""
+
+    def __init__(self, device: int, limit: int) -> None:
+        self.device = device
+        #: Bytes above the steady state that make the pool unfit (0: never).
+        self.limit = limit
+        self.steady: int | None = None
+        self.last = 0
+
+    def after_test(self) -> tuple[str, str]:
+        """(what this test left, in words or ""; why the pool must go, or "")."""
+        now = cuda_allocated(self.device)
+        if now is None:
+            return "", ""
+        if self.steady is None:
+            self.steady = self.last = now
+            return "", ""
+        left, self.last = now - self.last, now
+        note = f"left {size_words(left)} of CUDA memory allocated" if left > 0 else ""
+        above = now - self.steady
+        if self.limit and above > self.limit:
+            return note, (
+                f"left the rank holding {size_words(above)} of CUDA memory above its steady "
+                f"state ({size_words(self.steady)} after its first test), past the limit of "
+                f"{size_words(self.limit)} (--distrank-cuda-growth)"
+            )
+        return note, ""
+
+
+#: What gloo says when it cannot run an op on CUDA tensors, or at all.
+_GLOO_CANNOT = re.compile(
+    r"ProcessGroupGloo::(\w+): unsupported device type|Backend gloo does not support (\w+)"
+)
+
+
+def gloo_cannot(message: str) -> str | None:
+    """The op a gloo error names as impossible (on CUDA tensors, or at all), else None."""
+    found = _GLOO_CANNOT.search(message)
+    if found is None:
+        return None
+    return found.group(1) or found.group(2)
+
+
+class GlooFallback:
+    """In a pool that runs NCCL tests with gloo on shared GPUs (--distrank-gpu-fallback=gloo): a
+    collective gloo cannot run on CUDA tensors is a skip naming it, not the test's failure."""
+
+    def __init__(self, world_size: int, gpus: int) -> None:
+        self.why = (
+            f"this NCCL test ran with gloo ({world_size} ranks on {gpus} GPU"
+            f"{'s' if gpus > 1 else ''}, --distrank-gpu-fallback=gloo)"
+        )
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[Any]) -> Any:
+        report = yield
+        if call.excinfo is None or not report.failed:
+            return report
+        op = gloo_cannot(str(call.excinfo.value))
+        if op is not None:
+            path, lineno, _ = item.location
+            # The line of the test that called the collective, when the traceback passes there.
+            own = [e for e in call.excinfo.traceback if str(e.path) == str(item.path)]
+            line = own[-1].lineno + 1 if own else (lineno or 0) + 1
+            report.outcome = "skipped"
+            report.longrepr = (
+                str(path),
+                line,
+                f"Skipped: gloo cannot run {op} on CUDA tensors; {self.why}. It needs NCCL >= "
+                "2.30 or one GPU per rank.",
+            )
+        return report
+
+
+def gloo_fallback_plugin(cfg: RankConfig) -> GlooFallback | None:
+    """The plugin a rank of a gloo-fallback pool needs (None for any other pool)."""
+    if cfg.gpu_share != "gloo":
+        return None
+    gpus = len([g for g in cfg.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()])
+    return GlooFallback(cfg.world_size, max(gpus, 1))
