@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .settings import parse_backend
+from .settings import parse_backend, parse_bytes
 
 #: Name of the hidden parameter that ``world_size(2, 4)`` parametrizes (ids ``ws2``, ``ws4``).
 WS_PARAM = "_distrank_world_size"
@@ -27,7 +27,8 @@ MARKERS = (
     "with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set for env:// initialisation.",
     "requires_nccl: the test needs NCCL and one GPU per rank (implies backend='nccl'); skipped "
     "before any rank starts when they are missing.",
-    "requires_gpus(n): skipped unless at least n GPUs are visible.",
+    "requires_gpus(n, memory=None): skipped unless at least n GPUs are visible; memory='8GiB': "
+    "the test needs that much of each GPU, and pools that declare it share GPUs while it fits.",
     "distrank_isolate: run this distributed test on fresh rank processes of its own, started "
     "for it and ended after it (for tests that need a fresh process).",
     "simulate(mode, *sizes, ranks=(0,), device='cpu'): also run the test in a simulated world "
@@ -89,6 +90,8 @@ class DistSpec:
     min_gpus: int
     #: A simulated world: ``world_size`` is then 1 (the process), ``backend`` the mode's.
     simulated: Simulated | None = None
+    #: Bytes of each of its GPUs the test needs (``requires_gpus(n, memory=...)``); 0: whole.
+    gpu_memory: int = 0
 
 
 def _format_marker(marker: pytest.Mark) -> str:
@@ -200,6 +203,23 @@ def min_gpus(item: pytest.Item) -> int:
     return value
 
 
+def gpu_memory(item: pytest.Item) -> int:
+    """Bytes of each GPU a test declared it needs (``requires_gpus(n, memory="8GiB")``); 0 when
+    it declared none (then its pool leases its GPUs whole)."""
+    marker = item.get_closest_marker("requires_gpus")
+    raw = marker.kwargs.get("memory") if marker is not None else None
+    if raw is None:
+        return 0
+    assert marker is not None
+    try:
+        value = parse_bytes(str(raw)) if not isinstance(raw, bool) else 0
+    except ValueError as exc:
+        raise MarkerError(f"{_format_marker(marker)}: memory {raw!r}: {exc}.") from None
+    if value <= 0:
+        raise MarkerError(f"{_format_marker(marker)}: memory must be more than 0, got {raw!r}.")
+    return value
+
+
 #: Why an item's distributed spec cannot be honoured, set during collection (by :mod:`suites`:
 #: a world_size marker on a class that spawns its own ranks); :func:`spec_of` raises it.
 SPEC_ERROR = pytest.StashKey[str]()
@@ -252,6 +272,7 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
         init_process_group=init_pg,
         needs_nccl=needs_nccl,
         min_gpus=min_gpus(item),
+        gpu_memory=gpu_memory(item),
     )
 
 

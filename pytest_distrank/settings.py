@@ -85,6 +85,13 @@ def parse_bytes(text: str) -> int:
     return int(float(found.group(1)) * _UNITS[unit])
 
 
+def size_words(n: int) -> str:
+    """Bytes in words: ``64 MiB``, ``1.5 GiB``."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
 def parse_bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):

@@ -150,6 +150,7 @@ class Controller:
                 gpus=gpus.gpus,
                 simulated=spec.simulated,
                 gpu_share=gpus.shared,
+                gpu_memory=spec.gpu_memory if gpus.gpus else 0,
             )
             if wants_fresh_ranks(item, fresh):  # a key of its own: a pool for this test alone
                 entry.key = dataclasses.replace(entry.key, isolated=-len(plan))

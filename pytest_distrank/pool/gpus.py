@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import re
 import socket
@@ -33,6 +34,8 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from ..requirements import visible_gpu_count
+from ..settings import size_words
+from .gpumemory import total_memory
 
 #: How often a waiting pool looks for released GPUs.
 POLL_SECONDS = 0.2
@@ -52,9 +55,12 @@ class GpuLease:
     """GPUs one pool holds until :meth:`release` (or until this process dies)."""
 
     ids: tuple[str, ...]
+    #: The GPUs' locks (a whole lease), or this lease's share files (``memory`` > 0).
     locks: list[FileLock]
     #: Seconds spent waiting for other processes to release GPUs.
     waited: float = 0.0
+    #: Bytes of each GPU this lease holds; 0: the GPUs whole.
+    memory: int = 0
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -65,6 +71,9 @@ class GpuLease:
         for lock in self.locks:
             with contextlib.suppress(OSError):
                 lock.release(force=True)
+            if ".share." in lock.lock_file:
+                with contextlib.suppress(OSError):
+                    os.unlink(lock.lock_file)
         self.locks = []
 
 
@@ -114,30 +123,95 @@ def prepare_folder(lock_dir: str, ids: list[str]) -> None:
             _write_shared(lock_path(lock_dir, gpu), b"", exclusive=True)
 
 
-def _try_take(lock_dir: str, ids: list[str], count: int, busy: list[str]) -> GpuLease | None:
-    """Take ``count`` free GPUs at once, or none (then ``busy`` lists the held ones)."""
+def _try_take(
+    lock_dir: str, ids: list[str], count: int, busy: list[str], memory: int = 0
+) -> GpuLease | None:
+    """Take ``count`` GPUs at once (whole, or ``memory`` bytes of each), or none (then ``busy``
+    lists the GPUs that could not be had)."""
     taken: list[tuple[str, FileLock]] = []
     busy.clear()
     try:
         for gpu in ids:
-            lock = FileLock(str(lock_path(lock_dir, gpu)), mode=FILE_MODE)
-            try:
-                lock.acquire(timeout=0)
-            except Timeout:
+            with FileLock(str(_mutex_path(lock_dir, gpu)), mode=FILE_MODE):
+                lock = _take_share(lock_dir, gpu, memory) if memory else _take_whole(lock_dir, gpu)
+            if lock is None:
                 busy.append(gpu)
                 continue
             taken.append((gpu, lock))
             if len(taken) == count:
-                lease = GpuLease(tuple(g for g, _ in taken), [lk for _, lk in taken])
+                lease = GpuLease(tuple(g for g, _ in taken), [lk for _, lk in taken], memory=memory)
                 _write_owner(lock_dir, lease)
                 return lease
     except BaseException:
-        for _, lock in taken:
-            lock.release(force=True)
+        GpuLease((), [lk for _, lk in taken]).release()
         raise
-    for _, lock in taken:
-        lock.release(force=True)
+    GpuLease((), [lk for _, lk in taken]).release()
     return None
+
+
+def _mutex_path(lock_dir: str, gpu: str) -> Path:
+    """Held for the moment a lease of this GPU is decided, so whole and shared leases see each
+    other's files as they are."""
+    return lock_path(lock_dir, gpu).with_suffix(".mutex")
+
+
+def _share_paths(lock_dir: str, gpu: str) -> list[Path]:
+    return sorted(Path(lock_dir).glob(lock_path(lock_dir, gpu).stem + ".share.*"))
+
+
+def _live_shares(lock_dir: str, gpu: str) -> int:
+    """Bytes the live shares of this GPU hold (the size is in each share file's name); a share
+    whose holder died (its flock is gone) is removed."""
+    used = 0
+    for path in _share_paths(lock_dir, gpu):
+        probe = FileLock(str(path), mode=FILE_MODE)
+        try:
+            probe.acquire(timeout=0)
+        except Timeout:
+            used += int(path.name.split(".")[2])
+            continue
+        probe.release(force=True)
+        with contextlib.suppress(OSError):
+            path.unlink()  # another user's stale share may stay; it counts for nothing
+    return used
+
+
+def _take_whole(lock_dir: str, gpu: str) -> FileLock | None:
+    """The GPU's lock, when no one holds it nor a share of it."""
+    if _live_shares(lock_dir, gpu):
+        return None
+    lock = FileLock(str(lock_path(lock_dir, gpu)), mode=FILE_MODE)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return None
+    return lock
+
+
+def _take_share(lock_dir: str, gpu: str, memory: int) -> FileLock | None:
+    """A share of ``memory`` bytes of the GPU, when no one holds it whole and the live shares
+    leave room; a GPU whose memory the driver does not tell is only leased whole."""
+    capacity = total_memory(gpu)
+    if capacity is None:
+        return _take_whole(lock_dir, gpu)
+    used = _live_shares(lock_dir, gpu)
+    if not used:  # no shares: is it leased whole?
+        whole = FileLock(str(lock_path(lock_dir, gpu)), mode=FILE_MODE)
+        try:
+            whole.acquire(timeout=0)
+        except Timeout:
+            return None
+        whole.release(force=True)
+    if used + memory > capacity:
+        return None
+    name = f"{lock_path(lock_dir, gpu).stem}.share.{memory}.{os.getpid()}-{next(_SHARE_SEQ)}"
+    share = FileLock(str(Path(lock_dir) / name), mode=FILE_MODE)
+    share.acquire(timeout=0)
+    return share
+
+
+#: Numbers the shares this process takes (a unique file name for each).
+_SHARE_SEQ = itertools.count(1)
 
 
 def _write_owner(lock_dir: str, lease: GpuLease) -> None:
@@ -151,17 +225,28 @@ def _write_owner(lock_dir: str, lease: GpuLease) -> None:
 def _holders(lock_dir: str, ids: list[str]) -> str:
     lines = []
     for gpu in ids:
-        try:
-            note = _owner_path(lock_dir, gpu).read_text().strip()
-        except OSError:
-            note = "holder unknown"
+        shares = [p.name.split(".") for p in _share_paths(lock_dir, gpu)]
+        if shares:
+            held = sum(int(parts[2]) for parts in shares)
+            pids = sorted({parts[3].split("-")[0] for parts in shares})
+            capacity = total_memory(gpu)
+            of = f" of {size_words(capacity)}" if capacity else ""
+            count = "1 share holds" if len(shares) == 1 else f"{len(shares)} shares hold"
+            note = f"{count} {size_words(held)}{of} (pid{'s' if len(pids) > 1 else ''} "
+            note += f"{', '.join(pids)})"
+        else:
+            try:
+                note = _owner_path(lock_dir, gpu).read_text().strip()
+            except OSError:
+                note = "holder unknown"
         lines.append(f"  GPU {gpu}: {note}")
     return "\n".join(lines)
 
 
-def lease(count: int, lock_dir: str, wait: float) -> GpuLease:
-    """Lease ``count`` GPUs, waiting up to ``wait`` seconds; raise :class:`GpuUnavailable`, or
-    ``OSError`` when the folder or a lock file in it is unusable."""
+def lease(count: int, lock_dir: str, wait: float, memory: int = 0) -> GpuLease:
+    """Lease ``count`` GPUs (whole, or ``memory`` bytes of each), waiting up to ``wait`` seconds;
+    raise :class:`GpuUnavailable`, or ``OSError`` when the folder or a lock file in it is
+    unusable."""
     ids = visible_gpu_ids()
     if count > len(ids):
         raise GpuUnavailable(f"needs {count} GPUs, only {len(ids)} visible ({', '.join(ids)})")
@@ -169,7 +254,7 @@ def lease(count: int, lock_dir: str, wait: float) -> GpuLease:
     started = time.monotonic()
     busy: list[str] = []
     while True:
-        taken = _try_take(lock_dir, ids, count, busy)
+        taken = _try_take(lock_dir, ids, count, busy, memory)
         if taken is not None:
             taken.waited = time.monotonic() - started
             return taken

@@ -36,6 +36,7 @@ from ..fitness import (
 from ..gpuplan import GpuPlan
 from ..markers import Simulated
 from ..records import Reports, RunTest
+from ..settings import size_words
 from ..stacks import (
     format_stack,
     read_from,
@@ -84,6 +85,8 @@ class PoolKey:
     #: Ranks share the leased GPUs (gpuplan.py): "nccl" (NCCL multi-rank) or "gloo" (the
     #: fallback); "" for one GPU per rank.
     gpu_share: str = ""
+    #: Bytes of each leased GPU the pool needs (requires_gpus(n, memory=...)); 0: GPUs whole.
+    gpu_memory: int = 0
 
     def describe(self) -> str:
         if self.simulated is not None:
@@ -94,6 +97,8 @@ class PoolKey:
             gpus = f", {shared.describe(self.world_size)}"
         else:
             gpus = f", {self.gpus} GPU{'s' if self.gpus > 1 else ''}" if self.gpus else ""
+        if self.gpus and self.gpu_memory:
+            gpus += f" ({size_words(self.gpu_memory)} of each)"
         return f"world_size={self.world_size}, backend={self.backend}{init}{gpus}"
 
     def cuda_device(self, rank: int) -> int:

@@ -335,7 +335,7 @@ class PoolSet:
         seconds = 0.0 if shared_key in self.gpu_starved else wait.value
         lock_dir = self.settings.gpu_lock_dir
         try:
-            gpu_lease = lease(key.gpus, lock_dir.value, seconds)
+            gpu_lease = lease(key.gpus, lock_dir.value, seconds, key.gpu_memory)
         except OSError as exc:
             raise SessionStartError(
                 f"could not use the GPU lock folder {lock_dir.value}: {exc}\n"

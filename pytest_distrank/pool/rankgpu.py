@@ -24,17 +24,10 @@ from typing import Any
 
 import pytest
 
+from ..settings import size_words
 from .protocol import RankConfig
 
 FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
-_MIB = 1024 * 1024
-
-
-def size_words(n: int) -> str:
-    """Bytes in words: ``64 MiB``, ``1.5 GiB``."""
-    if n >= 1024 * _MIB:
-        return f"{n / (1024 * _MIB):.1f} GiB"
-    return f"{n / _MIB:.0f} MiB" if n >= _MIB else f"{n} bytes"
 
 
 def cuda_allocated(device: int) -> int | None:

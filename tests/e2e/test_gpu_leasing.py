@@ -37,11 +37,11 @@ def test_lease(rank):
         time.sleep(0.05)
 """
 
-#: Holds the locks of GPUs 0..N-1 like a pool would, until killed.
+#: Holds the locks of GPUs 0..N-1 (or that many bytes of each) like a pool would, until killed.
 HOLDER = """
 import sys, time
 from pytest_distrank.pool import gpus
-lease = gpus.lease(int(sys.argv[2]), sys.argv[1], wait=0)
+lease = gpus.lease(int(sys.argv[2]), sys.argv[1], wait=0, memory=int(sys.argv[3]))
 print("holding", lease.cuda_visible_devices, flush=True)
 time.sleep(600)
 """
@@ -59,15 +59,17 @@ def _session(pytester: pytest.Pytester, name: str, *args: str) -> subprocess.Pop
     )
 
 
-def test_concurrent_sessions_get_disjoint_gpus(
-    pytester: pytest.Pytester, fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _two_sessions(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, test_file: str
+) -> dict[str, str]:
+    """Sessions "a" and "b" at once, each running ``test_file`` (RECORD-like); what each rank
+    recorded of its CUDA_VISIBLE_DEVICES, by session."""
     seen = pytester.mkdir("seen")
     monkeypatch.setenv("SEEN_DIR", str(seen))
     monkeypatch.setenv("SESSIONS", "2")
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG_ENV, tag)
-    pytester.makepyfile(test_record=RECORD)
+    pytester.makepyfile(test_record=test_file)
     sessions = [_session(pytester, name) for name in ("a", "b")]
     try:
         outputs = [s.communicate(timeout=150)[0] for s in sessions]
@@ -77,16 +79,24 @@ def test_concurrent_sessions_get_disjoint_gpus(
         assert not wait_gone(tag, 15)
     for output in outputs:
         assert "1 passed" in output, output
-    leases = {p.name: set(p.read_text().split(",")) for p in seen.iterdir()}
+    return {p.name: p.read_text() for p in seen.iterdir()}
+
+
+def test_concurrent_sessions_get_disjoint_gpus(
+    pytester: pytest.Pytester, fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = _two_sessions(pytester, monkeypatch, RECORD)
+    leases = {name: set(devices.split(",")) for name, devices in seen.items()}
     assert len(leases["a"]) == len(leases["b"]) == 2
     assert not leases["a"] & leases["b"], leases
 
 
 @contextlib.contextmanager
-def _hold(lock_dir: Path, count: int) -> Iterator[subprocess.Popen[str]]:
-    """Another process holding ``count`` GPUs; SIGKILLed at the end (or earlier by the test)."""
+def _hold(lock_dir: Path, count: int, memory: int = 0) -> Iterator[subprocess.Popen[str]]:
+    """Another process holding ``count`` GPUs (whole, or ``memory`` bytes of each); SIGKILLed
+    at the end (or earlier by the test)."""
     with subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(HOLDER), str(lock_dir), str(count)],
+        [sys.executable, "-c", textwrap.dedent(HOLDER), str(lock_dir), str(count), str(memory)],
         stdout=subprocess.PIPE,
         text=True,
     ) as holder:
@@ -96,6 +106,47 @@ def _hold(lock_dir: Path, count: int) -> Iterator[subprocess.Popen[str]]:
             yield holder
         finally:
             holder.kill()
+
+
+def test_sessions_that_declare_memory_share_one_gpu(
+    pytester: pytest.Pytester, fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "1")
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_MEMORY", "80GiB")
+    shared = RECORD.replace("requires_gpus(2)", 'requires_gpus(1, memory="30GiB")')
+    assert _two_sessions(pytester, monkeypatch, shared) == {"a": "0", "b": "0"}
+
+
+def test_memory_of_a_killed_holder_is_free_again(
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    fake_gpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "1")
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_MEMORY", "80GiB")
+    pytester.makepyfile(
+        test_big="""
+        import pytest
+
+        @pytest.mark.world_size(1)
+        @pytest.mark.requires_gpus(1, memory="60GiB")
+        def test_big(rank):
+            pass
+        """
+    )
+    with _hold(fake_gpus, 1, memory=40 << 30) as holder:
+        busy = run_pytest("-rs", "--distrank-gpu-wait=0")
+        busy.assert_outcomes(skipped=1)
+        busy.stdout.fnmatch_lines(
+            [
+                "SKIPPED [[]1[]] *GPU lease: could not lease 1 of the 1 visible GPUs within 0 s*",
+                f"  GPU 0: 1 share holds 40.0 GiB of 80.0 GiB (pid {holder.pid})",
+            ]
+        )
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        run_pytest("--distrank-gpu-wait=0").assert_outcomes(passed=1)
 
 
 def test_gpu_wait_expiry_skips_with_holder_and_option(

@@ -46,3 +46,41 @@ def test_outer_cuda_visible_devices_names_the_gpus(
     assert lease.cuda_visible_devices == "5,7,GPU-ab12"
     assert gpus.lock_path(str(fake_gpus), "GPU-ab12").name == "gpu-GPU-ab12.lock"
     lease.release()
+
+
+GIB = 1 << 30
+
+
+def test_memory_leases_share_a_gpu_while_the_sum_fits(
+    fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "1")
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_MEMORY", "80GiB")
+    first = gpus.lease(1, str(fake_gpus), wait=0, memory=30 * GIB)
+    second = gpus.lease(1, str(fake_gpus), wait=0, memory=30 * GIB)
+    assert first.ids == second.ids == ("0",)
+    with pytest.raises(gpus.GpuUnavailable) as excinfo:
+        gpus.lease(1, str(fake_gpus), wait=0, memory=30 * GIB)
+    assert f"GPU 0: 2 shares hold 60.0 GiB of 80.0 GiB (pid {os.getpid()})" in str(excinfo.value)
+    with pytest.raises(gpus.GpuUnavailable):
+        gpus.lease(1, str(fake_gpus), wait=0)  # whole: not while shares live
+    first.release()
+    third = gpus.lease(1, str(fake_gpus), wait=0, memory=50 * GIB)
+    second.release()
+    third.release()
+    whole = gpus.lease(1, str(fake_gpus), wait=0)
+    with pytest.raises(gpus.GpuUnavailable):
+        gpus.lease(1, str(fake_gpus), wait=0, memory=GIB)  # a share: not while it is held whole
+    whole.release()
+    assert sorted(p.name for p in fake_gpus.glob("*.share.*")) == []
+
+
+def test_a_gpu_of_unknown_memory_is_leased_whole(
+    fake_gpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "1")
+    monkeypatch.setattr(gpus, "total_memory", lambda gpu: None)  # the driver does not say
+    held = gpus.lease(1, str(fake_gpus), wait=0, memory=GIB)
+    with pytest.raises(gpus.GpuUnavailable):
+        gpus.lease(1, str(fake_gpus), wait=0, memory=GIB)
+    held.release()

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pytest_distrank.markers import MarkerError, simulations, world_sizes
+from pytest_distrank.markers import MarkerError, gpu_memory, simulations, world_sizes
 
 
 def mark(*args: object, **kwargs: object) -> pytest.Mark:
@@ -38,6 +38,9 @@ class _Item:
 
     def iter_markers(self, name: str) -> list[pytest.Mark]:
         return [m for m in self.marks if m.name == name]
+
+    def get_closest_marker(self, name: str) -> pytest.Mark | None:
+        return next(iter(self.iter_markers(name)), None)
 
 
 def test_simulated_worlds_one_per_size_and_rank() -> None:
@@ -82,3 +85,12 @@ def test_the_same_simulated_world_twice_is_an_error() -> None:
     twice = _Item(pytest.mark.simulate("fake", 8), pytest.mark.simulate("fake", 8))
     with pytest.raises(MarkerError, match="asked for twice"):
         simulations(twice)  # type: ignore[arg-type]
+
+
+def test_gpu_memory_declarations() -> None:
+    assert gpu_memory(_Item(pytest.mark.requires_gpus(1))) == 0  # type: ignore[arg-type]
+    declared = _Item(pytest.mark.requires_gpus(1, memory="8GiB"))
+    assert gpu_memory(declared) == 8 << 30  # type: ignore[arg-type]
+    for bad, message in (("lots", "expected a size such as 512MiB"), ("0", "more than 0")):
+        with pytest.raises(MarkerError, match=message):
+            gpu_memory(_Item(pytest.mark.requires_gpus(1, memory=bad)))  # type: ignore[arg-type]
