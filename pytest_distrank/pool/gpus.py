@@ -168,7 +168,7 @@ def _live_shares(lock_dir: str, gpu: str) -> int:
         try:
             probe.acquire(timeout=0)
         except Timeout:
-            used += int(path.name.split(".")[2])
+            used += int(path.name.rsplit(".", 2)[1])  # <stem>.share.<bytes>.<pid>-<n>
             continue
         probe.release(force=True)
         with contextlib.suppress(OSError):
@@ -225,10 +225,10 @@ def _write_owner(lock_dir: str, lease: GpuLease) -> None:
 def _holders(lock_dir: str, ids: list[str]) -> str:
     lines = []
     for gpu in ids:
-        shares = [p.name.split(".") for p in _share_paths(lock_dir, gpu)]
+        shares = [p.name.rsplit(".", 2) for p in _share_paths(lock_dir, gpu)]
         if shares:
-            held = sum(int(parts[2]) for parts in shares)
-            pids = sorted({parts[3].split("-")[0] for parts in shares})
+            held = sum(int(parts[1]) for parts in shares)
+            pids = sorted({parts[2].split("-")[0] for parts in shares})
             capacity = total_memory(gpu)
             of = f" of {size_words(capacity)}" if capacity else ""
             count = "1 share holds" if len(shares) == 1 else f"{len(shares)} shares hold"
