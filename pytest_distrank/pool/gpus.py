@@ -11,6 +11,13 @@ lock file for each GPU it sees, owned by the folder's owner (filelock refuses, i
 a lock file owned by anyone else). An ``OSError`` on the folder reaches the caller, which makes
 it an error of the tests that needed the GPUs.
 
+Memory shares (``requires_gpus(n, memory=...)``, docs/gpus.md): instead of the GPU's lock, a
+pool may hold a share of it, a file of its own named by its size (``gpu-0.share.<bytes>.<pid>-<n>``)
+and flocked for the pool's life; shares of one GPU may coexist while their sizes fit its memory
+(:mod:`gpumemory`), and exclude a whole lease. Each decision is taken under a flock of the folder
+itself, so whole and shared leases see each other's files as they are; a share whose flock is gone
+(its holder died) counts for nothing and is removed.
+
 The GPUs to choose from are the ones this process may use: the entries of an outer
 ``CUDA_VISIBLE_DEVICES`` when it is set (indices or UUIDs, used as lock names as written), else
 ``0 .. n-1``. Ranks get ``CUDA_VISIBLE_DEVICES`` set to their pool's lease, so ``cuda:0`` in a
@@ -24,11 +31,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import itertools
 import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -132,7 +141,7 @@ def _try_take(
     busy.clear()
     try:
         for gpu in ids:
-            with FileLock(str(_mutex_path(lock_dir, gpu)), mode=FILE_MODE):
+            with _deciding(lock_dir):
                 lock = _take_share(lock_dir, gpu, memory) if memory else _take_whole(lock_dir, gpu)
             if lock is None:
                 busy.append(gpu)
@@ -149,10 +158,33 @@ def _try_take(
     return None
 
 
-def _mutex_path(lock_dir: str, gpu: str) -> Path:
-    """Held for the moment a lease of this GPU is decided, so whole and shared leases see each
-    other's files as they are."""
-    return lock_path(lock_dir, gpu).with_suffix(".mutex")
+@contextlib.contextmanager
+def _deciding(lock_dir: str) -> Iterator[None]:
+    """The lock folder itself, flocked for the moment a lease is decided, so whole and shared
+    leases see each other's files as they are. A folder, not a file: a file made by one user in
+    the sticky folder cannot be opened for writing by another (Linux's protected_regular)."""
+    fd = os.open(lock_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # drops the flock
+
+
+def _held(path: Path) -> bool:
+    """Whether a live process holds the flock of ``path``. Probed read-only and shared, so a
+    share file another user made can be probed too."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
 
 
 def _share_paths(lock_dir: str, gpu: str) -> list[Path]:
@@ -164,13 +196,9 @@ def _live_shares(lock_dir: str, gpu: str) -> int:
     whose holder died (its flock is gone) is removed."""
     used = 0
     for path in _share_paths(lock_dir, gpu):
-        probe = FileLock(str(path), mode=FILE_MODE)
-        try:
-            probe.acquire(timeout=0)
-        except Timeout:
+        if _held(path):
             used += int(path.name.rsplit(".", 2)[1])  # <stem>.share.<bytes>.<pid>-<n>
             continue
-        probe.release(force=True)
         with contextlib.suppress(OSError):
             path.unlink()  # another user's stale share may stay; it counts for nothing
     return used
@@ -195,13 +223,8 @@ def _take_share(lock_dir: str, gpu: str, memory: int) -> FileLock | None:
     if capacity is None:
         return _take_whole(lock_dir, gpu)
     used = _live_shares(lock_dir, gpu)
-    if not used:  # no shares: is it leased whole?
-        whole = FileLock(str(lock_path(lock_dir, gpu)), mode=FILE_MODE)
-        try:
-            whole.acquire(timeout=0)
-        except Timeout:
-            return None
-        whole.release(force=True)
+    if not used and _held(lock_path(lock_dir, gpu)):  # leased whole
+        return None
     if used + memory > capacity:
         return None
     name = f"{lock_path(lock_dir, gpu).stem}.share.{memory}.{os.getpid()}-{next(_SHARE_SEQ)}"

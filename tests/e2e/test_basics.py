@@ -292,7 +292,7 @@ def test_markers_and_fixtures_are_documented(
         [
             "@pytest.mark.world_size(*sizes, backend=None, init_process_group=True):*",
             "@pytest.mark.requires_nccl:*",
-            "@pytest.mark.requires_gpus(n):*",
+            "@pytest.mark.requires_gpus(n, memory=None):*",
         ]
     )
     result = run_pytest("--fixtures")
