@@ -2,8 +2,10 @@
 
 Runs in each rank process (started by the fork server, or spawned). Imports none of the
 controller side: only :mod:`protocol`, the rank context (:mod:`context`), the rank-side modules
-:mod:`rankgroup` (its store and group), :mod:`rankside` (checks around a test), :mod:`ranklogs`,
-and the stdlib-only :mod:`reaper` and :mod:`stacks`. A rank process:
+:mod:`rankproc` (its parent and environment), :mod:`rankgroup` (its store and group),
+:mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each test), :mod:`rankside`
+(checks around a test), :mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, and the stdlib-only
+:mod:`reaper` and :mod:`stacks`. A rank process:
 
 1. detaches from the fork server (so it dies with the controller: the fork server's alive pipe would
    keep it up), moves into its own process group (Ctrl-C is the controller's to handle), sends its
