@@ -109,7 +109,8 @@ class PoolStart:
 @dataclasses.dataclass
 class Stats:
     tests: int = 0
-    pools_started: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: Pools started per (world size, simulation mode or "").
+    pools_started: dict[tuple[int, str], int] = dataclasses.field(default_factory=dict)
     replaced: list[str] = dataclasses.field(default_factory=list)
     #: One entry per pool start: world size, seconds to ready, whether it replaced a killed pool.
     pools: list[PoolStart] = dataclasses.field(default_factory=list)
@@ -294,7 +295,9 @@ class PoolSet:
                 raise
             pool.lease = gpu_lease
             started = self.stats.pools_started
-            started[key.world_size] = started.get(key.world_size, 0) + 1
+            sim = key.simulated
+            kind = (sim.size, sim.mode) if sim is not None else (key.world_size, "")
+            started[kind] = started.get(kind, 0) + 1
             try:
                 pool.start(timeout)
             except BaseException:

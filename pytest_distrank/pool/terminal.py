@@ -32,7 +32,8 @@ def summary_lines(controller: Controller) -> list[str]:
     if not stats.tests:
         return []
     sizes = ", ".join(
-        f"{count} at world size {size}" for size, count in sorted(stats.pools_started.items())
+        f"{count} at world size {size}" + (f" simulated ({mode})" if mode else "")
+        for (size, mode), count in sorted(stats.pools_started.items(), key=lambda kv: kv[0][::-1])
     )
     tests = "1 distributed test" if stats.tests == 1 else f"{stats.tests} distributed tests"
     lines = [f"{tests}; pools started: {sizes or 'none'}"]

@@ -29,7 +29,12 @@ def test_fake_world_ids_run_beside_the_real_ones(
     result = run_pytest("-v")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
-        ["*::test_world[[]ws2[]] PASSED*", "*::test_world[[]ws1024-fake[]] PASSED*"]
+        [
+            "*::test_world[[]ws2[]] PASSED*",
+            "*::test_world[[]ws1024-fake[]] PASSED*",
+            "2 distributed tests; pools started: 1 at world size 2, "
+            "1 at world size 1024 simulated (fake)",
+        ]
     )
     seen = sorted(p.name for p in pytester.path.glob("seen-*"))
     assert seen == ["seen-1024-0-fake", "seen-2-0-gloo", "seen-2-1-gloo"]
