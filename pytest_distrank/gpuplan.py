@@ -2,8 +2,8 @@
 sharing GPUs (opt-in), or a skip that says why.
 
 Runs where tests are planned: in the controller (pool mode) and in rank 0 of a launched world
-(launcher mode, which never oversubscribes: its launcher placed the ranks). Pure logic, except
-:func:`nccl_version`, which asks torch (imported only then) or the test seam.
+(launcher mode, which never oversubscribes: its launcher placed the ranks; :data:`LAUNCHED`).
+Pure logic, except :func:`nccl_version`, which asks torch (imported only then) or the test seam.
 
 The rule is that two ranks of one NCCL group are never put on one GPU behind the user's back:
 NCCL before 2.30 refuses that ("Duplicate GPU detected") or hangs. With fewer GPUs than ranks a
@@ -45,10 +45,14 @@ class GpuPolicy:
     fallback: str = "none"
     #: Where each value came from (for skip reasons): "--distrank-gpu-oversubscribe (command line)".
     oversubscribe_source: str = "default"
+    #: Whether a skip may point at the options (not under a launcher, which placed the ranks).
+    offered: bool = True
 
 
-#: No oversubscription, no fallback: launcher mode's policy, and the default.
+#: No oversubscription, no fallback: the default.
 STRICT = GpuPolicy()
+#: Launcher mode's: the launcher placed the ranks, no option of ours can share GPUs.
+LAUNCHED = GpuPolicy(offered=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +131,7 @@ def plan_gpus(
         return GpuPlan(max(min_gpus, world_size), backend)
     what = "requires_nccl: needs NCCL and" if needs_nccl else "backend 'nccl' needs"
     short = f"{what} {_gpus(world_size)} (one per rank), {visible} visible"
-    if visible == 0 or visible < min_gpus:
+    if visible == 0 or visible < min_gpus or not policy.offered:
         return short
     if not policy.oversubscribe:
         return (

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from .. import _compat
+from ..gpuplan import LAUNCHED
 from ..markers import MarkerError, spec_of
 from ..requirements import check_ordinary_test, skip_reason
 from ..settings import Settings, item_timeout
@@ -155,7 +156,7 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
         )
     # GPUs are counted per node: a rank needs one on its own machine.
     local = dataclasses.replace(spec, world_size=rs.launch.local_world_size or ws)
-    reason = skip_reason(local)
+    reason = skip_reason(local, LAUNCHED)
     if reason:
         return Step("skip", reason)
     return Step("all", backend=spec.backend)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pytest_distrank.gpuplan import (
+    LAUNCHED,
     MULTI_RANK_ENV,
     STRICT,
     GpuPlan,
@@ -44,6 +45,10 @@ def test_fewer_gpus_than_ranks_skip_naming_the_option() -> None:
         "requires_nccl: needs NCCL and 2 GPUs (one per rank), 1 visible; "
         "--distrank-gpu-oversubscribe lets 2 ranks share 1 GPU"
     )
+
+
+def test_under_a_launcher_the_skip_offers_no_option() -> None:
+    assert plan(4, 2, LAUNCHED) == "backend 'nccl' needs 4 GPUs (one per rank), 2 visible"
 
 
 def test_no_gpu_at_all_is_a_skip_even_with_oversubscription() -> None:
