@@ -37,14 +37,18 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from filelock import FileLock, Timeout
 
 from ..requirements import visible_gpu_count
-from ..settings import size_words
+from ..settings import GPU_LOCK_DIR, GPU_WAIT, Value, size_words
 from .gpumemory import total_memory
+
+if TYPE_CHECKING:
+    from .pool import PoolKey
 
 #: How often a waiting pool looks for released GPUs.
 POLL_SECONDS = 0.2
@@ -288,3 +292,45 @@ def lease(count: int, lock_dir: str, wait: float, memory: int = 0) -> GpuLease:
                 f"{_holders(lock_dir, busy)}"
             )
         time.sleep(POLL_SECONDS)
+
+
+class GpuFolderError(Exception):
+    """The lock folder cannot be used; the message names it, the option and the repair."""
+
+
+class SessionLeases:
+    """One session's GPU leases: its lock folder and wait, and the pools that waited in vain.
+
+    A pool (by key) that waited in vain once does not wait again: its later tests take what is
+    free at that moment or are skipped at once.
+    """
+
+    def __init__(self, lock_dir: Value[str], wait: Value[float]) -> None:
+        self.lock_dir = lock_dir
+        self.wait = wait
+        self.starved: set[Hashable] = set()
+
+    def take(self, key: PoolKey, kind: Hashable) -> GpuLease | None:
+        """The GPUs pool ``key`` needs (None for none); ``kind`` names the pools that share a
+        starved state. Raise :class:`GpuUnavailable` or :class:`GpuFolderError`."""
+        if key.gpus == 0:
+            return None
+        wait, folder = self.wait, self.lock_dir
+        seconds = 0.0 if kind in self.starved else wait.value
+        try:
+            return lease(key.gpus, folder.value, seconds, key.gpu_memory)
+        except OSError as exc:
+            raise GpuFolderError(
+                f"could not use the GPU lock folder {folder.value}: {exc}\n"
+                f"({GPU_LOCK_DIR.flag}, from {folder.source}). Point it at a folder that "
+                "every user of these GPUs can write, or at a new one (the plugin makes it sticky "
+                f"and world-writable, like /tmp), or repair this one: chmod 1777 {folder.value}; "
+                f"chmod 666 {folder.value}/*.lock"
+            ) from None
+        except GpuUnavailable as exc:
+            self.starved.add(kind)
+            again = "; this pool waited in vain before, not again" if wait.value > seconds else ""
+            raise GpuUnavailable(
+                f"{exc}\n({GPU_WAIT.flag}: {wait.value:g} s, from {wait.source}{again}). "
+                f"Free GPUs or raise {GPU_WAIT.flag}; a lease ends with its pytest process."
+            ) from None

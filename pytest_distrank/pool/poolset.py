@@ -30,9 +30,9 @@ import pytest
 
 from .. import _compat
 from ..gpuplan import MULTI_RANK_ENV
-from ..settings import GPU_LOCK_DIR, WORLD_SIZE, Settings, Value, parse_seconds
 from ..settings import PRELOAD as PRELOAD_OPTION
-from .gpus import GpuLease, GpuUnavailable, lease
+from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
+from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .pool import Pool, PoolKey, PoolStartError
 from .preloads import PRELOAD, plugin_modules
 from .protocol import DebugSettings, RankConfig
@@ -156,8 +156,8 @@ class PoolSet:
         #: Teardown errors of pools collected before the session's end, shown at its end.
         self.stop_errors: list[str] = []
         self.killed_keys: set[PoolKey] = set()
-        #: Keys whose GPU lease timed out once; they do not wait again.
-        self.gpu_starved: set[PoolKey] = set()
+        #: The session's GPU leases (gpus.py).
+        self.leases = SessionLeases(settings.gpu_lock_dir, settings.gpu_wait)
         self.stats = Stats()
         self.next_pool_id = 0
         #: Modules of torch's distributed stack the first test files import (preloads.py).
@@ -326,35 +326,14 @@ class PoolSet:
         )
 
     def _lease(self, key: PoolKey) -> GpuLease | None:
-        """Lease the pool's GPUs, waiting for other pytest processes; raise GpuUnavailable.
-
-        A key that waited in vain once does not wait again: its later tests take what is free
-        at that moment or are skipped at once.
-        """
-        if key.gpus == 0:
-            return None
-        shared_key = dataclasses.replace(key, isolated=0)
-        wait = self.settings.gpu_wait
-        seconds = 0.0 if shared_key in self.gpu_starved else wait.value
-        lock_dir = self.settings.gpu_lock_dir
+        """Lease the pool's GPUs (gpus.SessionLeases); raise GpuUnavailable, or
+        SessionStartError for an unusable lock folder."""
         try:
-            gpu_lease = lease(key.gpus, lock_dir.value, seconds, key.gpu_memory)
-        except OSError as exc:
-            raise SessionStartError(
-                f"could not use the GPU lock folder {lock_dir.value}: {exc}\n"
-                f"({GPU_LOCK_DIR.flag}, from {lock_dir.source}). Point it at a folder that every "
-                "user of these GPUs can write, or at a new one (the plugin makes it sticky and "
-                f"world-writable, like /tmp), or repair this one: chmod 1777 {lock_dir.value}; "
-                f"chmod 666 {lock_dir.value}/*.lock"
-            ) from None
-        except GpuUnavailable as exc:
-            self.gpu_starved.add(shared_key)
-            again = "; this pool waited in vain before, not again" if wait.value > seconds else ""
-            raise GpuUnavailable(
-                f"{exc}\n(--distrank-gpu-wait: {wait.value:g} s, from {wait.source}{again}). "
-                "Free GPUs or raise --distrank-gpu-wait; a lease ends with its pytest process."
-            ) from None
-        self.stats.gpu_wait_seconds += gpu_lease.waited
+            gpu_lease = self.leases.take(key, dataclasses.replace(key, isolated=0))
+        except GpuFolderError as exc:
+            raise SessionStartError(str(exc)) from None
+        if gpu_lease is not None:
+            self.stats.gpu_wait_seconds += gpu_lease.waited
         return gpu_lease
 
     def start_fork_server(self) -> None:
