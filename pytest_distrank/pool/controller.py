@@ -52,8 +52,6 @@ from .preloads import file_preloads
 START_TIMEOUT = 120.0
 #: A path: the controller writes its numbers there as JSON at the end of the session.
 STATS_ENV = "DISTRANK_STATS_FILE"
-#: Under -s: at most this many bytes of each rank's output are echoed per test.
-ECHO_LIMIT = 1024 * 1024
 
 
 @dataclasses.dataclass
@@ -112,8 +110,6 @@ class Controller:
         self._old_sigterm: Any = None
         #: The controller's terminal, lent to rank debuggers (debugrelay.py).
         self.terminal = DebugTerminal(config)
-        #: Pools whose debug rank's pid was announced (--distrank-debug-rank).
-        self._announced: set[int] = set()
         #: Undoes _share_rewrites at the session's end.
         self._undo_rewrites: Callable[[], None] | None = None
 
@@ -303,7 +299,7 @@ class Controller:
         if len(run.started) == key.world_size:
             self.stats.start_spread.append(max(run.started.values()) - min(run.started.values()))
         if getattr(self.config.option, "capture", "fd") == "no":
-            self._echo_rank_output(pool)
+            self.terminal.echo_rank_output(pool, self.settings.debug_rank.value)
         if run.broken:
             self.pools.retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None and not keep_pool:
@@ -350,7 +346,7 @@ class Controller:
                 message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
                 self.failed_starts[key] = message
                 return error_reports(item, message)
-            self._announce_debug_rank(pool)
+            self.terminal.announce_debug_rank(pool, self.settings.debug_rank)
             missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
             if missing:
                 return error_reports(item, missing_message(item, pool, missing))
@@ -423,35 +419,6 @@ class Controller:
         if getattr(option, "trace", False):
             return False
         return self.settings.debug_rank.value is None
-
-    def _announce_debug_rank(self, pool: Pool) -> None:
-        """``--distrank-debug-rank``: name the rank's pid once per pool (for py-spy, gdb)."""
-        live = self.settings.debug_rank.value
-        if live is None or pool.id in self._announced or live >= pool.key.world_size:
-            return
-        self._announced.add(pool.id)
-        pid = pool.ranks[live].pid
-        self.terminal.say(
-            f"rank {live}/{pool.key.world_size} of pool {pool.key.describe()} is pid {pid}: its "
-            f"output is shown live, its stdin is this terminal ({self.settings.debug_rank.source}"
-            f"); to see its stack: py-spy dump --pid {pid}"
-        )
-
-    def _echo_rank_output(self, pool: Pool) -> None:
-        """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.
-
-        Shown when the test ends (not live), each line prefixed with its rank, so that the
-        output of N ranks stays readable.
-        """
-        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is None:
-            return
-        for rank, text in pool.output_of_last_test(ECHO_LIMIT).items():
-            if rank == self.settings.debug_rank.value:
-                continue  # shown live already
-            tag = f"[rank {rank}/{pool.key.world_size}] "
-            for line in text.splitlines():
-                reporter.write_line(tag + line)
 
     # -- pools ---------------------------------------------------------------------------------
 

@@ -12,7 +12,8 @@ Without a terminal (a pytest-xdist worker, stdin a pipe or /dev/null, ``-p no:te
 answer is no, with why: ``breakpoint()`` then fails its rank saying so, ``--pdb`` and ``--trace``
 go on without a debugger after one line saying why.
 
-:class:`LiveTail` shows the ``--distrank-debug-rank`` rank's log as it grows.
+:class:`LiveTail` shows the ``--distrank-debug-rank`` rank's log as it grows. The terminal also
+announces that rank's pid, and echoes the ranks' output after each test under ``-s``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import os
 import select
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ..settings import Value
 from .protocol import (
     DebugClose,
     DebugLine,
@@ -35,6 +37,12 @@ from .protocol import (
     DebugReply,
     FromRank,
 )
+
+if TYPE_CHECKING:
+    from .pool import Pool
+
+#: Under -s: at most this many bytes of each rank's output are echoed per test.
+ECHO_LIMIT = 1024 * 1024
 
 Receive = Callable[[], "FromRank | None"]
 Send = Callable[[Any], None]
@@ -49,6 +57,8 @@ class DebugTerminal:
         self.quit = ""
         self._line_start = True
         self._said: set[str] = set()
+        #: Pools whose debug rank's pid was announced (--distrank-debug-rank).
+        self._announced: set[int] = set()
 
     @property
     def reporter(self) -> Any:
@@ -57,6 +67,35 @@ class DebugTerminal:
     @property
     def capman(self) -> Any:
         return self.config.pluginmanager.get_plugin("capturemanager")
+
+    def announce_debug_rank(self, pool: Pool, live: Value[int | None]) -> None:
+        """``--distrank-debug-rank``: name the rank's pid once per pool (for py-spy, gdb)."""
+        rank = live.value
+        if rank is None or pool.id in self._announced or rank >= pool.key.world_size:
+            return
+        self._announced.add(pool.id)
+        pid = pool.ranks[rank].pid
+        self.say(
+            f"rank {rank}/{pool.key.world_size} of pool {pool.key.describe()} is pid {pid}: its "
+            f"output is shown live, its stdin is this terminal ({live.source}); to see its "
+            f"stack: py-spy dump --pid {pid}"
+        )
+
+    def echo_rank_output(self, pool: Pool, live_rank: int | None) -> None:
+        """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.
+
+        Shown when the test ends (not live), each line prefixed with its rank, so that the
+        output of N ranks stays readable; the live rank's was shown as it came.
+        """
+        reporter = self.reporter
+        if reporter is None:
+            return
+        for rank, text in pool.output_of_last_test(ECHO_LIMIT).items():
+            if rank == live_rank:
+                continue
+            tag = f"[rank {rank}/{pool.key.world_size}] "
+            for line in text.splitlines():
+                reporter.write_line(tag + line)
 
     # -- the terminal --------------------------------------------------------------------------
 
