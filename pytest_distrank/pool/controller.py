@@ -44,7 +44,8 @@ from .ownreports import (
     skip_reports,
     teardown_controller_side,
 )
-from .pool import Pool, PoolKey, PoolStartError, PoolUnfit
+from .pool import Pool, PoolStartError, PoolUnfit
+from .poolkey import PoolKey
 from .poolset import PoolSet, SessionStartError
 from .preloads import file_preloads
 

@@ -48,7 +48,7 @@ from ..settings import GPU_LOCK_DIR, GPU_WAIT, Value, size_words
 from .gpumemory import total_memory
 
 if TYPE_CHECKING:
-    from .pool import PoolKey
+    from .poolkey import PoolKey
 
 #: How often a waiting pool looks for released GPUs.
 POLL_SECONDS = 0.2

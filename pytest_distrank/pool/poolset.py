@@ -33,7 +33,8 @@ from ..gpuplan import MULTI_RANK_ENV
 from ..settings import PRELOAD as PRELOAD_OPTION
 from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
 from .gpus import GpuFolderError, GpuLease, SessionLeases
-from .pool import Pool, PoolKey, PoolStartError
+from .pool import Pool, PoolStartError
+from .poolkey import PoolKey
 from .preloads import PRELOAD, plugin_modules
 from .protocol import DebugSettings, RankConfig
 from .rankargs import coverage_settings, rank_pytest_args

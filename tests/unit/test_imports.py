@@ -37,6 +37,7 @@ POOL_CONTROLLER = {
         "rankargs",
         "gpus",
         "gpumemory",
+        "poolkey",
         "terminal",
         "debugrelay",
         "ownreports",
