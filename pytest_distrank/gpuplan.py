@@ -78,6 +78,11 @@ class GpuPlan:
         return f"{per}, gloo on CUDA tensors (--distrank-gpu-fallback=gloo)"
 
 
+def share_env(shared: str) -> tuple[tuple[str, str], ...]:
+    """What ranks that share GPUs this way need in their environment."""
+    return ((MULTI_RANK_ENV, "1"),) if shared == "nccl" else ()
+
+
 def _gpus(n: int) -> str:
     return "1 GPU" if n == 1 else f"{n} GPUs"
 
@@ -139,7 +144,7 @@ def plan_gpus(
         )
     installed = version()
     if installed is not None and installed >= MULTI_RANK_NCCL:
-        return GpuPlan(visible, backend, "nccl", ((MULTI_RANK_ENV, "1"),))
+        return GpuPlan(visible, backend, "nccl", share_env("nccl"))
     if policy.fallback == "gloo":
         return GpuPlan(visible, "gloo", "gloo")
     return (

@@ -40,8 +40,16 @@ def visible_gpu_count() -> int:
     return _real_gpu_count()
 
 
-@functools.cache
 def backend_available(name: str) -> bool:
+    """Whether this torch build has the named process-group backend (or the test seam says
+    NCCL is there: read each time, the build's answer only once)."""
+    if name == "nccl" and os.environ.get(FAKE_NCCL_VERSION_ENV, "").strip():
+        return True  # the test seam: this NCCL is taken as built in (gpuplan.py)
+    return _backend_built(name)
+
+
+@functools.cache
+def _backend_built(name: str) -> bool:
     """Whether this torch build has the named process-group backend.
 
     gloo is taken as given (every torch build for Linux, macOS and Windows has it), so that a
@@ -50,8 +58,6 @@ def backend_available(name: str) -> bool:
     """
     if name in ("gloo", "fake"):  # fake: torch.testing's, registered by the rank that uses it
         return True
-    if name == "nccl" and os.environ.get(FAKE_NCCL_VERSION_ENV, "").strip():
-        return True  # the test seam: this NCCL is taken as built in (gpuplan.py)
     import torch.distributed as dist
 
     if not dist.is_available():

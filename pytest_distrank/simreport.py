@@ -92,7 +92,7 @@ def relabel(merged: Sequence[TestReport], simulated: Simulated) -> None:
             for title, content in report.sections
         ]
         report.user_properties = [
-            (str(key).replace(_PROCESS, name) if isinstance(key, str) else key, value)
+            (key.replace(_PROCESS, name) if isinstance(key, str) else key, value)
             for key, value in report.user_properties
         ]
         if not (report.failed and isinstance(report.longrepr, ExceptionRepr)):

@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
 #: How often a waiting pool looks for released GPUs.
 POLL_SECONDS = 0.2
+#: The longest wait for the lock folder's own flock (held for microseconds per decision).
+DECIDE_LIMIT = 30.0
 
 
 #: Modes of what the plugin makes in the lock folder: other users' sessions must open them too.
@@ -166,10 +168,26 @@ def _try_take(
 def _deciding(lock_dir: str) -> Iterator[None]:
     """The lock folder itself, flocked for the moment a lease is decided, so whole and shared
     leases see each other's files as they are. A folder, not a file: a file made by one user in
-    the sticky folder cannot be opened for writing by another (Linux's protected_regular)."""
+    the sticky folder cannot be opened for writing by another (Linux's protected_regular).
+
+    A decision takes microseconds; a holder stopped in the middle of one (Ctrl-Z) would block
+    every session, so the wait is bounded (:data:`DECIDE_LIMIT`), then :class:`GpuUnavailable`.
+    """
     fd = os.open(lock_dir, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + DECIDE_LIMIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise GpuUnavailable(
+                        f"another process has held the GPU lock folder {lock_dir} for "
+                        f"{DECIDE_LIMIT:g} s while deciding a lease (is a pytest process there "
+                        "stopped?)"
+                    ) from None
+                time.sleep(0.01)
         yield
     finally:
         os.close(fd)  # drops the flock

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from .. import _compat
-from ..gpuplan import MULTI_RANK_ENV
+from ..gpuplan import share_env
 from ..settings import PRELOAD as PRELOAD_OPTION
 from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
 from .gpus import GpuFolderError, GpuLease, SessionLeases
@@ -248,8 +248,7 @@ class PoolSet:
         env[WORLD_SIZE.env] = str(self.settings.world_size.value)
         if gpu_lease is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
-        if key.gpu_share == "nccl":  # several ranks per GPU: NCCL >= 2.30 needs the switch
-            env[MULTI_RANK_ENV] = "1"
+        env.update(share_env(key.gpu_share))  # several ranks per GPU: NCCL's switch
         self.next_pool_id += 1
         pool_id = self.next_pool_id
         coverage = coverage_settings(self.config)
