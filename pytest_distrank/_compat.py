@@ -37,6 +37,7 @@ from _pytest._code.code import (
 from _pytest._io import TerminalWriter
 from _pytest.junitxml import xml_key
 from _pytest.runner import runtestprotocol
+from _pytest.tmpdir import TempPathFactory
 
 __all__ = [
     "ExceptionChainRepr",
@@ -72,6 +73,7 @@ __all__ = [
     "stop_fork_server",
     "teardown_exact",
     "terminal_writer",
+    "user_temp_root",
 ]
 
 # -- running a test and its fixtures -------------------------------------------------------------
@@ -142,6 +144,21 @@ def getbasetemp(config: pytest.Config) -> Path | None:
     plugin is off): if renamed, the session folder moves to the system temp folder."""
     factory = getattr(config, "_tmp_path_factory", None)
     return factory.getbasetemp() if factory is not None else None
+
+
+def user_temp_root(config: pytest.Config) -> Path:
+    """pytest's ``pytest-of-<user>`` folder, made and checked by pytest's own ``getbasetemp``:
+    refused (OSError, pytest's message) when another user owns it or it is a link, made 0700 and
+    narrowed to that when wider. It is the parent of this process's numbered basetemp, which this
+    makes (``tmp_path`` makes it anyway); without the tmpdir plugin a factory with pytest's
+    defaults makes one. Call it only without ``--basetemp``. Private: ``config._tmp_path_factory``
+    and ``TempPathFactory(..., _ispytest=True)``; if the numbered folder moves, launcher mode's run
+    folder moves with it (still checked by pytest)."""
+    factory = getattr(config, "_tmp_path_factory", None)
+    if factory is None:
+        factory = TempPathFactory(None, 3, "all", lambda *args: None, _ispytest=True)
+    base: Path = factory.getbasetemp()
+    return base.parent
 
 
 def set_given_basetemp(config: pytest.Config, path: Path) -> None:

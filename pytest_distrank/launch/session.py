@@ -7,10 +7,12 @@ through :meth:`RankSession.leave`.
 Folders: every rank of a run agrees on a run id (rank 0 makes it, the store carries it), and uses
 ``<base>/distrank-<run id>/``. ``<base>`` is ``--basetemp`` when given (each rank's own basetemp
 is then ``<basetemp>/rank<N>``), else ``pytest-of-<user>`` in pytest's temp root
-(``PYTEST_DEBUG_TEMPROOT``, else the system temp folder). The folder holds ``rank<N>.log`` (the
-terminal report of ranks other than 0; stack dumps) and ``shared/`` (the ``shared_tmp_path``
-folders: shared by the ranks of one node, or of all nodes when ``<base>`` is on a shared
-filesystem).
+(``PYTEST_DEBUG_TEMPROOT``, else the system temp folder), made and checked by pytest itself
+(:func:`base_folder`: refused when another user owns it, as pytest refuses it). The run folder is
+0700 and owned by this user (:func:`run_folder`); it holds ``rank<N>.log`` (0600: the terminal
+report of ranks other than 0, with the tests' captured output; stack dumps) and ``shared/`` (the
+``shared_tmp_path`` folders: shared by the ranks of one node, or of all nodes when ``<base>`` is
+on a shared filesystem).
 
 Which thread owns which field:
 
@@ -31,17 +33,16 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
-import getpass
 import os
 import signal
+import stat
 import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any, NoReturn
+from typing import IO, Any, NoReturn, TextIO
 
 import pytest
 from pytest import TestReport
@@ -91,7 +92,12 @@ class RankSession:
 
     @classmethod
     def open(cls, config: pytest.Config, launch: Launch) -> RankSession:
-        """Connect, agree on the run's folder, quiet ranks other than 0."""
+        """Check the temp folder, connect, agree on the run's folder, quiet ranks other than 0."""
+        try:
+            # Before connecting: a refused folder ends every rank of the node at once.
+            base = base_folder(config)
+        except OSError as exc:
+            raise pytest.UsageError(_folder_error(launch, exc)) from None
         try:
             channel = Channel(launch, CONNECT_TIMEOUT)
             run_id = _agree_run_id(launch, channel)
@@ -99,17 +105,12 @@ class RankSession:
             raise pytest.UsageError(str(exc)) from None
         for name, value in launch.rank_env().items():
             os.environ.setdefault(name, value)
-        given = config.option.basetemp
-        if given:
-            base = Path(os.path.abspath(str(given)))
-        else:
-            # pytest's own temp root (PYTEST_DEBUG_TEMPROOT, else the system temp folder).
-            temproot = os.environ.get("PYTEST_DEBUG_TEMPROOT") or tempfile.gettempdir()
-            base = Path(temproot) / f"pytest-of-{_user()}"
-        root = base / f"distrank-{run_id}"
-        root.mkdir(parents=True, exist_ok=True)
+        try:
+            root = run_folder(base, run_id)
+        except OSError as exc:
+            raise pytest.UsageError(_folder_error(launch, exc)) from None
         self = cls(config, launch, channel, root)
-        if given:
+        if config.option.basetemp:
             # The ranks of one node share the command line: each gets a basetemp of its own
             # under it (pytest empties a given basetemp, which must not happen under a peer's
             # feet).
@@ -126,7 +127,7 @@ class RankSession:
         """Ranks other than 0: terminal report to the log, one line on stdout, no junit or
         cache."""
         config = self.config
-        stream = open(self.log_path, "w", encoding="utf-8", buffering=1)
+        stream = open_log(self.log_path, append=False)
         self.log_stream = stream
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if _compat.can_redirect_terminal(reporter):
@@ -306,11 +307,44 @@ def _agree_run_id(launch: Launch, channel: Channel) -> str:
     return str(channel.get(keys.RUN))
 
 
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"
+def base_folder(config: pytest.Config) -> Path:
+    """Where the run folder goes: ``--basetemp`` (made 0700 when missing), else pytest's own
+    ``pytest-of-<user>``, made and checked by pytest (:func:`_compat.user_temp_root`). OSError
+    when it cannot be used (pytest's message for a folder another user owns)."""
+    given = config.option.basetemp
+    if not given:
+        return _compat.user_temp_root(config)
+    base = Path(os.path.abspath(str(given)))
+    base.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return base
+
+
+def run_folder(base: Path, run_id: str) -> Path:
+    """``<base>/distrank-<run id>``, 0700 whatever the umask: made by the first rank of a node (or
+    of all nodes, on a shared filesystem), found by the others. OSError unless it is a folder this
+    user owns (not a link)."""
+    root = base / f"distrank-{run_id}"
+    with contextlib.suppress(FileExistsError):
+        root.mkdir(mode=0o700)
+    info = os.lstat(root)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise OSError(f"{root} is not a folder owned by the current user")
+    return root
+
+
+def open_log(path: str, append: bool) -> TextIO:
+    """A rank's log, created 0600 whatever the umask (it holds the tests' captured output); never
+    through a link."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | (os.O_APPEND if append else os.O_TRUNC)
+    fd = os.open(path, flags, 0o600)
+    return open(fd, "a" if append else "w", encoding="utf-8", buffering=1)
+
+
+def _folder_error(launch: Launch, exc: OSError) -> str:
+    return (
+        f"pytest-distrank: {launch.label()} cannot use its temporary folder: {exc}\n"
+        "Name another one with --basetemp=DIR, or set TMPDIR to a folder of your own."
+    )
 
 
 def park() -> NoReturn:

@@ -40,7 +40,7 @@ from ..stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
 from .gather import Current, own_records, poll_early, poll_finished, warning_records
-from .session import RankSession
+from .session import RankSession, open_log
 
 TICK = 0.05
 HEARTBEAT_EVERY = 1.0
@@ -178,7 +178,7 @@ class Watchdog(threading.Thread):
         if failed_itself(reports):
             return reports  # rank 0's own failure is the story; it was stuck cleaning up
         dump = dump_threads(rs.main_ident)
-        with contextlib.suppress(OSError), open(rs.log_path, "a", encoding="utf-8") as log:
+        with contextlib.suppress(OSError), open_log(rs.log_path, append=True) as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
         own = explain({0: load(base64.b64decode(own_records(cur)))}, {0: cur.started_ns})
         info = Unfinished(

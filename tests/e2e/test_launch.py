@@ -13,6 +13,7 @@ import dataclasses
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -80,7 +81,10 @@ def start(cmds: list[list[str]], envs: list[Mapping[str, str]], cwd: Path) -> Ru
     for i, (cmd, env) in enumerate(zip(cmds, envs, strict=True)):
         out = open(cwd / f"launch-out{i}.txt", "w+")
         files.append(out)
-        procs.append(subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=out, stderr=out))
+        procs.append(
+            # umask 022, the usual one: the plugin's folders and logs must be private anyway.
+            subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=out, stderr=out, umask=0o022)
+        )
     deadline = time.monotonic() + RUN_TIMEOUT
     try:
         codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
@@ -98,8 +102,9 @@ def start(cmds: list[list[str]], envs: list[Mapping[str, str]], cwd: Path) -> Ru
     return Run(outputs, codes)
 
 
-def pytest_args(cwd: Path, *args: str) -> list[str]:
-    return ["-m", "pytest", "-p", "distrank", f"--basetemp={cwd / 'bt'}", "-ra", *args]
+def pytest_args(cwd: Path, *args: str, basetemp: bool = True) -> list[str]:
+    given = [f"--basetemp={cwd / 'bt'}"] if basetemp else []
+    return ["-m", "pytest", "-p", "distrank", *given, "-ra", *args]
 
 
 def torchrun(env: dict[str, str], cwd: Path, nproc: int, *args: str) -> Run:
@@ -110,10 +115,12 @@ def torchrun(env: dict[str, str], cwd: Path, nproc: int, *args: str) -> Run:
     return start([cmd], [env], cwd)
 
 
-def by_hand(env: dict[str, str], cwd: Path, ranks: list[dict[str, str]], *args: str) -> Run:
+def by_hand(
+    env: dict[str, str], cwd: Path, ranks: list[dict[str, str]], *args: str, basetemp: bool = True
+) -> Run:
     """One plain ``python -m pytest`` per rank, with the launcher's variables set by hand."""
     rdzv = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    cmd = [sys.executable, *pytest_args(cwd, *args)]
+    cmd = [sys.executable, *pytest_args(cwd, *args, basetemp=basetemp)]
     return start([cmd] * len(ranks), [{**env, **rdzv, **r} for r in ranks], cwd)
 
 
@@ -639,8 +646,17 @@ def test_mapped(rank, local_rank, world_size, pg):
         {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
         for r in (0, 1)
     ]
-    run = by_hand(launch_env, pytester.path, ranks)
+    # No --basetemp, a fresh TMPDIR: the run folder goes to pytest-of-<user>, private as pytest
+    # makes it (0700 folders, 0600 logs) under umask 022 (hostile review 3, D10).
+    launch_env.pop("PYTEST_DEBUG_TEMPROOT", None)
+    tmp = pytester.mkdir("tmp")
+    launch_env["TMPDIR"] = str(tmp)
+    run = by_hand(launch_env, pytester.path, ranks, basetemp=False)
     assert run.codes == [0, 0], run.outputs
+    (mine,) = tmp.glob("pytest-of-*")
+    (root,) = mine.glob("distrank-*")
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (mine, root, root / "rank1.log")}
+    assert modes == {mine.name: 0o700, root.name: 0o700, "rank1.log": 0o600}
     run.match(
         0,
         [
