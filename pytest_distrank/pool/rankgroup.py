@@ -1,15 +1,19 @@
 """A pool rank's store and process group: made once per rank process, checked after each test.
 
-Runs in pool-mode rank processes (:mod:`worker`). The pool's rendezvous is a FileStore in the
-controller's private folder; rank 0 also serves a TCPStore on a port the kernel picks and exports
-it as MASTER_PORT, so that code using ``env://`` finds a live store and nobody guesses a free
-port. torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to that store only.
+Runs in pool-mode rank processes (:mod:`worker`). The pool's rendezvous (its default group, the
+``dist_store`` fixture) is a FileStore in the controller's private folder. Only pools whose tests
+rendezvous themselves (``init_process_group=False``, which PyTorch harness classes get from
+:mod:`suites`) get more: rank 0 serves a TCPStore on loopback, on a port the kernel picks, and it
+is exported as MASTER_PORT, so that code using ``env://`` finds a live store and nobody guesses a
+free port. Other pools listen on no port of the plugin's and have no MASTER_PORT. torchrun's
+``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to that store only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -32,7 +36,8 @@ def start_rank(cfg: RankConfig) -> RankContext:
     store = dist.FileStore(cfg.store_path, cfg.world_size)
     ctx = RankContext(cfg.rank, cfg.world_size, cfg.local_rank, cfg.backend, store, None)
     ctx.cuda_device = cfg.cuda_device
-    master_store(ctx, "pool/")  # as the process it is: rank 0 of its pool
+    if not cfg.init_process_group:
+        master_store(ctx, "pool/")  # as the process it is: rank 0 of its pool
     if cfg.simulated is not None:
         return simulate(ctx, *cfg.simulated)
     if cfg.init_process_group:
@@ -63,19 +68,28 @@ def _cuda_available() -> bool:
 
 
 def master_store(ctx: RankContext, prefix: str) -> None:
-    """Serve a TCPStore on rank 0 (port 0, chosen by the kernel) and export it as MASTER_PORT.
+    """Serve a TCPStore on rank 0 (loopback, a port chosen by the kernel) and export it as
+    MASTER_PORT; for ``init_process_group=False`` pools only.
 
     The port travels to the other ranks through the pool's FileStore, so nobody guesses a free
     port. Code that reads MASTER_ADDR/MASTER_PORT, and ``init_process_group()`` with env://, find
-    a live store there.
+    a live store there. The store has no authentication: it listens on 127.0.0.1 only.
     """
     import torch.distributed as dist
 
     key = f"{prefix}master_port"
     if ctx.rank == 0:
         ctx.master_server = None  # drop the previous test's server first
+        port_number, fd = _loopback_listener()
+        # The store owns the fd from here (a failed start may have closed it already: not
+        # closed again here, where its number may be another's by now).
         ctx.master_server = dist.TCPStore(
-            MASTER_ADDR, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT
+            MASTER_ADDR,
+            port_number,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=STORE_TIMEOUT,
+            master_listen_fd=fd,
         )
         port = str(ctx.master_server.port)
         ctx.store.set(key, port)
@@ -84,6 +98,19 @@ def master_store(ctx: RankContext, prefix: str) -> None:
     os.environ["MASTER_PORT"] = port
     os.environ[PLUGIN_PORT_ENV] = port
     _scope_agent_store()
+
+
+def _loopback_listener() -> tuple[int, int]:
+    """A listening socket on 127.0.0.1 (port chosen by the kernel), handed over as a bare fd.
+
+    Given only the address, torch's TCPStore listens on every interface (``[::]``, torch 2.13);
+    given the socket, its server (libuv or classic) accepts on it and closes it with the store.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((MASTER_ADDR, 0))
+        sock.listen()
+        port = int(sock.getsockname()[1])
+        return port, sock.detach()
 
 
 def _scope_agent_store() -> None:

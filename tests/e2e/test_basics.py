@@ -248,24 +248,56 @@ def test_shared_tmp_path_and_dist_store(pytester: pytest.Pytester, run_pytest: R
 def test_rank_environment_matches_torchrun(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
+    """torchrun's variables; a TCPStore (MASTER_PORT) only for pools whose tests rendezvous
+    themselves, on loopback: no pool listens on every interface (hostile review 3, D15)."""
     pytester.makepyfile(
         """
-        import os, pytest
+        import os, pytest, torch.distributed as dist
+
+        def wildcard_listeners():
+            \"""LISTEN sockets on 0.0.0.0 or :: that this rank holds (every rank asks: the
+            pool's processes).\"""
+            inodes = set()
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    inodes.add(os.readlink(f"/proc/self/fd/{fd}"))
+                except OSError:
+                    continue
+            found = []
+            for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+                with open(table) as f:
+                    for line in f.readlines()[1:]:
+                        address, state, inode = line.split()[1], line.split()[3], line.split()[9]
+                        wildcard = set(address.split(":")[0]) == {"0"}
+                        if state == "0A" and wildcard and f"socket:[{inode}]" in inodes:
+                            found.append(address)
+            return found
 
         @pytest.mark.world_size(2)
-        def test_env(rank, local_rank, world_size, backend):
+        def test_env(rank, local_rank, world_size, backend, pg):
             assert backend == "gloo"
             assert local_rank == rank
             assert os.environ["RANK"] == str(rank)
             assert os.environ["LOCAL_RANK"] == str(local_rank)
             assert os.environ["WORLD_SIZE"] == os.environ["LOCAL_WORLD_SIZE"] == "2"
             assert os.environ["MASTER_ADDR"] == "127.0.0.1"
-            assert int(os.environ["MASTER_PORT"]) > 0
             assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "True"
             assert "PYTEST_ADDOPTS" not in os.environ
+            # The default group meets on a FileStore: no store of the plugin's, no port.
+            assert "MASTER_PORT" not in os.environ
+            assert wildcard_listeners() == []
+
+        @pytest.mark.world_size(2, init_process_group=False)
+        def test_env_init(rank):
+            assert int(os.environ["MASTER_PORT"]) > 0
+            dist.init_process_group("gloo")  # env://, at the store rank 0 serves on loopback
+            try:
+                assert wildcard_listeners() == []
+            finally:
+                dist.destroy_process_group()
         """
     )
-    run_pytest().assert_outcomes(passed=1)
+    run_pytest().assert_outcomes(passed=2)
 
 
 def test_autoload_disabled_with_explicit_plugin(
