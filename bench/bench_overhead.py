@@ -15,8 +15,6 @@ Usage (from the repository root, with the project installed):
 Workloads:
   distrank ws2/ws4      one all_reduce of a 1-element tensor and one assert, world size 2 and 4
   distrank ws4 empty    a 4-rank test whose body does nothing (the plugin's own overhead)
-  ... lockstep          the same with --distrank-dispatch=lockstep (each test sent only when the
-                        controller asks for it: the dispatch before the ranks ran ahead)
   distrank ws4 FR off   ws4 with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0)
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
@@ -205,14 +203,10 @@ def workloads() -> list[Workload]:
     pytest_cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     plain = [*pytest_cmd, "-p", "no:distrank"]
     plugin = [*pytest_cmd, "-p", "distrank"]
-    lockstep = [*plugin, "--distrank-dispatch=lockstep"]
     return [
         ("distrank ws2", harness(DISTRANK, DISTRANK_TEST, 2), plugin, "big"),
-        ("distrank ws2 lockstep", harness(DISTRANK, DISTRANK_TEST, 2), lockstep, "big"),
         ("distrank ws4", harness(DISTRANK, DISTRANK_TEST, 4), plugin, "big"),
-        ("distrank ws4 lockstep", harness(DISTRANK, DISTRANK_TEST, 4), lockstep, "big"),
         ("distrank ws4 empty", harness(DISTRANK, EMPTY_TEST, 4), plugin, "big"),
-        ("distrank ws4 empty lockstep", harness(DISTRANK, EMPTY_TEST, 4), lockstep, "big"),
         # PyTorch's flight recorder off (it records every collective; the hang reports read it).
         (
             "distrank ws4 FR off",

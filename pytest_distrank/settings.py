@@ -173,19 +173,6 @@ FAILURE_GRACE = Option(
     parse_seconds,
 )
 
-DISPATCH_MODES = ("ahead", "lockstep")
-DISPATCH = Option(
-    "distrank_dispatch",
-    "--distrank-dispatch",
-    "DISTRANK_DISPATCH",
-    "ahead",
-    "How a pool's tests reach its ranks: 'ahead' (default: once a test passed on every rank, "
-    "the pool's next test starts while the controller reports the last) or 'lockstep' (each "
-    "test is sent only when the controller asks for it).",
-    one_of(DISPATCH_MODES, lower=True),
-)
-
-
 def parse_modules(text: str) -> tuple[str, ...]:
     """Comma-separated dotted module names, e.g. ``torch._dynamo,mypkg.models``."""
     names = tuple(part.strip() for part in text.split(",") if part.strip())
@@ -336,7 +323,6 @@ OPTIONS: tuple[Option[Any], ...] = (
     ISOLATE,
     TIMEOUT,
     FAILURE_GRACE,
-    DISPATCH,
     PRELOAD,
     GPU_LOCK_DIR,
     GPU_WAIT,
@@ -398,7 +384,6 @@ class Settings:
     isolate: Value[bool]
     timeout: Value[float]
     failure_grace: Value[float]
-    dispatch: Value[str]
     preload: Value[tuple[str, ...]]
     gpu_lock_dir: Value[str]
     gpu_wait: Value[float]
@@ -416,7 +401,6 @@ class Settings:
             isolate=resolve(config, ISOLATE),
             timeout=_resolve_timeout(config),
             failure_grace=resolve(config, FAILURE_GRACE),
-            dispatch=resolve(config, DISPATCH),
             preload=resolve(config, PRELOAD),
             gpu_lock_dir=resolve(config, GPU_LOCK_DIR),
             gpu_wait=resolve(config, GPU_WAIT),

@@ -1,6 +1,7 @@
 """Fixtures of the plugin's tests (run in the outer pytest process).
 
-``run_pytest`` runs an end-to-end case; ``in_terminal`` runs one under a pseudo-terminal,
+``run_pytest`` runs an end-to-end case; ``shared_session`` runs one inner session that several
+tests check, each its own behaviour; ``in_terminal`` runs one under a pseudo-terminal,
 typing at its debugger prompts; ``fake_gpus`` gives GPU leasing four fake GPUs. The
 helpers they use (the process tag, the leak check) are in ``helpers.py``.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from .helpers import (
     TAG_ENV,
     InTerminal,
     RunPytest,
+    SharedSession,
     TerminalRun,
     run_in_terminal,
     wait_gone,
@@ -46,6 +48,40 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
 
     yield run
     _assert_none_left(tag)
+
+
+#: Inner sessions already run, by name (``shared_session``): one per outer session.
+_SHARED: dict[str, pytest.RunResult | Exception] = {}
+
+@pytest.fixture
+def shared_session(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> SharedSession:
+    """Run one inner session for every test that names it, the first time one asks.
+
+    ``write(folder)`` writes the session's files, ``args`` are its pytest arguments and ``env``
+    its extra environment; later tests that name the same session get the same result, so each
+    checks its own behaviour without a session start (seconds) of its own. The leak check of
+    ``run_pytest`` runs after the test that ran the session.
+    """
+
+    def run(
+        name: str, write: Callable[[Path], None], *args: str, env: dict[str, str] | None = None
+    ) -> pytest.RunResult:
+        if name not in _SHARED:
+            write(pytester.path)
+            for key, value in (env or {}).items():
+                monkeypatch.setenv(key, value.format(folder=pytester.path))
+            try:
+                _SHARED[name] = run_pytest(*args)
+            except Exception as exc:  # a timeout: every test of the session fails with it
+                _SHARED[name] = exc
+        result = _SHARED[name]
+        if isinstance(result, Exception):
+            pytest.fail(f"the shared inner session {name!r} did not finish: {result!r}")
+        return result
+
+    return run
 
 
 @pytest.fixture

@@ -62,6 +62,8 @@ def wait_gone(tag: str, seconds: float) -> list[int]:
 
 #: The ``run_pytest`` fixture: ``run_pytest(*args, timeout=RUN_TIMEOUT)``.
 RunPytest = Callable[..., pytest.RunResult]
+#: The ``shared_session`` fixture: ``shared_session(name, write, *args, env=None)``.
+SharedSession = Callable[..., pytest.RunResult]
 
 
 @dataclasses.dataclass

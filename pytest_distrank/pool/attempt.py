@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 FR_WAIT = 1.0
 #: How often the ``--distrank-debug-rank`` rank's log is shown while a test runs.
 LIVE_EVERY = 0.1
+#: At a deadline, at most this many rounds of messages already waiting are taken before judging.
+DRAIN_MAX = 1000
 
 Location = tuple[str, int | None, str]
 Deserialize = Callable[[Any], TestReport]
@@ -116,7 +118,11 @@ class Attempt:
         pool, game = self.pool, self.game
         while game.pending:
             if game.expired(time.monotonic()):
-                break
+                # What the ranks sent before the controller looked counts: the controller may
+                # have been busy (a slow hook, a stopped process), not the ranks late.
+                self._drain()
+                if not game.pending or game.expired(time.monotonic()):
+                    break
             pending = [r for r in pool.ranks if r.rank in game.pending]
             wait = game.seconds_left(time.monotonic())
             if self.tail is not None:
@@ -138,6 +144,17 @@ class Attempt:
             self._check_collectives()
         self.result.broken = pool.broken
         return self.result
+
+    def _drain(self) -> None:
+        """Take every message already waiting in the pending ranks' pipes (bounded: a rank
+        that keeps sending cannot hold the controller here)."""
+        for _ in range(DRAIN_MAX):
+            pending = [r for r in self.pool.ranks if r.rank in self.game.pending]
+            messages = self.pool.wait_for(pending, 0.0) if pending else []
+            if not messages:
+                return
+            for rank, message in messages:
+                self._take(rank, message)
 
     def _unfit(self, why: str) -> None:
         """The pool must not serve another test (the first reason is kept)."""

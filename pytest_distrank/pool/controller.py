@@ -305,12 +305,6 @@ class Controller:
             self.pools.retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None and not keep_pool:
             self.pools.retire(key, pool, None, graceful=True)
-        elif nextitem is not None and self._may_run_ahead(item, nextitem, next_nodeid, pool, run):
-            following = self._get_plan(item.session)[nextitem.nodeid].next_nodeid
-            try:
-                pool.send_ahead(self._new_test(nextitem, following))
-            except PoolUnfit as exc:  # a rank died after the test: the next one gets a new pool
-                self.pools.retire(key, pool, str(exc), graceful=False)
         merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
             item=item, reports=run.reports
         )
@@ -351,14 +345,9 @@ class Controller:
             missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
             if missing:
                 return error_reports(item, missing_message(item, pool, missing))
-            ahead = pool.ahead
-            if ahead is not None and ahead.test.nodeid == item.nodeid:
-                test = ahead.test  # its ranks started it already (send_ahead)
-            else:
-                test = self._new_test(item, next_nodeid)
             try:
                 run = pool.run(
-                    test,
+                    self._new_test(item, next_nodeid),
                     item.location,
                     str(item.path),
                     deserializer(item),
@@ -389,45 +378,13 @@ class Controller:
             shared_dir=str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
         )
 
-    def _may_run_ahead(
-        self,
-        item: pytest.Item,
-        nextitem: pytest.Item,
-        next_nodeid: str | None,
-        pool: Pool,
-        run: TestRun,
-    ) -> bool:
-        """May the pool's ranks start ``nextitem`` now, while this test is being reported?
-
-        Only when it is surely what runs next: the pool's next test is pytest's next item (no
-        ordinary test, other pool or rerun comes between), this test passed on every rank (so
-        ``-x`` and ``--maxfail`` cannot stop the session here) and left the pool fit, and no
-        one is watching a rank (``-s``, the debugger options), whose output must stay in order.
-        """
-        if self.settings.dispatch.value != "ahead" or next_nodeid is None:
-            return False
-        if nextitem.nodeid != next_nodeid or run.broken or pool.closed:
-            return False
-        if any(next_nodeid in ready.missing for ready in pool.ready):
-            return False  # the error that its ranks lack it is the controller's to report
-        if item.session.shouldstop or item.session.shouldfail:
-            return False
-        if any(report.failed for reports in run.reports.values() for report in reports):
-            return False
-        option = self.config.option
-        if getattr(option, "capture", "fd") == "no" or getattr(option, "usepdb", False):
-            return False
-        if getattr(option, "trace", False):
-            return False
-        return self.settings.debug_rank.value is None
-
     # -- pools ---------------------------------------------------------------------------------
 
     def _pool_for(self, key: PoolKey, item: pytest.Item, test_timeout: float) -> Pool:
         """The pool that runs ``item``: its pool's files and tests, or (isolated) its own."""
         pool = self.pools.live.get(key)
         if pool is not None:  # the common case: nothing to compute per test
-            problem = pool.check_idle() if pool.ahead is None else pool.check_ahead()
+            problem = pool.check_idle()
             if problem is None:
                 return pool
             # A rank died or spoke while idle: the pool is unfit, this test gets a new one.

@@ -127,8 +127,6 @@ class Pool:
         self.last_test: RunTest | None = None
         #: The test before :attr:`last_test`.
         self.previous_test: RunTest | None = None
-        #: A test sent before the controller asked for it (:meth:`send_ahead`), not yet taken up.
-        self.ahead: Sent | None = None
         #: The pool's GPUs, given back when it is killed or stopped (gpus.py).
         self.lease: GpuLease | None = None
         #: Per rank that stopped cleanly: (CPU seconds spent serving tests, tests served).
@@ -295,33 +293,6 @@ class Pool:
                 ) from None
         return sent
 
-    def send_ahead(self, test: RunTest) -> None:
-        """Let the ranks start ``test`` now, while the controller still reports the last one.
-
-        Its messages wait in the pipes until :meth:`run` takes the test up; its deadline counts
-        from now. Raises :class:`PoolUnfit` if a rank is gone.
-        """
-        assert self.ahead is None
-        self.ahead = self.send(test)
-
-    def check_ahead(self) -> str | None:
-        """:meth:`check_idle` for a pool that runs a test ahead: its pipes carry that test's
-        reports, so only deaths count, and only of ranks that had not received it yet (a rank
-        that did dies in that test, and the test's report says so)."""
-        assert self.ahead is not None
-        test, previous = self.ahead.test, self.previous_test
-        after = f"after {previous.nodeid}" if previous else "before its first test"
-        ready = wait([r.process.sentinel for r in self.ranks], 0)
-        for rank in self.ranks:
-            if rank.process.sentinel in ready and self.position(rank, test) is NOT_RECEIVED:
-                rank.process.join(1)
-                status = signal_name(rank.process.exitcode)
-                return (
-                    f"rank {rank.rank}/{self.key.world_size} (pid {rank.pid}) died ({status}) "
-                    f"{after}, before {test.nodeid} reached it"
-                )
-        return None
-
     def run(
         self,
         test: RunTest,
@@ -333,12 +304,8 @@ class Pool:
         grace: float,
         terminal: DebugTerminal | None = None,
     ) -> TestRun:
-        """Run one test on every rank (see :class:`~attempt.Attempt`); a test sent ahead
-        (:meth:`send_ahead`) is taken up where it is, its clock running since it was sent."""
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None and ahead.test.nodeid != test.nodeid:
-            raise PoolUnfit(f"its ranks ran ahead to {ahead.test.nodeid}, not {test.nodeid}")
-        sent = ahead if ahead is not None else self.send(test)
+        """Run one test on every rank (see :class:`~attempt.Attempt`)."""
+        sent = self.send(test)
         game = Endgame(
             frozenset(r.rank for r in self.ranks),
             sent.started,
@@ -460,14 +427,9 @@ class Pool:
         for rank in stuck:
             dump = stacks[rank.rank]
             where = where_blocked(dump, user_file(dump)) if dump else why_silent(rank.pid)
-            doing = (
-                "tearing down its remaining fixtures (session, module, class scope)"
-                if self.ahead is None or self.position(rank, self.ahead.test) is AFTER_TEARDOWN
-                else f"{self.ahead.test.nodeid}, started ahead before the session stopped "
-                "(it is not reported), and tearing down its remaining fixtures"
-            )
             out.append(
-                f"rank {rank.rank}/{ws} of pool {self.key.describe()} did not finish {doing} "
+                f"rank {rank.rank}/{ws} of pool {self.key.describe()} did not finish tearing "
+                "down its remaining fixtures (session, module, class scope) "
                 f"within {timeout:g} s and was killed; {where or 'no stack'}\n"
                 f"{format_stack(dump, user_file(dump), rank.log_path)}"
             )
