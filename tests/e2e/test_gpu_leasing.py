@@ -9,13 +9,14 @@ is respected. The unit tests of ``gpus.lease`` are in ``tests/unit/test_gpus.py`
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,47 @@ def test_ranks_see_their_lease_within_the_outer_devices(
         """
     )
     run_pytest().assert_outcomes(passed=2)
+
+
+def test_files_planted_in_the_lock_folder_neither_hang_nor_harm(
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    fake_gpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    record_property: Callable[[str, object], None],
+) -> None:
+    """Issue #24, D1, as another user would plant them: a link named like the owner note (its
+    target was truncated and made 0666), a FIFO named like a share (every session hung), a held
+    share whose size does not parse (INTERNALERROR)."""
+    protected = [Path(f"/proc/sys/fs/protected_{n}") for n in ("symlinks", "regular", "fifos")]
+    seen = " ".join(f"{f.name}={f.read_text().strip() if f.exists() else '?'}" for f in protected)
+    record_property("fs_protection", seen)
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "1")
+    fake_gpus.mkdir()
+    fake_gpus.chmod(0o1777)
+    victim = pytester.path / "victim"
+    victim.write_text("SECRET\n")
+    victim.chmod(0o600)
+    (fake_gpus / "gpu-0.owner").symlink_to(victim)
+    os.mkfifo(fake_gpus / "gpu-0.share.1.1-1")
+    pytester.makepyfile(
+        test_planted="""
+        import pytest
+
+        def test_ordinary():
+            pass
+
+        @pytest.mark.world_size(1)
+        @pytest.mark.requires_gpus(1)
+        def test_whole(rank):
+            pass
+        """
+    )
+    held = os.open(fake_gpus / "gpu-0.share.lots.1-1", os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result = run_pytest("--distrank-gpu-wait=1", timeout=60)
+    finally:
+        os.close(held)
+    result.assert_outcomes(passed=2)
+    assert (victim.read_text(), victim.stat().st_mode & 0o777) == ("SECRET\n", 0o600), seen
