@@ -103,7 +103,7 @@ def test_wheel_metadata_has_the_readme_and_the_pytest_classifier(dists: dict[str
     assert "Framework :: Pytest" in meta.get_all("Classifier", [])
     assert meta["Requires-Python"] == ">=3.10"
     requires = meta.get_all("Requires-Dist", [])
-    for dependency in ("torch", "pytest", "pytest-timeout", "filelock"):
+    for dependency in ("torch", "pytest", "pytest-timeout"):
         assert any(r.split(">")[0].split(";")[0].strip() == dependency for r in requires)
     # The long description PyPI renders: the README, as Markdown.
     assert meta["Description-Content-Type"] == "text/markdown"
