@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
 import signal
+import sys
 import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -65,12 +67,20 @@ __all__ = [
     "rendezvous_handlers",
     "replace_catching_logs",
     "request_item",
+    "rerun_condition",
+    "rerun_count",
+    "rerun_delay",
+    "rerun_failures_db",
+    "rerun_hard_fail",
+    "rerun_path_excluded",
+    "rerunfailures_module",
     "run_test_protocol",
     "session_fixturedefs",
     "set_given_basetemp",
     "setup_stack",
     "skip_exception",
     "stop_fork_server",
+    "take_suite_rerun",
     "teardown_exact",
     "terminal_writer",
     "user_temp_root",
@@ -463,3 +473,95 @@ def dispatch_modes() -> list[str]:
     except ImportError:
         return []
     return [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]
+
+
+# -- pytest-rerunfailures (its decision functions, read from the installed module) ---------------
+#
+# Read in 14.0, 15.0, 15.1, 16.0, 16.1 and 16.7: the filters match the report's crash line
+# (<= 15.0) or the exception and its chain (>= 15.1); a condition gets no error (14.0, 15.x,
+# 16.1), a report holding ``excinfo`` (16.0) or the exception info (16.7); the exclude paths, the
+# delay's backoff factor and the suite-wide cap exist only in recent versions. Each function asks
+# the installed module for what it has; the parameter names say which form a function takes.
+
+#: The module of pytest-rerunfailures (also its plugin object, registered as ``rerunfailures``).
+RERUNFAILURES_MODULE = "pytest_rerunfailures"
+
+
+def rerunfailures_module(config: pytest.Config) -> Any | None:
+    """pytest-rerunfailures' module where this process loaded it, else None.
+
+    Ranks unregister the plugin (``worker.CONTROLLER_ONLY_PLUGINS``) but keep the module and its
+    options, which is what its decision functions read; under ``-p no:rerunfailures`` neither
+    exists.
+    """
+    if not hasattr(config.option, "only_rerun"):
+        return None
+    return sys.modules.get(RERUNFAILURES_MODULE)
+
+
+def _takes(function: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+def rerun_count(plugin: Any, item: pytest.Item) -> int | None:
+    """``get_reruns_count``: the reruns allowed, or None where neither an option nor a ``flaky``
+    marker asks for any (rerunfailures then leaves the test alone)."""
+    count = plugin.get_reruns_count(item)
+    return None if count is None else int(count)
+
+
+def rerun_delay(plugin: Any, item: pytest.Item) -> tuple[float, float]:
+    """The delay before a rerun and its backoff factor: ``get_reruns_delay`` and
+    ``get_reruns_delay_backoff_factor`` (1.0, a constant delay, where the version has none)."""
+    factor = getattr(plugin, "get_reruns_delay_backoff_factor", None)
+    return float(plugin.get_reruns_delay(item) or 0), float(factor(item)) if factor else 1.0
+
+
+def rerun_path_excluded(plugin: Any, item: pytest.Item) -> bool:
+    """``_is_rerun_path_excluded`` (``--rerun-exclude-path``); False where the version has no
+    such option."""
+    excluded = getattr(plugin, "_is_rerun_path_excluded", None)
+    return bool(excluded(item)) if excluded is not None else False
+
+
+def rerun_failures_db(config: pytest.Config) -> Any | None:
+    """The per-test failure counts rerunfailures keeps (``config.failures_db``; a client of the
+    xdist controller's under pytest-xdist); None where it set none."""
+    return getattr(config, "failures_db", None)
+
+
+def take_suite_rerun(config: pytest.Config) -> bool:
+    """Take one rerun of ``--max-suite-reruns``, the cap shared by every test of the run; True
+    when there is no cap (or the version has none), False when it is used up."""
+    cap = getattr(config.option, "max_suite_reruns", None)
+    db = rerun_failures_db(config)
+    take = getattr(db, "try_increment_suite_reruns", None)
+    return True if cap is None or take is None else bool(take(cap))
+
+
+def rerun_hard_fail(
+    plugin: Any, item: pytest.Item, report: pytest.TestReport, excinfo: Any
+) -> bool:
+    """``_should_hard_fail_on_error``: whether ``--only-rerun``/``--rerun-except`` (or the
+    marker's ``only_rerun=``/``rerun_except=``) rule out a rerun for this failure. ``excinfo``
+    (None: no exception, such as a crash) where the version reads the exception, else the
+    report's crash line."""
+    judge = plugin._should_hard_fail_on_error
+    if _takes(judge, "excinfo"):
+        return bool(judge(item, report, excinfo))
+    return bool(judge(item, report))
+
+
+def rerun_condition(plugin: Any, item: pytest.Item, excinfo: Any) -> bool | None:
+    """A ``flaky(condition=...)`` for one failure, through ``evaluate_condition``; None where the
+    marker gives no condition. Raises what rerunfailures raises for a condition it cannot
+    evaluate (``pytest.fail``, in most versions)."""
+    marker = item.get_closest_marker("flaky")
+    if marker is None or "condition" not in marker.kwargs:
+        return None
+    evaluate, condition = plugin.evaluate_condition, marker.kwargs["condition"]
+    if _takes(evaluate, "excinfo"):
+        return bool(evaluate(item, marker, condition, excinfo))
+    if _takes(evaluate, "report"):  # 16.0: a report holding the exception info
+        return bool(evaluate(item, marker, condition, types.SimpleNamespace(excinfo=excinfo)))
+    return bool(evaluate(item, marker, condition))

@@ -49,7 +49,7 @@ from ..rankside import (
 )
 from ..records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ..stacks import interruption_message
-from . import ranklogs
+from . import ranklogs, rankreruns
 from .protocol import (
     Collectives,
     CountCollectives,
@@ -212,6 +212,7 @@ class WorkerPlugin:
             # Configured (its markers are known) but never called: the controller owns it.
             if config.pluginmanager.get_plugin(name) is not None:
                 config.pluginmanager.unregister(name=name)
+        config.pluginmanager.register(rankreruns.RankVerdicts(), "distrank-rerun-verdicts")
         # The rank's own terminal report (progress letters, its session summary) goes to a file
         # beside the rank's log, so that the log holds only what the test itself wrote and
         # faulthandler's dumps: the excerpts shown for a crash stay readable.

@@ -56,6 +56,7 @@ POOL_RANK = {
     "pool.rankproc",
     "pool.rankgpu",
     "pool.simulate",
+    "pool.rankreruns",
 }
 #: Pool mode, both sides.
 POOL_BOTH = {"pool.protocol"}
