@@ -19,7 +19,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from ..records import RunTest
 from ..requirements import check_ordinary_test, gpu_plan
 from ..settings import Settings, Value, item_timeout
 from ..warnings_relay import forward_warnings
+from . import reruns
 from .attempt import TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable
@@ -66,19 +67,6 @@ class Planned:
     skip: str | None = None
     #: The test's deadline and where it came from (see settings.item_timeout).
     timeout: Value[float] | None = None
-
-
-def _rerun_policy(item: pytest.Item) -> tuple[int, float]:
-    """pytest-rerunfailures' rerun count and delay for ``item``; ``(0, 0.0)`` without it.
-
-    Its own ``pytest_runtest_protocol`` would run the test in this process; a distributed test
-    is rerun here instead, on all its ranks as one unit.
-    """
-    plugin = item.config.pluginmanager.get_plugin("rerunfailures")
-    if plugin is None or not hasattr(plugin, "get_reruns_count"):
-        return 0, 0.0
-    count = plugin.get_reruns_count(item) or 0
-    return int(count), float(plugin.get_reruns_delay(item) or 0) if count else 0.0
 
 
 def _keyword_safe(name: str) -> str:
@@ -254,22 +242,27 @@ class Controller:
         if entry is None or entry.key is None:
             return None  # an ordinary test, or one the setup hook above skips or errors
         ihook = item.ihook
-        reruns, delay = _rerun_policy(item)
-        for attempt in range(reruns + 1):
-            last = attempt == reruns
+        # pytest-rerunfailures decides as for an ordinary test; the test reruns on all its ranks.
+        policy = reruns.reruns_for(item)
+        if policy is not None and policy.exhausted:
+            return True
+        first = True
+        while True:
+            if policy is not None:
+                policy.begin()
             ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
             started, cpu = time.monotonic(), time.process_time()
-            reports = self._execute(item, nextitem, entry, keep_pool=not last)
-            self.stats.tests += attempt == 0
+            with reruns.filters_to_ranks(self.config):
+                keep_pool = policy is not None and policy.may_rerun
+                reports = self._execute(item, nextitem, entry, keep_pool=keep_pool)
+            self.stats.tests += first
             self.stats.test_seconds.append(time.monotonic() - started)
-            rerun = not last and any(report.failed for report in reports)
+            rerun = False
+            if policy is not None:
+                reports, rerun = policy.judge(reports)
             if not rerun:
                 reports = teardown_controller_side(item, nextitem, reports)
             for report in reports:
-                if reruns:
-                    report.rerun = attempt  # type: ignore[attr-defined]
-                    if rerun and report.failed:
-                        report.outcome = "rerun"  # type: ignore[assignment]
                 ihook.pytest_runtest_logreport(report=report)
             ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
             self.stats.controller_cpu.append(time.process_time() - cpu)
@@ -277,10 +270,19 @@ class Controller:
             if self.terminal.quit:
                 item.session.shouldstop = self.terminal.quit  # q in a rank's debugger
                 break
-            if not rerun:
+            if policy is None or not rerun:
                 break
-            time.sleep(delay)
+            policy.pause()
+            first = False
         return True
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_distrank_merge_reports(
+        self, item: pytest.Item, reports: Mapping[int, Sequence[TestReport]]
+    ) -> Generator[None, list[TestReport] | None, list[TestReport] | None]:
+        """Whatever merges them: each failed phase's root-cause rank decides on a rerun."""
+        reruns.keep_root_causes(item, reports)
+        return (yield)
 
     def _execute(
         self, item: pytest.Item, nextitem: pytest.Item | None, entry: Planned, keep_pool: bool

@@ -145,3 +145,137 @@ def test_reruns_rerun_a_distributed_test_on_all_ranks(
     )
     # Both attempts of test_flaky ran on the same warm pool.
     result.stdout.fnmatch_lines(["*pools started: 1 at world size 2"])
+
+
+# pytest-rerunfailures decides for a distributed test as for an ordinary one (hostile-3 D2). Each
+# distributed test has an ordinary twin that fails alike; rank 1 fails the first attempt. Attempts
+# are counted in files of the folder $RERUN_STATE (per rank for distributed tests).
+RERUN_HELPERS = """
+import os, time, pytest
+
+def attempt(name):
+    path = os.path.join(os.environ["RERUN_STATE"], name)
+    n = int(open(path).read()) + 1 if os.path.exists(path) else 1
+    with open(path, "w") as f:
+        f.write(str(n))
+    return n
+
+def dist_first(rank, name, error):
+    if attempt(f"{name}-{rank}") == 1 and rank == 1:
+        raise error
+
+def plain_first(name, error):
+    if attempt(name) == 1:
+        raise error
+"""
+
+
+def _twins(name: str, error: str, marks: str = "") -> str:
+    """A distributed test (rank 1 raises ``error`` on the first attempt) and its ordinary twin."""
+    return f"""
+{marks}@pytest.mark.world_size(2)
+def test_dist_{name}(rank):
+    dist_first(rank, "{name}", {error})
+
+{marks}def test_plain_{name}():
+    plain_first("{name}", {error})
+"""
+
+
+RERUN_FILTERS = (
+    RERUN_HELPERS
+    + _twins("valueerror", 'ValueError("not rerun: --only-rerun matches no ValueError")')
+    + _twins("excepted", 'AssertionError("excepted: not rerun, --rerun-except")')
+    + _twins(
+        "condition_false",
+        'AssertionError("condition=False: not rerun")',
+        "@pytest.mark.flaky(reruns=2, condition=False)\n",
+    )
+    + """
+@pytest.mark.world_size(2)
+def test_dist_root_cause_decides(rank):
+    if attempt(f"root-{rank}") == 1:
+        if rank == 0:
+            time.sleep(0.3)  # fails second: rank 1 is the root cause
+            raise AssertionError("a rerun would be allowed for this one")
+        raise ValueError("the root cause: not rerun")
+"""
+    + _twins("takes_a_slot", 'AssertionError("rerun: takes one of the 2 suite reruns")')
+    + _twins("over_the_cap", 'AssertionError("not rerun: --max-suite-reruns 2 used up")')
+)
+RERUN_EXCLUDED = RERUN_HELPERS + _twins(
+    "excluded", 'AssertionError("not rerun: --rerun-exclude-path")'
+)
+RERUN_FLAKY = (
+    RERUN_HELPERS
+    + """
+@pytest.mark.world_size(2)
+def test_dist_flaky(rank):
+    dist_first(rank, "flaky", AssertionError("rerun, then passes"))
+
+@pytest.mark.flaky(reruns=2, condition=lambda error: "rank 1's" in str(error))
+@pytest.mark.world_size(2)
+def test_dist_condition_reads_the_rank_error(rank):
+    dist_first(rank, "reads", AssertionError("rank 1's error: rerun"))
+
+@pytest.mark.flaky(reruns=2, reruns_delay=0.1, reruns_delay_backoff_factor=4)
+@pytest.mark.world_size(2)
+def test_dist_backoff(rank):
+    if attempt(f"backoff-{rank}") < 3 and rank == 1:
+        raise AssertionError("fails twice")
+    if rank == 0:
+        with open(os.path.join(os.environ["RERUN_STATE"], "backoff-starts"), "a") as f:
+            f.write(f"{time.monotonic()}\\n")
+"""
+)
+
+
+def _outcomes(result: pytest.RunResult) -> dict[str, list[str]]:
+    """Each test's ``-v`` outcome words (RERUN, PASSED, FAILED), in order, by test name."""
+    words: dict[str, list[str]] = {}
+    for line in result.stdout.lines:
+        parts = line.split()
+        if len(parts) >= 2 and "::" in parts[0] and parts[1] in ("RERUN", "PASSED", "FAILED"):
+            words.setdefault(parts[0].split("::")[1], []).append(parts[1])
+    return words
+
+
+def test_rerun_filters_paths_and_the_suite_cap_decide_as_for_ordinary_tests(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RERUN_STATE", str(pytester.mkdir("state")))
+    pytester.makepyfile(test_filters=RERUN_FILTERS, test_excluded=RERUN_EXCLUDED)
+    result = run_pytest(
+        *("-p", "rerunfailures", "--reruns=2", "-v", "--only-rerun=AssertionError"),
+        *("--rerun-except=excepted", "--rerun-exclude-path=test_excluded.py"),
+        "--max-suite-reruns=2",
+    )
+    # Each distributed test and its ordinary twin: the same -v outcome words, attempt by attempt.
+    not_rerun = ["excluded", "valueerror", "excepted", "condition_false", "over_the_cap"]
+    expected = {f"test_{side}_{n}": ["FAILED"] for n in not_rerun for side in ("dist", "plain")}
+    expected["test_dist_root_cause_decides"] = ["FAILED"]  # rank 1's ValueError decides
+    expected["test_dist_takes_a_slot"] = expected["test_plain_takes_a_slot"] = ["RERUN", "PASSED"]
+    assert _outcomes(result) == expected
+    result.stdout.fnmatch_lines(["*[[]rank 1/2[]] ValueError: the root cause: not rerun*"])
+    assert result.parseoutcomes() == {"failed": 11, "passed": 2, "rerun": 2}
+
+
+def test_rerun_fail_on_flaky_conditions_and_backoff_decide_as_for_ordinary_tests(
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = pytester.mkdir("state")
+    monkeypatch.setenv("RERUN_STATE", str(state))
+    pytester.makepyfile(test_flaky=RERUN_FLAKY)
+    result = run_pytest("-p", "rerunfailures", "--reruns=2", "--fail-on-flaky", "-v")
+    outcomes = _outcomes(result)
+    assert outcomes["test_dist_flaky"] == ["RERUN", "PASSED"]
+    # The condition got the exception rank 1 raised (evaluated in the rank).
+    assert outcomes["test_dist_condition_reads_the_rank_error"] == ["RERUN", "PASSED"]
+    assert outcomes["test_dist_backoff"] == ["RERUN", "RERUN", "PASSED"]
+    # --fail-on-flaky: a test that passed only on a rerun fails the run, as an ordinary one does.
+    assert result.ret == 7
+    starts = [float(t) for t in (state / "backoff-starts").read_text().split()]
+    first, second = starts[1] - starts[0], starts[2] - starts[1]
+    rerunfailures = pytest.importorskip("pytest_rerunfailures")
+    if hasattr(rerunfailures, "get_reruns_delay_backoff_factor"):
+        assert first >= 0.1 and second >= 0.4 and second - first >= 0.2, (first, second)

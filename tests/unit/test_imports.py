@@ -42,6 +42,7 @@ POOL_CONTROLLER = {
         "debugrelay",
         "ownreports",
         "probes",
+        "reruns",
     )
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).
