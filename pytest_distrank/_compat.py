@@ -376,13 +376,14 @@ def rendezvous_handlers() -> dict[str, Any] | None:
 
 
 def dump_flight_recorder() -> bytes:
-    """The NCCL/gloo flight recorder's pickled dump (``_dump_fr_trace(includeCollectives,
-    includeStackTraces, onlyActive)``), without stack traces (symbolizing them takes seconds:
-    3.5 s for 21 collectives in a rank); callers treat any exception as "no entries", so a
-    change only loses the collective counts and the hang explanations."""
+    """The NCCL/gloo flight recorder's dump as JSON (``_dump_fr_trace_json(includeCollectives,
+    onlyActive)``; read by ``collectives.load``, never unpickled), which has no stack traces
+    (symbolizing them takes seconds: 3.5 s for 21 collectives in a rank); callers treat any
+    exception (a torch without it) as "no entries", so a change only loses the collective counts
+    and the hang explanations."""
     import torch
 
-    raw: bytes = torch._C._distributed_c10d._dump_fr_trace(True, False, False)
+    raw: bytes = torch._C._distributed_c10d._dump_fr_trace_json(True, False)
     return raw
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from . import _compat
-from .collectives import load
+from .collectives import dump, load
 from .reaper import living_children
 
 #: Captured output sections longer than this are cut to their head and tail before sending.
@@ -120,21 +120,27 @@ def sequence_numbers() -> dict[str, int]:
 
 
 def flight_records() -> bytes | None:
-    """This rank's flight-recorder dump (pickled; tens of ms), or None when the recorder is off
+    """This rank's flight records as the JSON both modes send (:func:`collectives.dump`: the
+    fields the plugin reads; tens of ms), or None when the recorder is off
     (``TORCH_FR_BUFFER_SIZE=0``: no records then does not mean no collectives) or fails."""
-    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
-        return None
-    try:
-        return _compat.dump_flight_recorder()
-    except Exception:
-        return None
+    data = _flight_data()
+    return None if data is None else dump(data)
 
 
 def flight_entries() -> list[dict[str, Any]] | None:
     """The flight recorder's entries, oldest first; None when there are none to trust."""
-    raw = flight_records()
-    data = load(raw) if raw is not None else None
-    return None if data is None else list(data.get("entries", []))
+    data = _flight_data()
+    return None if data is None else list(data["entries"])
+
+
+def _flight_data() -> dict[str, Any] | None:
+    if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
+        return None
+    try:
+        raw = _compat.dump_flight_recorder()
+    except Exception:
+        return None
+    return load(raw)
 
 
 def flight_mark() -> int:

@@ -3,7 +3,7 @@
 Imported everywhere: the pytest process of either mode, pool ranks, launched ranks. Standard
 library only: no torch, no pytest, so that a record can be built and read anywhere. Pool mode
 sends them through its pipes (:mod:`pool.protocol` wraps them in its messages); launcher mode
-pickles them into the control store (:mod:`launch.keys`).
+sends them as JSON through the control store (:mod:`launch.keys`).
 
 Reports inside a :class:`Reports` record are the plain dicts produced by pytest's own
 ``pytest_report_to_serializable`` hook, exactly as pytest-xdist ships them, or the compact

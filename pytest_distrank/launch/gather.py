@@ -20,7 +20,6 @@ reported by :func:`endgame.unfinished_report` as stuck (they are left running) o
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import os
 import time
@@ -89,7 +88,7 @@ class Current:
     sequences: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
     #: This rank's wall clock when it began the test (flight-recorder records after it count).
     started_ns: int = dataclasses.field(default_factory=time.time_ns)
-    #: This rank's flight-recorder dump once taken (:func:`own_records`), base64.
+    #: This rank's flight records once taken (:func:`own_records`), JSON text.
     records: str | None = None
 
     @classmethod
@@ -447,22 +446,23 @@ def _conclude(
 
 
 def own_records(cur: Current) -> str:
-    """This rank's flight-recorder dump for ``cur``, base64 for the JSON store ("" when the
+    """This rank's flight records for ``cur``, JSON text (:func:`collectives.dump`; "" when the
     recorder is off); dumped once per test (rank 0's watchdog and gather both ask for it)."""
     if cur.records is None:
         raw = flight_records()
-        cur.records = base64.b64encode(raw).decode("ascii") if raw else ""
+        cur.records = raw.decode("utf-8") if raw else ""
     return cur.records
 
 
 def _story(cur: Current, stacks: dict[int, keys.Stack], test_file: str) -> Story | None:
     """Which collective each stuck rank and rank 0 are in, and who is out of step (the ranks
     that finished sent no records: only the stuck ones and rank 0 are compared)."""
-    dumps = {0: load(base64.b64decode(own_records(cur)))}
+    dumps = {0: load(own_records(cur))}
     since = {0: cur.started_ns}
     where: dict[int, str] = {}
     for rank, stack in stacks.items():
-        dumps[rank] = load(base64.b64decode(str(stack.get("records", ""))))
+        # JSON read off the network (collectives.load checks every field; nothing unpickled).
+        dumps[rank] = load(str(stack.get("records", "")))
         since[rank] = int(stack.get("since_ns", 0))
         if stack.get("dump"):
             where[rank] = where_blocked(str(stack["dump"]), test_file)

@@ -179,7 +179,7 @@ class Stack(Identity):
     when: str
     reports: list[dict[str, Any]]
     warnings: list[Any]
-    #: The flight recorder's dump, base64 (:func:`gather.own_records`; "" when it is off).
+    #: The flight records, JSON text (:func:`gather.own_records`; "" when the recorder is off).
     records: str
     #: This rank's wall clock (ns) when it began the test: its records after it are the test's.
     since_ns: int

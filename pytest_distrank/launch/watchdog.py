@@ -25,7 +25,6 @@ the main thread is running (``current``) and, on rank 0, how to end the run from
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import threading
 import time
@@ -180,7 +179,7 @@ class Watchdog(threading.Thread):
         dump = dump_threads(rs.main_ident)
         with contextlib.suppress(OSError), open_log(rs.log_path, append=True) as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
-        own = explain({0: load(base64.b64decode(own_records(cur)))}, {0: cur.started_ns})
+        own = explain({0: load(own_records(cur))}, {0: cur.started_ns})
         info = Unfinished(
             pos,
             dump,

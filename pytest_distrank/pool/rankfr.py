@@ -3,9 +3,10 @@
 Runs in pool-mode rank processes only (started by :mod:`worker` before anything else starts a
 thread). A rank stuck in a collective is inside C++ with the GIL released, where no Python signal
 handler runs; a thread waiting in ``sigwait`` is woken by the signal itself, takes the GIL the
-main thread does not hold, and writes PyTorch's flight-recorder dump (every collective the rank
-issued: op, group, sequence number, shapes, completion) to a file beside the
-rank's log. The controller reads it to say which collective each rank is in (:mod:`collectives`).
+main thread does not hold, and writes PyTorch's flight-recorder records (every collective the
+rank issued: op, group, sequence number, shapes, completion; JSON, :func:`collectives.dump`) to a
+file beside the rank's log. The controller reads it to say which collective each rank is in
+(:mod:`collectives`).
 
 ``FR_SIGNAL`` is blocked in the rank's threads (a mask the threads and processes it starts
 inherit), so it reaches only the waiting thread. The dump costs nothing until it is asked for.

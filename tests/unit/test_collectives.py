@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from typing import Any
 
+from pytest_distrank import collectives
 from pytest_distrank.collectives import crash_verdict, explain, load
 
 START = 1_000
@@ -112,8 +114,89 @@ def test_point_to_point_ops_are_left_out() -> None:
 def test_no_records_no_story() -> None:
     assert explain({0: None, 1: None}, START) is None
     assert load(b"no records") is None
-    assert load(b"not a pickle") is None
-    assert load(pickle.dumps({"entries": []})) == {"entries": []}
+    assert load(b"not json") is None
+    assert load(b"") is None and load(None) is None and load(b"[1, 2]") is None
+    assert load(b'{"entries": []}') == {"entries": [], "pg_config": {}}
+
+
+#: Set by :func:`_ran` if a payload ever gets unpickled.
+UNPICKLED: list[str] = []
+
+
+def _ran(what: str) -> None:
+    UNPICKLED.append(what)
+
+
+class _Payload:
+    """Runs :func:`_ran` when unpickled, as a planted payload would run anything."""
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _ran, ("payload",)
+
+
+def test_records_are_json_and_a_pickle_is_never_unpickled() -> None:
+    """Flight records travel as JSON in both modes; launcher mode reads them off its control
+    store, which anyone who reaches it can write (hostile review 3, D15)."""
+    planted = pickle.dumps({"entries": [_Payload()]})
+    assert load(planted) is None
+    assert load(planted.decode("latin-1")) is None
+    assert UNPICKLED == []
+    # torch's own JSON dump (torch 2.13, gloo): what load keeps of it.
+    torch_json = {
+        "version": "2.10",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "entries": [
+            {
+                **entry("all_reduce", False),
+                "process_group": ["0", "default_pg"],
+                "record_id": 3,
+                "collective_seq_id": 2,
+                "thread_name": "python",
+                "output_sizes": [[4]],
+            }
+        ],
+    }
+    data = load(json.dumps(torch_json).encode())
+    assert data is not None
+    assert data["pg_config"] == {"0": {"ranks": "[0, 1]"}}
+    (kept,) = data["entries"]
+    assert kept == {
+        "record_id": 3,
+        "collective_seq_id": 2,
+        "process_group": ["0", "default_pg"],
+        "profiling_name": "gloo:all_reduce",
+        "time_created_ns": START + 1,
+        "is_p2p": False,
+        "retired": False,
+        "input_dtypes": ["Float"],
+        "input_sizes": [[4]],
+    }
+    assert (
+        load(collectives.dump(data)) == data == load(collectives.dump(data).decode())
+    )  # one format in both modes
+    story = explain({0: data}, START)
+    assert story is not None and story.lines == {
+        0: "in all_reduce #1 on the default group (float32[4])"
+    }
+
+
+def test_malformed_records_are_dropped_not_raised() -> None:
+    hostile = {
+        "entries": [
+            "not a record",
+            {"process_group": "0", "time_created_ns": "soon", "input_sizes": [["x"], 3]},
+            [1, 2],
+        ],
+        "pg_config": {"1": "not a config", "2": {"ranks": [0, 2]}},
+    }
+    data = load(json.dumps(hostile))
+    assert data is not None
+    assert data["pg_config"] == {"2": {"ranks": "[0, 2]"}}
+    (kept,) = data["entries"]
+    assert kept["process_group"] == ["?"] and kept["time_created_ns"] == 0
+    assert kept["input_sizes"] == [[0]]
+    assert explain({0: data}, 0) is not None  # readable, whatever was sent
+    assert load(b"[" * 100_000) is None  # too deep for the parser: unreadable, not an error
 
 
 def test_a_rank_without_records_gets_no_line() -> None:
