@@ -40,12 +40,13 @@ import pytest
 from .. import _compat, reaper
 from ..context import RANK_CONTEXT, RankContext
 from ..rankside import (
+    Leftovers,
     cap_section,
     collective_counts,
     left_modes,
+    next_node,
     sequence_numbers,
     stray_forks,
-    teardown_unneeded,
 )
 from ..records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ..stacks import interruption_message
@@ -170,6 +171,8 @@ class WorkerPlugin:
         self.cpu = 0.0
         #: Runs the tests of PyTorch's own harness classes (:mod:`suiterank`).
         self.suites = SuiteRunner()
+        #: Reports what earlier tests left set up and failed to tear down (rankside.py).
+        self.leftovers = Leftovers()
         #: The controller's terminal, for debuggers opened in this rank (rankpdb.py).
         self.relay = Relay(conn, cfg.rank, cfg.world_size)
         self.debug = cfg.debug or DebugSettings()
@@ -202,6 +205,7 @@ class WorkerPlugin:
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
+        config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
         local = local_mode_plugin(self.cfg.simulated)
         if local is not None:  # every test of a local-mode pool runs under LocalTensorMode
             config.pluginmanager.register(local, "distrank-local-mode")
@@ -405,11 +409,11 @@ class WorkerPlugin:
     def _run(self, items: dict[str, pytest.Item], message: RunTest) -> None:
         assert self.ctx is not None
         item = items[message.nodeid]
-        nextitem = items.get(message.next_nodeid) if message.next_nodeid else None
+        nextitem = next_node(item, items, message.next_nodeid)
         self.ctx.test = message
         started = time.monotonic()
         self._phase(Phase.RECEIVED, message.index)
-        teardown_unneeded(item)
+        self.leftovers.before(item, message.next_nodeid)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             master_store(self.ctx, f"test{message.index}/")
