@@ -12,7 +12,8 @@ The processes of pool mode and the modules that run in each:
   loop), ``rankgroup`` (the rank's store and process group), ``ranklogs`` (log capture),
   ``suiterank`` (tests of PyTorch's own harness classes), ``rankfr`` (flight-recorder dumps on
   request).
-- **Both**: ``protocol``, the typed messages between them (standard library only).
+- **Both**: ``protocol``, the typed messages between them (standard library only), and
+  ``workerinput`` (plugins' configure-time values, as pytest-xdist hands them to its workers).
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports launcher mode
 (:mod:`pytest_distrank.launch`); the rank-side modules import none of the controller-side ones;

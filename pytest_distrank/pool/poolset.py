@@ -38,6 +38,7 @@ from .poolkey import PoolKey
 from .preloads import PRELOAD, plugin_modules
 from .protocol import DebugSettings, RankConfig
 from .rankargs import coverage_settings, rank_pytest_args
+from .workerinput import RankInputs
 
 #: How long ranks get to tear down and exit at the end of the session.
 STOP_TIMEOUT = 10.0
@@ -175,6 +176,8 @@ class PoolSet:
         #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
         self.notes: list[str] = []
         self._crowded: set[int] = set()
+        #: Each rank's config.workerinput: plugins' values, as xdist hands them over.
+        self.inputs = RankInputs(config, self.notes)
 
     @property
     def workdir(self) -> Path:
@@ -280,6 +283,7 @@ class PoolSet:
                 cuda_device=key.cuda_device(rank),
                 gpu_share=key.gpu_share,
                 cuda_growth=self.settings.cuda_growth.value,
+                workerinput=self.inputs.for_rank(pool_id, rank),
             )
             for rank in range(key.world_size)
         ]

@@ -83,6 +83,9 @@ class RankConfig:
     gpu_share: str = ""
     #: Bytes of CUDA memory above its steady state that make the rank's pool unfit (0: never).
     cuda_growth: int = 0
+    #: The rank's ``config.workerinput``, pytest-xdist's channel for plugins' values (JSON data;
+    #: workerinput.py).
+    workerinput: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

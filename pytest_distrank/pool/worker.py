@@ -4,8 +4,9 @@ Runs in each rank process (started by the fork server, or spawned). Imports none
 controller side: only :mod:`protocol`, the rank context (:mod:`context`), the rank-side modules
 :mod:`rankproc` (its parent and environment), :mod:`rankgroup` (its store and group),
 :mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each test), :mod:`rankside`
-(checks around a test), :mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, and the stdlib-only
-:mod:`reaper` and :mod:`stacks`. A rank process:
+(checks around a test), :mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, :mod:`workerinput`
+(plugins' values, as xdist hands them over), and the stdlib-only :mod:`reaper` and :mod:`stacks`.
+A rank process:
 
 1. detaches from the fork server (so it dies with the controller: the fork server's alive pipe would
    keep it up), moves into its own process group (Ctrl-C is the controller's to handle), sends its
@@ -70,6 +71,7 @@ from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import detach_from_controller_tree, rank_env
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
+from .workerinput import WorkerInput, xdist_environ
 
 #: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
@@ -96,21 +98,23 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.close(null)
         os.environ.clear()
         os.environ.update(rank_env(cfg))
+        os.environ.update(xdist_environ(cfg.workerinput))  # as in an xdist worker (workerinput.py)
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)
             _compat.share_rewritten_modules(cfg.rewritten)
         start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
         plugin.coverage = _start_coverage(cfg.coverage)
+        plugins = [plugin, WorkerInput(cfg.workerinput)]
         profile_dir = os.environ.get(PROFILE_ENV)
         if profile_dir:  # a developer's tool: where does a rank's time go?
             import cProfile
 
             profiler = cProfile.Profile()
-            exit_code = profiler.runcall(pytest.main, list(cfg.pytest_args), plugins=[plugin])
+            exit_code = profiler.runcall(pytest.main, list(cfg.pytest_args), plugins=plugins)
             profiler.dump_stats(os.path.join(profile_dir, f"pool{cfg.pool_id}-rank{cfg.rank}.prof"))
         else:
-            exit_code = pytest.main(list(cfg.pytest_args), plugins=[plugin])
+            exit_code = pytest.main(list(cfg.pytest_args), plugins=plugins)
         if not plugin.served:
             conn.send(Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from ..helpers import RunPytest
@@ -25,12 +30,96 @@ def test_plain():
 """
 
 
-def test_xdist_gives_the_same_outcomes(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(test_mixed=MIXED)
-    run_pytest().assert_outcomes(passed=7, failed=1)
-    result = run_pytest("-n", "2")
-    result.assert_outcomes(passed=7, failed=1)
+# A plugin that settles values at configure time and hands them to pytest-xdist's workers the way
+# pytest-randomly hands over its seed: a node hook registered only under xdist, read back from
+# config.workerinput. The seed can be given again (--settled-seed); the token never can.
+SETTLED = """
+import random, uuid
+
+import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption("--settled-seed", type=int, default=None)
+
+
+class NodeHook:
+    def pytest_configure_node(self, node):
+        node.workerinput["settled"] = node.config.settled
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(NodeHook())
+    if hasattr(config, "workerinput"):
+        config.settled = config.workerinput["settled"]
+    else:
+        seed = config.getoption("settled_seed")
+        seed = random.getrandbits(32) if seed is None else seed
+        config.settled = {"seed": seed, "token": uuid.uuid4().hex}
+
+
+def pytest_report_header(config):
+    return "settled: seed={seed} token={token}".format(**config.settled)
+"""
+SEEN = """
+import json, os, pathlib
+
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_ranks_see_the_settled_values(rank, request, worker_id, testrun_uid):
+    seen = dict(request.config.settled, worker_id=worker_id, testrun_uid=testrun_uid)
+    seen["env"] = os.environ.get("PYTEST_XDIST_WORKER")
+    pathlib.Path(f"seen-rank{rank}.json").write_text(json.dumps(seen))
+"""
+
+
+def _settled(result: pytest.RunResult) -> dict[str, object]:
+    """The controller's settled values, from its header line."""
+    line = next(line for line in result.stdout.lines if line.startswith("settled: "))
+    seed, token = (part.split("=", 1)[1] for part in line.split()[1:])
+    return {"seed": int(seed), "token": token}
+
+
+def _seen(folder: Path) -> list[dict[str, Any]]:
+    """What each rank saw (its file), rank 0 first; the files go."""
+    seen = []
+    for rank in (0, 1):
+        path = folder / f"seen-rank{rank}.json"
+        seen.append(json.loads(path.read_text()))
+        path.unlink()
+    return seen
+
+
+def test_xdist_same_outcomes_and_plugin_values_in_ranks(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """Ranks read what plugins settled in the controller (hostile-3 D9) as xdist workers do:
+    config.workerinput, filled by each plugin's pytest_configure_node; the printed seed
+    reproduces; xdist's worker_id and testrun_uid fixtures work in ranks."""
+    pytester.makepyfile(test_mixed=MIXED, test_seen=SEEN)
+    pytester.makeconftest(SETTLED)
+    result = run_pytest()
+    result.assert_outcomes(passed=8, failed=1)
+    settled = _settled(result)
+    ranks = _seen(pytester.path)
+    assert [{"seed": r["seed"], "token": r["token"]} for r in ranks] == [settled, settled]
+    assert ranks[0]["testrun_uid"] == ranks[1]["testrun_uid"]
+    for rank, seen in enumerate(ranks):
+        assert re.fullmatch(rf"distrank-pool\d+-rank{rank}", seen["worker_id"]), seen
+        assert seen["env"] == seen["worker_id"]
+    # Under xdist (each worker a controller of its own pools), with the printed seed given again.
+    result = run_pytest("-n", "2", f"--settled-seed={settled['seed']}")
+    result.assert_outcomes(passed=8, failed=1)
     result.stdout.fnmatch_lines(["*[[]rank 1/2[]] assert 1 == 0*"])
+    again = _settled(result)
+    assert again["seed"] == settled["seed"] and again["token"] != settled["token"]
+    ranks = _seen(pytester.path)
+    assert [{"seed": r["seed"], "token": r["token"]} for r in ranks] == [again, again]
+    for rank, seen in enumerate(ranks):
+        assert re.fullmatch(rf"gw[01]-pool\d+-rank{rank}", seen["worker_id"]), seen
 
 
 def test_collect_only_starts_no_process(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
@@ -279,3 +368,4 @@ def test_rerun_fail_on_flaky_conditions_and_backoff_decide_as_for_ordinary_tests
     rerunfailures = pytest.importorskip("pytest_rerunfailures")
     if hasattr(rerunfailures, "get_reruns_delay_backoff_factor"):
         assert first >= 0.1 and second >= 0.4 and second - first >= 0.2, (first, second)
+

@@ -59,8 +59,8 @@ POOL_RANK = {
     "pool.simulate",
     "pool.rankreruns",
 }
-#: Pool mode, both sides.
-POOL_BOTH = {"pool.protocol"}
+#: Pool mode, both sides (imported by each, importing neither).
+POOL_BOTH = {"pool.protocol", "pool.workerinput"}
 POOL = modules_in(PACKAGE / "pool", "pool.")
 #: Launcher mode.
 LAUNCH = modules_in(PACKAGE / "launch", "launch.")
