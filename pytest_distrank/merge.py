@@ -6,11 +6,13 @@ objects; imports no torch.
 
 Policy (outcome precedence over ranks): any rank failed, crashed or hung -> failed; otherwise any
 rank skipped -> skipped (the reason says which ranks); otherwise any rank xfailed -> xfailed;
-otherwise passed (xpassed when the test was expected to fail). The failure report starts with a
-per-rank table naming the root-cause rank (the first to fail) and the collateral ones, then shows
-the root cause's traceback; other failing ranks' tracebacks follow as sections. Captured output of
-every rank becomes a section titled like pytest's own plus the rank, and each such section starts
-with a line naming the rank (junitxml joins section contents without their titles).
+otherwise passed (xpassed when the test was expected to fail). Ranks killed while they waited for
+ranks that skipped in setup, the first to end the test, did not fail (:func:`waited_for_a_skip`).
+The failure report starts with a per-rank table naming the root-cause rank (the first to fail)
+and the collateral ones, then shows the root cause's traceback; other failing ranks' tracebacks
+follow as sections. Captured output of every rank becomes a section titled like pytest's own plus
+the rank, and each such section starts with a line naming the rank (junitxml joins section
+contents without their titles).
 """
 
 from __future__ import annotations
@@ -284,7 +286,9 @@ def _ranks(ranks: Sequence[int]) -> str:
     return f"{word} {', '.join(str(r) for r in ranks)}"
 
 
-def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
+def _skip(
+    phase: Sequence[tuple[int, TestReport]], world_size: int, waited: Sequence[int] = ()
+) -> TestReport:
     skipped = [(rank, r) for rank, r in phase if r.skipped]
     template = skipped[0][1]
     by_reason: dict[str, list[int]] = {}
@@ -295,7 +299,7 @@ def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepor
     else:
         skipped_ranks = [rank for rank, _ in skipped]
         others = [rank for rank in range(world_size) if rank not in skipped_ranks]
-        ran = f" ({_ranks(others)} did not)" if others else ""
+        ran = _did_not(others, waited, len(skipped_ranks)) if others else ""
         if len(by_reason) == 1:
             reason = f"skipped on {_ranks(skipped_ranks)} of {world_size}{ran}: {_short(template)}"
         else:
@@ -305,6 +309,17 @@ def _skip(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepor
     if isinstance(longrepr, tuple):
         longrepr = (longrepr[0], longrepr[1], f"Skipped: {reason}")
     return _base(template, phase, world_size, "skipped", longrepr)
+
+
+def _did_not(others: Sequence[int], waited: Sequence[int], skipped: int) -> str:
+    """`` (rank 0 did not)``, and which of those ranks were stopped waiting for the skipped."""
+    if not waited:
+        return f" ({_ranks(others)} did not)"
+    was = "was" if len(waited) == 1 else "were"
+    stopped = f"{was} stopped while waiting for {'it' if skipped == 1 else 'them'}"
+    if list(waited) == list(others):
+        return f" ({_ranks(others)} did not, and {stopped})"
+    return f" ({_ranks(others)} did not; {_ranks(waited)} {stopped})"
 
 
 def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
@@ -318,13 +333,17 @@ def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepo
 
 
 def merge_phase(
-    phase: Sequence[tuple[int, TestReport]], world_size: int, stories: Mapping[int, str]
+    phase: Sequence[tuple[int, TestReport]],
+    world_size: int,
+    stories: Mapping[int, str],
+    waited: Sequence[int] = (),
 ) -> TestReport:
-    """Merge the reports of one phase (each ``(rank, report)``) into one report."""
+    """Merge the reports of one phase (each ``(rank, report)``) into one report; ``waited``: the
+    ranks stopped while they waited for ranks that skipped (:func:`waited_for_a_skip`)."""
     if any(r.failed for _, r in phase):
         return _failure(phase, world_size, stories)
     if any(r.skipped and not hasattr(r, "wasxfail") for _, r in phase):
-        return _skip(phase, world_size)
+        return _skip(phase, world_size, waited)
     if any(r.skipped for _, r in phase):
         return _xfail(phase, world_size)
     template = phase[0][1]
@@ -361,13 +380,41 @@ def _merge_subtest(
     return merged
 
 
+def _collateral(report: TestReport) -> bool:
+    return bool(getattr(report, COLLATERAL_ATTR, False))
+
+
+def waited_for_a_skip(per_rank: Mapping[int, Sequence[TestReport]]) -> list[int]:
+    """The ranks killed while they waited for peers that skipped the test in setup; [] unless
+    the first rank to end the test did so with a skip in its setup and no rank failed on its own.
+
+    Ranks can decide a skip each for itself: a ``skipif`` on per-rank state, or a plugin that
+    decides from the outcomes this rank process saw (pytest-dependency, a conftest that skips
+    after a failure). The ranks that did not skip run the test alone and wait for the others in
+    its first collective until the failure grace ends. That wait is the skip's doing, not a
+    failure: the test is skipped, with the skip's reason. A rank that failed on its own (a failed
+    report, a crash, a failed subtest, even after the skip) still fails the test.
+    """
+    own = [r for reports in per_rank.values() for r in reports if not _collateral(r)]
+    if any(r.failed for r in own):
+        return []
+    skips = [r for r in own if r.skipped and not hasattr(r, "wasxfail") and not _subtest_key(r)]
+    if not skips or min(skips, key=lambda r: r.stop or 0.0).when != "setup":
+        return []
+    return sorted(rank for rank, reports in per_rank.items() if any(map(_collateral, reports)))
+
+
 def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) -> list[TestReport]:
     """All phase reports of every rank -> the phase reports pytest sees, counted once.
 
     A rank whose setup failed or skipped has no call report; when another rank's call failed
-    (typically a peer left waiting in a collective), the failure wins and setup is shown as passed.
+    (typically a peer left waiting in a collective), the failure wins and setup is shown as passed
+    (unless the peer was killed waiting for ranks that skipped: :func:`waited_for_a_skip`).
     """
     stories = {rank: rank_story(reports) for rank, reports in per_rank.items()}
+    waited = waited_for_a_skip(per_rank)
+    if waited:  # their kill reports go: the test is skipped
+        per_rank = {rank: [r for r in rs if not _collateral(r)] for rank, rs in per_rank.items()}
     by_when: dict[str, list[tuple[int, TestReport]]] = {w: [] for w in WHENS}
     subtests: dict[tuple[str, str], list[tuple[int, TestReport]]] = {}
     for rank in sorted(per_rank):
@@ -389,7 +436,7 @@ def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) ->
             ran = [(rank, r) for rank, r in setup if r.passed] or setup[:1]
             out.append(merge_phase(ran, world_size, stories))
         else:
-            out.append(merge_phase(setup, world_size, stories))
+            out.append(merge_phase(setup, world_size, stories, waited))
         out.extend(out_subtests)
         if out[0].passed and call:
             out.append(merge_phase(call, world_size, stories))

@@ -203,3 +203,59 @@ def test_merge_warnings_once_per_distinct_warning_with_its_ranks() -> None:
     b = ("builtins", "DeprecationWarning", "b", "t.py", 4)
     merged = merge_warnings({0: (a, b), 1: (a,), 2: (a, a)}, 3)
     assert merged == [(a, "ranks 0, 1, 2 of 3"), (b, "rank 0/3")]
+
+
+def _killed_waiting(when: str = "call", stop: float = 3.0) -> TestReport:
+    return synthesized_failure(
+        "test_x.py::test_x",
+        LOCATION,
+        when,
+        "killed in call: rank 1 skipped first",
+        "tb",
+        note="killed in call 2.0 s after rank 1 skipped; in all_reduce #1",
+        collateral=True,
+        stop=stop,
+    )
+
+
+def test_ranks_killed_waiting_for_a_setup_skip_leave_the_test_skipped() -> None:
+    """D11: a plugin deciding per rank (pytest-dependency) skips on rank 1 in setup; rank 0 waits
+    for it in a collective and is killed after the grace: skipped with the skip's reason."""
+    skipped = [report("setup", "skipped", reason="depends on test_a", stop=1.0)]
+    skipped.append(report("teardown", "passed", stop=1.1))
+    waiting = [report("setup", "passed", stop=0.9), _killed_waiting()]
+    merged = merge_test({0: waiting, 1: skipped}, 2)
+    assert outcomes(merged) == [("setup", "skipped"), ("teardown", "passed")]
+    reason = merged[0].longrepr[2]  # type: ignore[index]
+    assert reason == (
+        "Skipped: skipped on rank 1 of 2 (rank 0 did not, and was stopped while waiting for it): "
+        "depends on test_a"
+    )
+    assert "collateral" not in reason and "killed" not in reason
+    # Killed in its own setup (waiting in a fixture's collective): the same.
+    merged = merge_test({0: [_killed_waiting("setup")], 1: skipped, 2: passed()}, 3)
+    reason = merged[0].longrepr[2]  # type: ignore[index]
+    assert merged[0].skipped and "(ranks 0, 2 did not; rank 0 was stopped while" in reason
+
+
+def test_a_rank_failing_on_its_own_after_a_setup_skip_still_fails_the_test() -> None:
+    skipped = [report("setup", "skipped", stop=1.0), report("teardown", "passed", stop=1.1)]
+    failed = [report("setup", "passed"), report("call", "failed", stop=2.0)]
+    merged = merge_test(
+        {0: failed, 1: skipped, 2: [report("setup", "passed"), _killed_waiting()]}, 3
+    )
+    assert outcomes(merged)[1] == ("call", "failed")
+    # A crash is a failure of its own too (a synthesized report that is not collateral).
+    crash = synthesized_failure("n", LOCATION, "call", "crashed", "tb", note="crashed", stop=2.0)
+    merged = merge_test({0: [report("setup", "passed"), crash], 1: skipped}, 2)
+    assert outcomes(merged)[1] == ("call", "failed")
+
+
+def test_ranks_killed_after_a_skip_in_call_still_fail_the_test() -> None:
+    """Only a skip in setup, the first end of the test, excuses the ranks that waited."""
+    in_call = [report("setup", "passed"), report("call", "skipped", stop=1.0)]
+    merged = merge_test({0: [report("setup", "passed"), _killed_waiting()], 1: in_call}, 2)
+    assert outcomes(merged)[1] == ("call", "failed")
+    setup_skip = [report("setup", "skipped", stop=2.0)]
+    merged = merge_test({0: in_call, 1: setup_skip, 2: [_killed_waiting()]}, 3)
+    assert any(r.failed for r in merged)
