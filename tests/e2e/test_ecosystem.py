@@ -369,3 +369,111 @@ def test_rerun_fail_on_flaky_conditions_and_backoff_decide_as_for_ordinary_tests
     if hasattr(rerunfailures, "get_reruns_delay_backoff_factor"):
         assert first >= 0.1 and second >= 0.4 and second - first >= 0.2, (first, second)
 
+
+# Tests run in an order other than collection, as a pytest-xdist worker runs them under --dist load
+# (hostile-3 D4: gw1 ran test_a[3, 4, 5, 9, 10], then test_b[1]); a rank is told the test that
+# follows in its pool's collection order. Ranks also track outcomes each for itself, as
+# pytest-dependency does (D11).
+WORKER_ORDER = """
+import os
+
+import pytest
+
+ORDER = ["a0", "a1", "b0", "a2", "a3", "b1"]
+FAILED = set()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    if "DISTRANK_RANK" in os.environ:
+        return None  # a rank serves the controller's tests
+    by_name = {f"{item.path.stem[-1]}{item.callspec.params['i']}": item
+               for item in session.items if item.name.startswith("test_k")}
+    items = [by_name[name] for name in ORDER]
+    items += [item for item in session.items if item not in items]
+    for i, item in enumerate(items):
+        nextitem = items[i + 1] if i + 1 < len(items) else None
+        item.config.hook.pytest_runtest_protocol(item=item, nextitem=nextitem)
+    return True
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "after(name): skip if the test name failed here")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        FAILED.add(item.name)
+    return report
+
+
+def pytest_runtest_setup(item):
+    for mark in item.iter_markers("after"):
+        if mark.args[0] in FAILED:
+            pytest.skip(f"{mark.args[0]} failed")
+"""
+MODULE_CONN = """
+import pytest
+
+
+@pytest.fixture(scope="module")
+def conn(rank):
+    yield "conn"
+    if __name__ == "test_a":
+        raise RuntimeError("closing module a's connection failed")
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("i", range(2 if __name__ == "test_b" else 4))
+def test_k(rank, conn, i):
+    pass
+"""
+DEPENDENT = """
+import pytest, torch, torch.distributed as dist
+
+
+@pytest.mark.world_size(2)
+def test_load(rank):
+    assert rank == 0, "the checkpoint shard of rank 1 is corrupt"
+
+
+@pytest.mark.after("test_load")
+@pytest.mark.world_size(2)
+def test_fails_alone(rank):
+    assert False, "rank 0 fails on its own"
+
+
+@pytest.mark.after("test_load")
+@pytest.mark.world_size(2)
+def test_train(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+"""
+
+
+def test_teardown_errors_of_earlier_tests_and_skips_decided_per_rank(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """D4: module a is left for a module-b test and come back to, twice: two teardown errors, as
+    plain pytest reports for this order, none only in a rank's log. D11: rank 1 skips test_train
+    in setup (test_load failed there) while rank 0 waits for it in all_reduce: skipped, with the
+    skip's reason; a rank that fails on its own after such a skip still fails the test."""
+    pytester.makeconftest(WORKER_ORDER)
+    pytester.makepyfile(test_a=MODULE_CONN, test_b=MODULE_CONN, test_dependency=DEPENDENT)
+    result = run_pytest("-rEfs", "--distrank-failure-grace=1")
+    result.assert_outcomes(passed=6, errors=2, failed=2, skipped=1)
+    errors = [line for line in result.stdout.lines if line.startswith("ERROR test_")]
+    assert len(errors) == 2, errors
+    assert result.stdout.str().count("E           RuntimeError: closing module a's connection") >= 2
+    result.stdout.fnmatch_lines(
+        [
+            "FAILED test_dependency.py::test_load - [[]rank 1/2[]] AssertionError: the checkpoint*",
+            "FAILED test_dependency.py::test_fails_alone - [[]rank 0/2[]] AssertionError: rank 0 *",
+            "SKIPPED [[]1[]] *: skipped on rank 1 of 2 (rank 0 did not, and was stopped while "
+            "waiting for it): test_load failed",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*no rank failed on its own*")
