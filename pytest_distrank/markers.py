@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import unittest
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
@@ -35,13 +36,16 @@ MARKERS = (
     "of each of `sizes` ranks, in one process, with ids ws<N>-<mode>; mode 'fake' (PyTorch's "
     "fake process group: collectives return at once and move no data; `ranks`: the simulated "
     "rank(s) the process plays, one test each; device='meta': the `device` fixture is meta) or "
-    "'local' (LocalTensorMode: every rank's tensors in the one process, collectives computed "
-    "exactly; `rank` is a symbolic int of every rank).",
+    "'local' (LocalTensorMode: every rank's tensors in the one process, collectives on the "
+    "world and on DeviceMesh dimensions computed exactly, on other groups refused; `rank` is a "
+    "symbolic int of every rank).",
 )
 #: Modes of ``@pytest.mark.simulate``.
 SIMULATION_MODES = ("fake", "local")
 #: The devices a fake-mode test may ask for (``device=``): meta allocates no memory.
 SIMULATION_DEVICES = ("cpu", "meta")
+#: The largest simulated world: PyTorch's fake process group takes its size and rank as a C int.
+MAX_SIMULATED_SIZE = 2**31 - 1
 
 #: The ini key listing tests that need fresh rank processes (node-id patterns, fnmatch style).
 ISOLATE_INI = "distrank_isolate_tests"
@@ -153,7 +157,7 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
                 f"{', '.join(repr(m) for m in SIMULATION_MODES)}; write e.g. "
                 "@pytest.mark.simulate('fake', 1024)."
             )
-        mode, sizes = marker.args[0], tuple(_size(a, marker) for a in marker.args[1:])
+        mode, sizes = marker.args[0], tuple(_simulated_size(a, marker) for a in marker.args[1:])
         if not sizes:
             raise MarkerError(f"{_format_marker(marker)}: give the simulated world size(s).")
         device = _simulated_device(marker, mode)
@@ -163,8 +167,7 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
                 "fixture is a symbolic int of all of them); ranks= picks the rank of a 'fake' "
                 "world."
             )
-        raw = marker.kwargs.get("ranks", (0,))
-        ranks = (raw,) if isinstance(raw, int) and not isinstance(raw, bool) else tuple(raw)
+        ranks = _simulated_ranks(marker)
         for size in sizes:
             for rank in ranks:
                 if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < size:
@@ -176,6 +179,35 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
     if len(set(out)) != len(out):
         raise MarkerError("@pytest.mark.simulate: the same simulated world is asked for twice.")
     return tuple(out)
+
+
+def _simulated_size(value: Any, marker: pytest.Mark) -> int:
+    size = _size(value, marker)
+    if size > MAX_SIMULATED_SIZE:
+        raise MarkerError(
+            f"{_format_marker(marker)}: world size {size} is more than PyTorch's fake process "
+            f"group takes: its size is a C int, at most {MAX_SIMULATED_SIZE}."
+        )
+    return size
+
+
+def _simulated_ranks(marker: pytest.Mark) -> tuple[Any, ...]:
+    """The ranks a fake world's process plays (``ranks=``): one int or a non-empty sequence."""
+    raw = marker.kwargs.get("ranks", (0,))
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return (raw,)
+    if isinstance(raw, str | bytes) or not isinstance(raw, Iterable):
+        raise MarkerError(
+            f"{_format_marker(marker)}: ranks={raw!r} is not a rank or a tuple of ranks; write "
+            "e.g. ranks=(0, 7)."
+        )
+    ranks = tuple(raw)
+    if not ranks:
+        raise MarkerError(
+            f"{_format_marker(marker)}: ranks={raw!r} names no rank, so no simulated world "
+            "would run; give the rank(s) to play, e.g. ranks=(0,), or leave ranks= out (rank 0)."
+        )
+    return ranks
 
 
 def _simulated_device(marker: pytest.Mark, mode: str) -> str:
@@ -225,6 +257,27 @@ def gpu_memory(item: pytest.Item) -> int:
 SPEC_ERROR = pytest.StashKey[str]()
 
 
+def world_size_marker(item: pytest.Item) -> pytest.Mark | None:
+    """The ``world_size`` marker that applies to an item, the closest one as pytest finds it.
+
+    A class's or module's marker gives way to a closer one (documented), but two on the test
+    itself (stacked decorators, or a ``pytest.param(..., marks=...)`` under the function's own)
+    are a :class:`MarkerError`: pytest would keep one and drop the other without a word.
+    """
+    params = list(getattr(getattr(item, "callspec", None), "marks", []))
+    own = [m for m in getattr(item, "own_markers", []) if m.name == "world_size"]
+    if len(own) > 1:
+        named = [
+            _format_marker(m) + (" (from its pytest.param)" if m in params else "") for m in own
+        ]
+        raise MarkerError(
+            f"{len(own)} world_size markers on the test itself: {' and '.join(named)}; pytest "
+            "would run it at the size of one and ignore the rest without a word. Keep one "
+            "marker (world_size(2, 4) runs the test at both sizes)."
+        )
+    return item.get_closest_marker("world_size")
+
+
 def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistSpec | None:
     """The distributed spec of an item, or None for an ordinary test.
 
@@ -233,10 +286,17 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
     error = item.stash.get(SPEC_ERROR, None)
     if error is not None:
         raise MarkerError(error)
-    marker = item.get_closest_marker("world_size")
+    marker = world_size_marker(item)
     simulated = simulations(item)
     if marker is None and not simulated:
         return None
+    if simulated and marker is not None and marker.kwargs.get("init_process_group") is False:
+        raise MarkerError(
+            f"@pytest.mark.simulate beside {_format_marker(marker)}: a simulated world runs on "
+            "PyTorch's fake process group, which the plugin initialises before the test, so a "
+            "test that initialises its own group cannot run in one. Drop simulate from this "
+            "test, or drop init_process_group=False and use the group the plugin makes."
+        )
     cls = getattr(item, "cls", None)
     if simulated and isinstance(cls, type) and issubclass(cls, unittest.TestCase):
         raise MarkerError(

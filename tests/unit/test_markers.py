@@ -6,7 +6,14 @@ import re
 
 import pytest
 
-from pytest_distrank.markers import MarkerError, gpu_memory, simulations, world_sizes
+from pytest_distrank.markers import (
+    MarkerError,
+    gpu_memory,
+    simulations,
+    spec_of,
+    world_size_marker,
+    world_sizes,
+)
 
 
 def mark(*args: object, **kwargs: object) -> pytest.Mark:
@@ -31,10 +38,19 @@ def test_unknown_keyword() -> None:
 
 
 class _Item:
-    """What simulations() reads of an item: its simulate markers."""
+    """What simulations() and spec_of() read of an item: its markers (all its own here), its
+    stash, and the marks of its ``pytest.param`` (``param_marks``)."""
 
-    def __init__(self, *marks: pytest.MarkDecorator) -> None:
-        self.marks = [m.mark for m in marks]
+    def __init__(
+        self, *marks: pytest.MarkDecorator, param_marks: tuple[pytest.MarkDecorator, ...] = ()
+    ) -> None:
+        self.marks = [m.mark for m in (*marks, *param_marks)]
+        self.own_markers = self.marks
+        self.stash = pytest.Stash()
+        self.name = "test_x"
+        if param_marks:
+            params = [m.mark for m in param_marks]
+            self.callspec = type("CallSpec", (), {"marks": params, "params": {}})()
 
     def iter_markers(self, name: str) -> list[pytest.Mark]:
         return [m for m in self.marks if m.name == name]
@@ -74,6 +90,16 @@ def test_local_and_meta_worlds() -> None:
         (pytest.mark.simulate("fake", 8, ranks=(8,)), "rank 8 is not a rank of a world of size 8"),
         (pytest.mark.simulate("fake", 8, ranks=(True,)), "rank True is not a rank"),
         (pytest.mark.simulate("fake", 8, mode="x"), "unknown keyword 'mode'"),
+        # D3: an empty ranks= made no simulated world, and the test an ordinary one.
+        (pytest.mark.simulate("fake", 1024, ranks=()), "ranks=() names no rank"),
+        (pytest.mark.simulate("fake", 1024, ranks=[]), "ranks=[] names no rank"),
+        (pytest.mark.simulate("fake", 8, ranks=1.5), "ranks=1.5 is not a rank or a tuple"),
+        # D17: a size the fake process group cannot take failed the pool's start, unexplained.
+        (
+            pytest.mark.simulate("fake", 2**40),
+            f"world size {2**40} is more than PyTorch's fake process group takes: its size is "
+            f"a C int, at most {2**31 - 1}.",
+        ),
     ],
 )
 def test_bad_simulate_markers_say_what_is_wrong(marker: pytest.MarkDecorator, message: str) -> None:
@@ -85,6 +111,56 @@ def test_the_same_simulated_world_twice_is_an_error() -> None:
     twice = _Item(pytest.mark.simulate("fake", 8), pytest.mark.simulate("fake", 8))
     with pytest.raises(MarkerError, match="asked for twice"):
         simulations(twice)  # type: ignore[arg-type]
+
+
+def test_the_largest_simulated_world_a_fake_group_takes_is_accepted() -> None:
+    (world,) = simulations(_Item(pytest.mark.simulate("fake", 2**31 - 1)))  # type: ignore[arg-type]
+    assert world.id == f"ws{2**31 - 1}-fake"
+
+
+def test_simulate_beside_init_process_group_false_names_both_markers() -> None:
+    """D13: the fake world's default group met the test's own init_process_group."""
+    item = _Item(
+        pytest.mark.world_size(2, init_process_group=False), pytest.mark.simulate("fake", 8)
+    )
+    with pytest.raises(MarkerError) as raised:
+        spec_of(item, 2, "gloo")  # type: ignore[arg-type]
+    assert str(raised.value).startswith(
+        "@pytest.mark.simulate beside @pytest.mark.world_size(2, init_process_group=False): a "
+        "simulated world runs on PyTorch's fake process group"
+    )
+
+
+@pytest.mark.parametrize(
+    ("item", "named"),
+    [
+        (
+            _Item(pytest.mark.world_size(2), pytest.mark.world_size(4)),
+            "@pytest.mark.world_size(2) and @pytest.mark.world_size(4);",
+        ),
+        (
+            _Item(pytest.mark.world_size(2), param_marks=(pytest.mark.world_size(4),)),
+            "@pytest.mark.world_size(2) and @pytest.mark.world_size(4) (from its pytest.param);",
+        ),
+    ],
+    ids=["stacked", "param-under-function"],
+)
+def test_two_world_size_markers_on_one_test_are_an_error(item: _Item, named: str) -> None:
+    """D17: pytest's closest-marker rule took one of them without a word."""
+    with pytest.raises(MarkerError) as raised:
+        spec_of(item, 2, "gloo")  # type: ignore[arg-type]
+    assert str(raised.value) == (
+        f"2 world_size markers on the test itself: {named} pytest would run it at the size of "
+        "one and ignore the rest without a word. Keep one marker (world_size(2, 4) runs the "
+        "test at both sizes)."
+    )
+
+
+def test_a_closer_world_size_marker_still_overrides_a_class_or_module_one() -> None:
+    item = _Item(pytest.mark.world_size(4))
+    item.marks.append(pytest.mark.world_size(2).mark)  # the class's: not one of its own
+    item.own_markers = item.marks[:1]
+    assert world_size_marker(item) == pytest.mark.world_size(4).mark  # type: ignore[arg-type]
 
 
 def test_gpu_memory_declarations() -> None:
