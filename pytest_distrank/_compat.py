@@ -461,6 +461,105 @@ def local_tensor_mode(size: int) -> Iterator[None]:
         _random._rng_tracker = None
 
 
+#: Weak references to every DeviceMesh made since :func:`watch_local_collectives`.
+_LOCAL_MESHES: list[Any] = []
+#: torch's internal names of LocalTensor's collectives, where they differ from the public ones.
+_LOCAL_OP_NAMES = {
+    "allreduce_coalesced": "all_reduce_coalesced",
+    "allgather_base": "all_gather_into_tensor",
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "reduce_scatter_base": "reduce_scatter_tensor",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+}
+
+
+def watch_local_collectives(
+    check: Callable[[str, Any], None], not_member: Callable[[str], None]
+) -> None:
+    """For the rest of this process (a local pool's rank): ``check(op, group)`` runs before
+    LocalTensorMode computes a collective on ``group``, and may raise; ``not_member(op)`` runs
+    where torch skips a collective because the process's rank is not in its group, and may raise.
+
+    LocalTensor computes every collective it implements after resolving its group in
+    ``torch.distributed._local_tensor._c10d._prepare_collective_groups`` (private), which this
+    wraps (``op`` is the caller's name there, in public words); torch warns of a skipped one in
+    ``distributed_c10d._warn_not_in_group`` (private), also wrapped, and the exception logger
+    around torch's collectives would replace a refusal there by its own ``ValueError: Invalid
+    process group specified`` (``c10d_logger._get_msg_dict`` fails on a group the rank is not
+    in): that one falls back to the op's name. Every DeviceMesh made from now on is remembered
+    for :func:`mesh_dim_groups` (``DeviceMesh.__init__`` wrapped). A rename in torch makes this
+    raise (AttributeError) at the pool's start, which then says so.
+    """
+    import functools
+    import sys
+    import weakref
+
+    from torch._C import ScriptObject
+    from torch.distributed import c10d_logger
+    from torch.distributed import distributed_c10d as c10d
+    from torch.distributed._local_tensor import _c10d as local_c10d
+    from torch.distributed.device_mesh import DeviceMesh
+
+    prepare = local_c10d._prepare_collective_groups
+    if getattr(prepare, "_distrank_watched", False):
+        return
+
+    @functools.wraps(prepare)
+    def prepare_checked(group: Any) -> Any:
+        __tracebackhide__ = True
+        caller = sys._getframe(1).f_code.co_name
+        name = caller.removeprefix("_local_").removeprefix("functional_").rstrip("_")
+        op = _LOCAL_OP_NAMES.get(name, name) if caller.startswith("_local_") else "a collective"
+        unboxed = c10d.ProcessGroup.unbox(group) if isinstance(group, ScriptObject) else group
+        check(op, unboxed)
+        return prepare(group)
+
+    warn = c10d._warn_not_in_group
+
+    @functools.wraps(warn)
+    def warn_or_refuse(op_name: str) -> None:
+        __tracebackhide__ = True
+        not_member(op_name)
+        warn(op_name)
+
+    msg_dict = c10d_logger._get_msg_dict
+
+    @functools.wraps(msg_dict)
+    def msg_dict_or_name(func_name: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            return dict(msg_dict(func_name, *args, **kwargs))
+        except Exception:
+            return {"func_name": func_name}
+
+    init = DeviceMesh.__init__
+
+    @functools.wraps(init)
+    def init_remembered(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        _LOCAL_MESHES.append(weakref.ref(self))
+
+    prepare_checked._distrank_watched = True  # type: ignore[attr-defined]
+    local_c10d._prepare_collective_groups = prepare_checked
+    c10d._warn_not_in_group = warn_or_refuse
+    c10d_logger._get_msg_dict = msg_dict_or_name
+    DeviceMesh.__init__ = init_remembered
+
+
+def mesh_dim_groups() -> set[str]:
+    """The names of the process groups of every DeviceMesh dimension made since
+    :func:`watch_local_collectives`, while the mesh lives (``DeviceMesh._dim_group_names`` and
+    the ``_pg_registry`` a root mesh keeps of its submeshes' and flattened dimensions' groups,
+    both private: a rename makes every mesh dimension refused in local mode)."""
+    names: set[str] = set()
+    _LOCAL_MESHES[:] = [ref for ref in _LOCAL_MESHES if ref() is not None]
+    for ref in _LOCAL_MESHES:
+        mesh = ref()
+        names.update(n for n in getattr(mesh, "_dim_group_names", None) or () if n)
+        names.update(getattr(mesh, "_pg_registry", None) or {})
+    return names
+
+
 def dispatch_modes() -> list[str]:
     """The class names of the torch dispatch modes entered now (``torch.utils._python_dispatch.
     _get_current_dispatch_mode_stack``, private); [] when torch is not imported or has no such

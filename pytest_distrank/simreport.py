@@ -6,8 +6,8 @@ reports. Pure logic over pytest's report objects; imports no torch. The merge la
 "rank 0/1", which it is to the pool; here every label the merge wrote becomes the simulated
 world's (``simulated rank 1023/1024``, ``ranks 0-63 of 64 (local)``), and every failure gets a
 "distrank: simulated world" section: what the mode moves and computes, and, when the failure
-comes from the simulation itself (an op LocalTensor does not implement, ``rank`` used as one
-number in local mode), what that means and what to do.
+comes from the simulation itself (an op LocalTensor does not implement, a collective local mode
+refuses, ``rank`` used as one number in local mode), what that means and what to do.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ _NOT_IMPLEMENTED = re.compile(r"NotImplementedError: (\S+) not implemented")
 #: ``rank`` (a SymInt of LocalIntNode) used where one int is needed, or compared where ranks
 #: differ: ``'LocalIntNode' object has no attribute 'int_'``, ``AssertionError: (LocalIntNode(``.
 _ONE_NUMBER = re.compile(r"'LocalIntNode' object has no attribute|AssertionError: \(LocalIntNode\(")
+#: Local mode's own refusal of a collective it cannot compute exactly (:mod:`pool.simulate`).
+_REFUSED = re.compile(r"\bLocalModeRefusal: ")
 #: The folder of LocalTensorMode's package in torch.distributed: its refusals come from there.
 _LOCAL_TENSOR_FILE = re.compile(r"torch[/\\]distributed[/\\]_?local_tensor[/\\]")
 
@@ -48,6 +50,14 @@ def explain(simulated: Simulated, crash: str, crash_path: str) -> str:
             "rank's own input, so a value that depends on other ranks' data is not what a real "
             "run computes. Check shapes, placements and plans here; check numbers at a real "
             "world size, or in local mode (@pytest.mark.simulate('local', n))."
+        )
+    if _REFUSED.search(crash):
+        return (
+            f"{where} Local mode refused a collective it cannot compute exactly (the error "
+            "says which, and why): it computes collectives exactly on the world and on DeviceMesh "
+            "dimensions only, and refuses the rest rather than give numbers no real run gives. "
+            "Check this test at a real world size (world_size marker), or drop 'local' from its "
+            "simulate marker."
         )
     missing = _NOT_IMPLEMENTED.search(crash)
     if missing is not None and _LOCAL_TENSOR_FILE.search(crash_path):
@@ -76,9 +86,10 @@ def explain(simulated: Simulated, crash: str, crash_path: str) -> str:
         )
     return (
         f"{where} Local mode runs the test once under LocalTensorMode: every tensor holds each "
-        "rank's value and collectives compute what real ones would, so the numbers are those "
-        "of a real run; `rank` is a torch.SymInt of every rank at once. A value that differs "
-        "between ranks fails comparisons that a real rank would pass for its own value."
+        "rank's value, and collectives on the world and on DeviceMesh dimensions compute what "
+        "real ones would (local mode refuses those on any other group), so the numbers are "
+        "those of a real run; `rank` is a torch.SymInt of every rank at once. A value that "
+        "differs between ranks fails comparisons that a real rank would pass for its own value."
     )
 
 

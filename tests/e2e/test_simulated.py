@@ -98,44 +98,85 @@ def test_a_value_only_real_collectives_give_fails_saying_fake_moves_no_data(
     )
 
 
-@pytest.mark.parametrize(
-    ("marker", "message"),
-    [
-        (
-            'simulate("threads", 64)',
-            "*simulate('threads', 64): mode 'threads' is not one of 'fake', 'local'; write e.g. "
-            "@pytest.mark.simulate('fake', 1024).",
-        ),
-        (
-            'simulate("local", 64, ranks=(3,))',
-            "*simulate('local', 64, ranks=(3,)): local mode plays every rank at once*",
-        ),
-        (
-            'simulate("fake", 8, ranks=(8,))',
-            "*rank 8 is not a rank of a world of size 8 (0 to 7).",
-        ),
-        ('simulate("fake")', "*simulate('fake'): give the simulated world size(s)."),
-    ],
-    ids=["unknown-mode", "local-with-ranks", "rank-outside", "no-size"],
-)
-def test_a_bad_simulate_marker_errors_that_test_alone(
-    pytester: pytest.Pytester, run_pytest: RunPytest, marker: str, message: str
+#: Markers that cannot be honoured, one test each, in one session (no rank starts): each test
+#: errors alone, naming the marker and the bad value; the plain test passes.
+BAD_MARKERS = """
+import pytest, torch.distributed as dist
+
+@pytest.mark.simulate("threads", 64)
+def test_unknown_mode(rank):
+    pass
+
+@pytest.mark.simulate("local", 64, ranks=(3,))
+def test_local_with_ranks(rank):
+    pass
+
+@pytest.mark.simulate("fake", 8, ranks=(8,))
+def test_rank_outside(rank):
+    pass
+
+@pytest.mark.simulate("fake")
+def test_no_size(rank):
+    pass
+
+@pytest.mark.simulate("fake", 1024, ranks=())
+def test_no_ranks():  # D3: ran in the controller, as an ordinary test, and passed
+    pass
+
+@pytest.mark.simulate("fake", 2**40)
+def test_too_big(rank):  # D17: the pool's start failed with a bare TypeError
+    pass
+
+@pytest.mark.world_size(2, init_process_group=False)
+@pytest.mark.simulate("fake", 8)
+def test_own_group(rank, world_size):  # D13: "default process group twice!" in the fake world
+    dist.init_process_group("gloo")
+    dist.destroy_process_group()
+
+@pytest.mark.world_size(2)
+@pytest.mark.world_size(4)
+def test_stacked(rank):  # D17: ran at one size, the other ignored without a word
+    pass
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.world_size(4))])
+def test_param_size(rank, n):  # D17: the param's size was ignored without a word
+    pass
+
+def test_plain():
+    pass
+"""
+
+
+def test_a_bad_marker_errors_that_test_alone_naming_it(
+    pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
-    pytester.makepyfile(
-        test_bad=f"""
-        import pytest
-
-        @pytest.mark.{marker}
-        def test_bad(rank):
-            pass
-
-        def test_plain():
-            pass
-        """
-    )
+    pytester.makepyfile(test_bad=BAD_MARKERS)
     result = run_pytest("-rE")
-    result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines([message])
+    result.assert_outcomes(passed=1, errors=10)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*::test_unknown_mode*simulate('threads', 64): mode 'threads' is not one of 'fake', "
+            "'local'; write e.g. @pytest.mark.simulate('fake', 1024).",
+            "*::test_local_with_ranks*simulate('local', 64, ranks=(3,)): local mode plays every "
+            "rank at once*",
+            "*::test_rank_outside*rank 8 is not a rank of a world of size 8 (0 to 7).",
+            "*::test_no_size*simulate('fake'): give the simulated world size(s).",
+            "*::test_no_ranks: @pytest.mark.simulate('fake', 1024, ranks=()): ranks=() names no "
+            "rank, so no simulated world would run*",
+            f"*::test_too_big*: world size {2**40} is more than PyTorch's fake process group "
+            f"takes: its size is a C int, at most {2**31 - 1}.",
+            "*::test_own_group[[]ws2[]]: @pytest.mark.simulate beside "
+            "@pytest.mark.world_size(2, init_process_group=False): a simulated world runs on "
+            "PyTorch's fake process group*",
+            "*::test_own_group[[]ws8-fake[]]: @pytest.mark.simulate beside*",
+            "*::test_stacked: 2 world_size markers on the test itself: "
+            "@pytest.mark.world_size(4) and @pytest.mark.world_size(2); *Keep one marker*",
+            "*::test_param_size[[]1[]]: 2 world_size markers on the test itself: "
+            "@pytest.mark.world_size(2) and @pytest.mark.world_size(4) (from its pytest.param)*",
+        ]
+    )
+    result.stdout.no_fnmatch_line("*default process group twice*")
 
 
 def test_a_bare_world_size_beside_simulate_takes_the_default_size(
@@ -243,31 +284,60 @@ def test_local_mode_fails_when_the_expected_value_changes(
     )
 
 
-def test_an_op_local_mode_lacks_fails_naming_the_op(
+def test_what_local_mode_cannot_compute_fails_saying_why(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
+    """An op LocalTensor lacks, and a collective on a group that is neither the world nor a
+    DeviceMesh dimension (D5: a real world of 4 gives 13 for test_pair_sum's value, LocalTensor
+    20, so asserting 20 passed), fail saying why; the next tests (the world, mesh dimensions,
+    a barrier on a group without rank 0) compute exactly in the same pool."""
     pytester.makepyfile(
-        test_reduce="""
+        test_local="""
         import pytest, torch, torch.distributed as dist
+        from torch.distributed.device_mesh import init_device_mesh
 
-        @pytest.mark.simulate("local", 4)
+        pytestmark = pytest.mark.simulate("local", 4)
+
         def test_reduce(rank):
             t = torch.ones(1) * rank
             dist.reduce(t, dst=0)
 
-        @pytest.mark.simulate("local", 4)
-        def test_after(rank, world_size):
-            t = torch.ones(1) * rank
+        def test_pair_sum(rank):
+            pair = dist.new_group([0, 1])  # ranks 2 and 3 are not members
+            t = torch.ones(1) * (rank + 1)
+            dist.all_reduce(t, group=pair)
             dist.all_reduce(t)
-            assert t.item() == sum(range(world_size))
+            assert t.item() == 20  # what LocalTensor computed; a real world gives 13
+
+        def test_without_rank_0(rank):
+            trio = dist.new_group([1, 2, 3])
+            t = torch.ones(1) * (rank + 1)
+            dist.all_reduce(t, group=trio)
+
+        def test_world_and_mesh_dimensions(rank, world_size):
+            t = torch.ones(1) * (rank + 1)
+            dist.all_reduce(t, group=dist.new_group(list(range(world_size))))
+            assert t.item() == 10
+            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            u = torch.ones(1) * (rank + 1)
+            dist.all_reduce(u, group=mesh.get_group("tp"))  # rows: 1+2, 3+4
+            dist.all_reduce(u, group=mesh.get_group("dp"))  # then columns: 3+7
+            assert u.item() == 10
+            dist.barrier(group=dist.new_group([1, 2]))  # moves no data: let through
         """
     )
-    result = run_pytest("-v", "-rf")
-    result.assert_outcomes(passed=1, failed=1)
+    result = run_pytest("-v", "-rf", "-p", "no:warnings")
+    result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(
         [
             "*::test_reduce[[]ws4-local[]] FAILED*",
-            "*::test_after[[]ws4-local[]] PASSED*",
+            "*::test_pair_sum[[]ws4-local[]] FAILED*",
+            "*::test_without_rank_0[[]ws4-local[]] FAILED*",
+            "*::test_world_and_mesh_dimensions[[]ws4-local[]] PASSED*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
             "E*NotImplementedError: c10d.reduce_.default not implemented",
             "*distrank: simulated world*",
             "world size 4 simulated (local: every rank at once), in one process. "
@@ -275,6 +345,20 @@ def test_an_op_local_mode_lacks_fails_naming_the_op(
             "local mode*Drop 'local' from the test's simulate marker*",
         ]
     )
+    result.stdout.fnmatch_lines(
+        [
+            "E*LocalModeRefusal: all_reduce on the group of ranks 0, 1, which is not a DeviceMesh "
+            "dimension: local mode cannot compute it exactly. In a real world ranks 2, 3 are not "
+            "members*",
+            "*distrank: simulated world*",
+            "world size 4 simulated (local: every rank at once), in one process. Local mode "
+            "refused a collective it cannot compute exactly*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        ["E*LocalModeRefusal: all_reduce on a group without rank 0: local mode cannot*"]
+    )
+    result.stdout.no_fnmatch_line("*assert 13*20*")
 
 
 def test_rank_used_as_one_number_in_local_mode_is_explained(

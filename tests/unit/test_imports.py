@@ -188,6 +188,11 @@ PRIVATE_SPELLINGS = (
     "_local_tensor",
     "_enable_record_function",
     "_rng_tracker",
+    "_prepare_collective_groups",
+    "_warn_not_in_group",
+    "_get_msg_dict",
+    "_dim_group_names",
+    "_pg_registry",
 )
 TESTS = ROOT / "tests"
 

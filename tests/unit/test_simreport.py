@@ -72,6 +72,25 @@ def test_other_local_failures_say_the_numbers_are_real() -> None:
     text = explain(LOCAL64, "AssertionError: assert 10.0 == 11", "/x/test_x.py")
     assert "the numbers are those of a real run" in text
     assert "moves no data" not in text
+    # D5: that holds for the world and mesh dimensions only; the others are refused.
+    assert (
+        "collectives on the world and on DeviceMesh dimensions compute what real ones would "
+        "(local mode refuses those on any other group)" in text
+    )
+
+
+def test_a_collective_local_mode_refuses_is_explained_as_refused() -> None:
+    """D5: a refusal is not a wrong number: its section must not claim real-run numbers."""
+    crash = (
+        "[rank 0/1] pytest_distrank.pool.simulate.LocalModeRefusal: all_reduce on the group of "
+        "ranks 0, 1, which is not a DeviceMesh dimension: local mode cannot compute it exactly."
+    )
+    text = explain(LOCAL64, crash, "/x/pytest_distrank/pool/simulate.py")
+    assert text.startswith(
+        "world size 64 simulated (local: every rank at once), in one process. Local mode "
+        "refused a collective it cannot compute exactly (the error says which, and why)"
+    )
+    assert "the numbers are those of a real run" not in text
 
 
 def test_other_failures_inside_local_tensor_are_the_modes() -> None:
