@@ -384,7 +384,31 @@ def dump_flight_recorder() -> bytes:
     import torch
 
     raw: bytes = torch._C._distributed_c10d._dump_fr_trace_json(True, False)
-    return raw
+    return with_group_members(raw)
+
+
+def with_group_members(raw: bytes) -> bytes:
+    """A JSON flight-recorder dump with each group this rank holds in its ``pg_config``, as
+    NCCL's dump lists them (``{"name", "desc", "ranks": "[0, 1]"}``): gloo's lists none (one
+    entry with an empty name), so a hang on a subgroup could name it only ``group '1'``. The
+    members are read from ``distributed_c10d._world`` (private); the dump as it was where that
+    fails."""
+    import json
+
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        data = json.loads(raw)
+        config = data.setdefault("pg_config", {})
+        for pg, name in list(c10d._world.pg_names.items()):
+            members = sorted(c10d._world.pg_group_ranks.get(pg) or ())
+            listed = config.get(name)
+            if members and not (isinstance(listed, dict) and listed.get("ranks", "[]") != "[]"):
+                desc = str(getattr(pg, "group_desc", ""))
+                config[name] = {"name": name, "desc": desc, "ranks": str(members)}
+        return json.dumps(data).encode()
+    except Exception:
+        return raw
 
 
 def process_groups() -> list[Any]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: torch's scalar type names, as the flight recorder writes them, in the words users write.
@@ -58,6 +58,8 @@ class Call:
     number: int
     done: bool
     tensors: str
+    #: The group's members where the rank's dump lists them; () where it does not.
+    members: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -136,6 +138,11 @@ def _int(value: object, default: int) -> int:
 def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
     """The collectives (not point-to-point ops) a rank issued since the test started."""
     groups = _group_names(dump)
+    members = {
+        str(name): tuple(_members(config.get("ranks")) or ())
+        for name, config in (dump.get("pg_config") or {}).items()
+        if isinstance(config, Mapping)
+    }
     counts: dict[str, int] = {}
     out: list[Call] = []
     for entry in dump.get("entries", []):
@@ -150,6 +157,7 @@ def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
                 number=counts[key],
                 done=bool(entry.get("retired")),
                 tensors=_tensors(entry.get("input_dtypes"), entry.get("input_sizes")),
+                members=members.get(key, ()),
             )
         )
     return out
@@ -208,7 +216,7 @@ def crash_verdict(
             lambda c: f"{c.op} #{c.number} on {c.group}" + (f" ({c.tensors})" if c.tensors else ""),
         )
         text += "; " + "; ".join(
-            f"{_ranks(ranks)} {'was' if len(ranks) == 1 else 'were'} in {what}"
+            f"{ranks_words(ranks)} {'was' if len(ranks) == 1 else 'were'} in {what}"
             for what, ranks in described
         )
     if gloo:
@@ -242,28 +250,28 @@ def _verdict(calls: Mapping[int, list[Call]], where: Mapping[int, str]) -> str:
         ops = _ranks_by(at, lambda c: c.op)
         if len(ops) > 1:
             (first_op, first), *others = ops
-            rest = "; ".join(f"{_ranks(r)} entered {op} #{number}" for op, r in others)
-            return f"{rest} while {_ranks(first)} entered {first_op} #{number} ({group})"
+            rest = "; ".join(f"{ranks_words(r)} entered {op} #{number}" for op, r in others)
+            return f"{rest} while {ranks_words(first)} entered {first_op} #{number} ({group})"
         shapes = _ranks_by(at, lambda c: c.tensors)
         if len(shapes) > 1:
-            parts = ", ".join(f"{_ranks(r)} {t}" for t, r in shapes)
+            parts = ", ".join(f"{ranks_words(r)} {t}" for t, r in shapes)
             return f"{ops[0][0]} #{number} on {group}: {parts}"
     # Ranks waiting in a collective that a member never entered.
     (group, number), at = max(by_slot.items(), key=lambda kv: len(kv[1]))
     call = next(iter(at.values()))
     absent = []
     for rank in sorted(calls):
-        if rank in at:
-            continue
+        if rank in at or (call.members and rank not in call.members):
+            continue  # waiting, or not a member: a rank outside the group never enters it
         on_group = [c for c in calls[rank] if c.group == group]
         if len(on_group) < number:
             last = on_group[-1] if on_group else None
             after = f" (after {last.op} #{last.number})" if last else ""
             at_line = f": it is {where[rank]}" if where.get(rank) else ""
-            absent.append(f"{_ranks([rank])} never entered it{at_line}{after}")
+            absent.append(f"{ranks_words([rank])} never entered it{at_line}{after}")
     if absent:
         verb = "waits" if len(at) == 1 else "wait"
-        waiting_ranks = _ranks(sorted(at))
+        waiting_ranks = ranks_words(sorted(at))
         return f"{waiting_ranks} {verb} in {call.op} #{number} on {group}; " + "; ".join(absent)
     return ""
 
@@ -276,22 +284,41 @@ def _ranks_by(at: Mapping[int, Call], key: Callable[[Call], str]) -> list[tuple[
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
 
 
-def _ranks(ranks: list[int]) -> str:
+def ranks_words(ranks: Sequence[int]) -> str:
+    """``rank 2`` or ``ranks 2, 3``."""
     names = ", ".join(str(r) for r in ranks)
     return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
 
 
+def group_of_ranks(ranks: Sequence[int]) -> str:
+    """A subgroup in words, by its members: ``the group of ranks 0, 1``."""
+    return f"the group of {ranks_words(sorted(ranks))}"
+
+
 def _group_names(dump: Mapping[str, Any]) -> dict[str, str]:
-    """Group name -> words: "the default group" or "group [0, 2]"."""
+    """Group name -> words: "the default group" or "the group of ranks 0, 2" (its members, as
+    the recorder's ``pg_config`` lists them: "[0, 2]"); a group the dump lists no members of
+    keeps its name: "group '1'"."""
     names: dict[str, str] = {}
     for entry in dump.get("entries", []):
         name, desc = [*(entry.get("process_group") or ("?",)), ""][:2]
         if desc == "default_pg":
             names[str(name)] = "the default group"
     for name, config in (dump.get("pg_config") or {}).items():
-        if str(name) not in names and isinstance(config, Mapping):
-            names[str(name)] = f"group {config.get('ranks', '?')}"
+        members = _members(config.get("ranks")) if isinstance(config, Mapping) else None
+        if name and str(name) not in names and members:
+            names[str(name)] = group_of_ranks(members)
     return names
+
+
+def _members(raw: Any) -> list[int] | None:
+    """The ranks of a ``pg_config`` entry ("[0, 1]", or a list), None where it lists none."""
+    text = raw if isinstance(raw, str) else ",".join(str(r) for r in raw or ())
+    try:
+        members = [int(r) for r in text.strip("[] ").split(",") if r.strip()]
+    except ValueError:
+        return None
+    return members or None
 
 
 def _tensors(dtypes: Any, sizes: Any) -> str:
