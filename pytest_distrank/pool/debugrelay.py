@@ -70,8 +70,17 @@ class DebugTerminal:
 
     def announce_debug_rank(self, pool: Pool, live: Value[int | None]) -> None:
         """``--distrank-debug-rank``: name the rank's pid once per pool (for py-spy, gdb)."""
-        rank = live.value
-        if rank is None or pool.id in self._announced or rank >= pool.key.world_size:
+        rank, size = live.value, pool.key.world_size
+        if rank is None or pool.id in self._announced:
+            return
+        if rank >= size:  # said once per world size: a size the option reaches in no pool
+            ranks = "rank 0 only" if size == 1 else f"ranks 0-{size - 1}"
+            self.say(
+                f"{live.source}: pool {pool.key.describe()} has no rank {rank} ({ranks}), so "
+                "none of its ranks is debugged; the option picks that rank in every pool that "
+                "has one",
+                once=f"debug rank beyond world size {size}",
+            )
             return
         self._announced.add(pool.id)
         pid = pool.ranks[rank].pid
