@@ -295,7 +295,13 @@ class Controller:
             key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
         timeout = entry.timeout
         assert timeout is not None
-        outcome = self._run_on_pool(item, key, next_nodeid, timeout)
+        # The ranks tear down for pytest's real next item, as pytest would (under pytest-xdist
+        # it is not the plan's: the worker's next test); the plan's next test of this pool
+        # decides only whether the pool lives on. Before a rerun, nothing is torn down.
+        teardown_for = next_nodeid
+        if next_nodeid is not None and not keep_pool:
+            teardown_for = nextitem.nodeid if nextitem is not None else None
+        outcome = self._run_on_pool(item, key, teardown_for, timeout)
         if isinstance(outcome, list):
             return outcome  # the test could not reach its ranks: an error or skip report
         pool, run = outcome
