@@ -21,6 +21,15 @@ took over (its ``CASE`` stash key) get their ``runtest`` replaced:
   the harness's ``poison_pill``, which skips the rest of the class); a group the test destroyed
   or replaced makes the pool unfit too (:func:`rankgroup.group_problem`).
 
+Class state follows the harness's processes: ``setUpClass`` runs in the rank (pytest's class
+fixture, the harness's parent), and the test itself (the child's part: ``_run``, ``_init_pg``,
+``_run_test_given_id``) sees the class as the harness's child would (:mod:`suiteclass`). A
+child forked from the parent (``_fork_processes``, or ``_start_processes`` with a fork context)
+sees what ``setUpClass`` and ``setUp`` set; a spawned child (``_spawn_processes``, every
+``MultiProcContinuousTest`` worker) imports the module afresh and sees the class as it was after
+import. What the child's part changes in the class is undone after it, as the child's exit
+would; a continuous class's worker keeps its own view from one test to the next.
+
 Around every such test the rank checks what would leak into the next test of a warm process
 (:func:`Leaks.after`): Python threads the test left running, environment variables it changed,
 the default dtype, grad mode and deterministic-algorithms flag. Any of them makes the pool
@@ -40,6 +49,7 @@ import sys
 import threading
 import time
 import unittest
+from collections.abc import Iterator
 from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
@@ -49,6 +59,7 @@ import pytest
 from .. import _compat
 from ..context import RANK_CONTEXT, RankContext
 from ..suites import CASE, HARNESS_MODULE, Case
+from .suiteclass import ClassState, child_view, no_spawning
 
 #: How long the threads a test started get, all together, to end before they count as left.
 ENDING_WAIT = 0.1
@@ -67,6 +78,10 @@ class SuiteRunner:
         self.unfit = ""
         #: What the running test leaked (set after its call phase; read by the worker).
         self.leaks = Leaks()
+        #: Each class as a spawned child sees it: as imported, before any setUpClass ran.
+        self.fresh: dict[type, ClassState] = {}
+        #: The continuous class's worker's own view of its class, kept between its tests.
+        self.worker_view: ClassState | None = None
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -74,6 +89,9 @@ class SuiteRunner:
             case = item.stash.get(CASE, None)
             if case is not None:
                 setattr(item, "runtest", _bound(self, item, case))  # noqa: B010
+                cls = getattr(item, "cls")  # noqa: B009
+                if cls not in self.fresh:  # before any test (and setUpClass) ran here
+                    self.fresh[cls] = ClassState.of(cls)
 
     def problem(self) -> str:
         """What the last test left that makes this rank unfit for the next one ("" if none)."""
@@ -88,7 +106,7 @@ class SuiteRunner:
         self.leaks.before()
         try:
             if case.kind == "spawn":
-                _run_spawned(item, ctx, case)
+                _run_spawned(item, ctx, self.fresh.get(getattr(item, "cls")))  # noqa: B009
             else:
                 self._run_continuous(item, ctx, case)
         finally:
@@ -100,8 +118,11 @@ class SuiteRunner:
         cls: Any = getattr(item, "cls")  # noqa: B009
         if self.continuous is not cls:
             self._end_continuous(ctx)
+            # The harness's worker is a spawned process: the class as imported.
+            self.worker_view = self.fresh.get(cls)
             try:
-                self.continuous_skip = _init_continuous(cls, ctx, case)
+                with self._as_worker(cls):
+                    self.continuous_skip = _init_continuous(cls, ctx, case)
             except BaseException:
                 self._out_of_step(cls, ctx.rank)  # its peers may hold a half-made group
                 raise
@@ -111,7 +132,8 @@ class SuiteRunner:
         test_id = f"{cls.__module__}.{cls.__qualname__}.{item.name}"
         expecting = _expecting_failure(cls, item.name)
         try:
-            cls._run_test_given_id(test_id)
+            with self._as_worker(cls):
+                cls._run_test_given_id(test_id)
         except SystemExit as exc:
             reason = _skip_message(exc.code)
             if reason is None:
@@ -130,6 +152,16 @@ class SuiteRunner:
         if expecting:
             _unexpected_success(ctx.rank)
 
+    @contextlib.contextmanager
+    def _as_worker(self, cls: type) -> Iterator[None]:
+        """The continuous class as its harness's worker process sees it, for a while; the
+        worker's changes are kept for its next test (the worker lives as long as the class)."""
+        with child_view(cls, self.worker_view):
+            try:
+                yield
+            finally:
+                self.worker_view = ClassState.of(cls)
+
     def _out_of_step(self, cls: type, rank: int) -> None:
         """A test of a continuous class failed here: its peers may be in a collective this rank
         never joins, and the harness's answer (``poison_pill``: skip the rest of the class) loses
@@ -146,6 +178,7 @@ class SuiteRunner:
         import torch.distributed as dist
 
         self.continuous = None
+        self.worker_view = None
         ctx.pg = None
         if dist.is_initialized():
             with contextlib.suppress(Exception):
@@ -182,23 +215,24 @@ def _init_continuous(cls: Any, ctx: RankContext, case: Case) -> str | None:
 # -- MultiProcessTestCase ---------------------------------------------------------------------
 
 
-def _run_spawned(item: pytest.Item, ctx: RankContext, case: Case) -> None:
+def _run_spawned(item: pytest.Item, ctx: RankContext, fresh: ClassState | None) -> None:
     cls: Any = getattr(item, "cls")  # noqa: B009
     name = item.name
     assert ctx.test is not None
     shared = Path(ctx.test.shared_dir)
     shared.mkdir(parents=True, exist_ok=True)
     parent = cls(name)
-    for spawner in ("_spawn_processes", "_start_processes", "_fork_processes"):
-        setattr(parent, spawner, _no_spawn)
+    started = no_spawning(parent)
     parent.setUp()
+    # A forked child has the parent's class; a spawned one imports it afresh.
+    child = None if started and started[-1] == "fork" else fresh
     ours, theirs = Pipe()
     try:
         # What the parent's join_or_run wrapper hands to _check_return_codes: the key of its
         # return-code rules (the method as the instance saw it when it was made).
         method = getattr(parent, name)
         fn = getattr(method, "__wrapped__", method)
-        with _skip_reasons() as reasons:
+        with _skip_reasons() as reasons, child_view(cls, child):
             code = _exit_code(
                 lambda: cls._run(
                     ctx.rank,
@@ -238,10 +272,6 @@ def _unexpected_success(rank: int) -> None:
         "and passed",
         pytrace=False,
     )
-
-
-def _no_spawn(*args: object, **kwargs: object) -> None:
-    """Spawning turned off: the pool's ranks are the test's processes."""
 
 
 def _exit_code(run: Any) -> int:

@@ -33,6 +33,25 @@ class Base(MultiProcessTestCase):
         dist.init_process_group("gloo", store=store, rank=self.rank, world_size=self.world_size)
 """
 
+#: A two-rank gloo MultiProcContinuousTest base, as PyTorch's DTensor suites write theirs.
+CONTINUOUS = """
+import torch
+import torch.distributed as dist
+from torch.testing._internal.common_distributed import MultiProcContinuousTest
+
+
+class ContinuousBase(MultiProcContinuousTest):
+    world_size = 2
+
+    @classmethod
+    def backend_str(cls):
+        return "gloo"
+
+    @classmethod
+    def device_type(cls):
+        return "cpu"
+"""
+
 
 def test_a_file_store_test_case_runs_on_one_warm_pool(
     pytester: pytest.Pytester, run_pytest: RunPytest
@@ -262,33 +281,19 @@ def test_a_continuous_class_goes_on_after_a_failure(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
     pytester.makepyfile(
-        """
-        import torch
-        import torch.distributed as dist
-        from torch.testing._internal.common_distributed import MultiProcContinuousTest
+        CONTINUOUS
+        + """
+class TestContinuous(ContinuousBase):
+    def test_a_fails_on_rank_1(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(self.rank, 0)
 
-
-        class TestContinuous(MultiProcContinuousTest):
-            world_size = 2
-
-            @classmethod
-            def backend_str(cls):
-                return "gloo"
-
-            @classmethod
-            def device_type(cls):
-                return "cpu"
-
-            def test_a_fails_on_rank_1(self):
-                t = torch.ones(1)
-                dist.all_reduce(t)
-                self.assertEqual(self.rank, 0)
-
-            def test_b_runs_after_it(self):
-                t = torch.ones(1)
-                dist.all_reduce(t)
-                self.assertEqual(t.item(), 2)
-        """
+    def test_b_runs_after_it(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        self.assertEqual(t.item(), 2)
+"""
     )
     result = run_pytest("-v")
     result.assert_outcomes(failed=1, passed=1)
@@ -300,6 +305,75 @@ def test_a_continuous_class_goes_on_after_a_failure(
             "pool killed after a fault: *::TestContinuous::test_a_fails_on_rank_1 failed on rank "
             "1 in MultiProcContinuousTest class TestContinuous: the class's process group may be "
             "out of step; its next test gets a new pool (and _init_pg)",
+        ]
+    )
+
+
+def test_set_up_class_state_reaches_the_test_only_where_the_harness_child_has_it(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """The harness runs ``setUpClass`` in its parent: a spawned child (``_spawn_processes``,
+    a continuous worker) never sees what it set, a forked one does, and what a child changes
+    in the class dies with it. Outcomes checked with ``-p no:distrank`` on torch 2.13 (whose
+    harness has no ``_fork_processes`` of its own: the class brings it, as torch < 2.9 had)."""
+    pytester.makepyfile(
+        PLAIN
+        + CONTINUOUS
+        + """
+class TestSpawned(Base):
+    shared = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.shared = "from setUpClass"
+
+    def setUp(self):
+        assert self.shared == "from setUpClass"  # the parent's setUp has it
+        super().setUp()
+
+    def test_sees_class_state(self):
+        self.assertEqual(self.shared, "from setUpClass")
+
+
+class TestForked(TestSpawned):
+    def _fork_processes(self):
+        self._start_processes(torch.multiprocessing.get_context("fork").Process)
+
+    def setUp(self):
+        MultiProcessTestCase.setUp(self)
+        self._fork_processes()
+
+    def test_a_changes_the_class(self):
+        self.assertEqual(self.shared, "from setUpClass")
+        type(self).shared = "changed in a child"
+
+    def test_b_sees_the_parents_class(self):
+        self.assertEqual(self.shared, "from setUpClass")
+
+
+class TestContinuous(ContinuousBase):
+    shared = None
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.shared = "from setUpClass"
+
+    def test_sees_class_state(self):
+        self.assertEqual(self.shared, "from setUpClass")
+"""
+    )
+    result = run_pytest("-v")
+    result.assert_outcomes(failed=2, passed=3)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*TestSpawned::test_sees_class_state FAILED*",
+            "*TestForked::test_sees_class_state PASSED*",
+            "*TestForked::test_a_changes_the_class PASSED*",
+            "*TestForked::test_b_sees_the_parents_class PASSED*",
+            "*TestContinuous::test_sees_class_state FAILED*",
+            "*None mismatch: None is not from setUpClass*",
         ]
     )
 

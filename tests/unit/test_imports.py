@@ -53,6 +53,7 @@ POOL_RANK = {
     "pool.rankfr",
     "pool.preload",
     "pool.suiterank",
+    "pool.suiteclass",
     "pool.rankpdb",
     "pool.rankproc",
     "pool.rankgpu",
