@@ -98,7 +98,7 @@ class Controller:
         self.isolated = 0
         self._old_sigterm: Any = None
         #: The controller's terminal, lent to rank debuggers (debugrelay.py).
-        self.terminal = DebugTerminal(config)
+        self.terminal = self.pools.terminal = DebugTerminal(config)
         #: Undoes _share_rewrites at the session's end.
         self._undo_rewrites: Callable[[], None] | None = None
 

@@ -10,7 +10,9 @@ the controller reads no other rank's pipe, so ranks that stop too wait their tur
 
 Without a terminal (a pytest-xdist worker, stdin a pipe or /dev/null, ``-p no:terminal``) the
 answer is no, with why: ``breakpoint()`` then fails its rank saying so, ``--pdb`` and ``--trace``
-go on without a debugger after one line saying why.
+go on without a debugger after one line saying why. A debugger that opens while a pool starts
+(``breakpoint()`` in ``pytest_distrank_rank_setup`` or at a test module's import in a rank) is
+served the same way (:meth:`DebugTerminal.serve_start`), the start's clock stopped meanwhile.
 
 :class:`LiveTail` shows the ``--distrank-debug-rank`` rank's log as it grows. The terminal also
 announces that rank's pid, and echoes the ranks' output after each test under ``-s``.
@@ -39,7 +41,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .pool import Pool
+    from .pool import Pool, Rank
 
 #: Under -s: at most this many bytes of each rank's output are echoed per test.
 ECHO_LIMIT = 1024 * 1024
@@ -205,6 +207,22 @@ class DebugTerminal:
                 self._newline()
                 verb = "quit" if closed.quit else "continue"
                 self.reporter.write_sep(">", f"PDB {verb} in {label}")
+
+    def serve_start(self, pool: Pool, rank: Rank, opened: DebugOpen) -> list[FromRank | None]:
+        """A debugger a rank opens while its pool starts (``breakpoint()`` in
+        ``pytest_distrank_rank_setup`` or in a test module it imports), served as a test's
+        (or refused, with why); returns what else the rank sent meanwhile (None: it died)."""
+        others: list[FromRank | None] = []
+
+        def receive() -> FromRank | None:
+            while True:  # in steps, so that Ctrl-C is seen (SIGNAL_CHECK)
+                for _, got in pool.wait_for([rank], SIGNAL_CHECK):
+                    return got
+
+        label = f"rank {rank.rank}/{pool.key.world_size}"
+        what = f"the start of pool {pool.key.describe()}"
+        self.serve(label, opened, what, receive, rank.conn.send, others.append)
+        return others
 
     def _converse(
         self,

@@ -50,6 +50,8 @@ from .probes import dump_stacks
 from .protocol import (
     Collectives,
     CountCollectives,
+    DebugOpen,
+    DebugReply,
     Fatal,
     FromRank,
     Phase,
@@ -143,8 +145,13 @@ class Pool:
 
     # -- start ---------------------------------------------------------------------------------
 
-    def start(self, timeout: float) -> None:
-        """Start every rank and wait until all are ready; raise :class:`PoolStartError`."""
+    def start(self, timeout: float, terminal: DebugTerminal | None = None) -> None:
+        """Start every rank and wait until all are ready; raise :class:`PoolStartError`.
+
+        A rank that opens a debugger meanwhile (``breakpoint()`` in its rank setup, or in a
+        test module it imports) gets ``terminal`` as a test's does (refused, with why, where
+        there is none); the start's clock stands still while the debugger is open.
+        """
         self.started_at = time.monotonic()
         for cfg in self.configs:
             parent_conn, child_conn = self.context.Pipe(duplex=True)
@@ -173,7 +180,17 @@ class Pool:
                     f"rank processes of pool {self.key.describe()} did not start within "
                     f"{timeout:.0f} s:\n" + "\n".join(lines) + "\n\n" + stacks[min(pending)]
                 )
-            for rank, message in ready:
+            while ready:
+                rank, message = ready.pop(0)
+                if isinstance(message, DebugOpen):
+                    began = time.monotonic()
+                    if terminal is None:
+                        rank.conn.send(DebugReply(False, "no terminal is lent to pool starts"))
+                    else:  # what else it sent meanwhile comes next
+                        ready[:0] = [(rank, m) for m in terminal.serve_start(self, rank, message)]
+                    if deadline is not None:
+                        deadline += time.monotonic() - began
+                    continue
                 if isinstance(message, Ready):
                     self.ready.append(message)
                     del pending[rank.rank]
@@ -190,8 +207,10 @@ class Pool:
         head = f"rank {rank.rank}/{self.key.world_size} "
         if isinstance(message, Fatal):
             head += f"failed to start: {message.message}"
-        else:
+        elif message is None:
             head += f"died during start-up ({signal_name(rank.process.exitcode)})."
+        else:  # alive: never word it as dead
+            head += f"sent {type(message).__name__} during start-up, where only Ready may come."
         output = tail(read_from(rank.log_path, 0))
         if not output.strip():
             return f"{head}\nIts log ({rank.log_path}) is empty."

@@ -32,6 +32,7 @@ from .. import _compat
 from ..gpuplan import share_env
 from ..settings import PRELOAD as PRELOAD_OPTION
 from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
+from .debugrelay import DebugTerminal
 from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
@@ -176,6 +177,8 @@ class PoolSet:
         #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
         self.notes: list[str] = []
         self._crowded: set[int] = set()
+        #: The controller's terminal, for debuggers that ranks open while they start.
+        self.terminal: DebugTerminal | None = None
         #: Each rank's config.workerinput: plugins' values, as xdist hands them over.
         self.inputs = RankInputs(config, self.notes)
 
@@ -303,7 +306,7 @@ class PoolSet:
             kind = (sim.size, sim.mode) if sim is not None else (key.world_size, "")
             started[kind] = started.get(kind, 0) + 1
             try:
-                pool.start(timeout)
+                pool.start(timeout, self.terminal)
             except BaseException:
                 pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
                 raise

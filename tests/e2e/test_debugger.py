@@ -269,6 +269,74 @@ def test_breakpoint_without_a_terminal_fails_its_rank_saying_why(
     assert "BdbQuit" not in result.stdout.str()
 
 
+#: breakpoint() while pools start: in the rank setup hook (rank 1 of world size 2), and at the
+#: import of a test module (rank 2 of world size 3, which alone imports test_imported.py).
+BREAKPOINTS_AT_START = {
+    "conftest": """
+        def pytest_distrank_rank_setup(config, rank, world_size):
+            if rank == 1 and world_size == 2:
+                breakpoint()
+    """,
+    "test_setup_hook": """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_after_the_setup_hook(rank):
+            assert rank in (0, 1)
+    """,
+    "test_imported": """
+        import os
+        import pytest
+
+        if os.environ.get("RANK") == "2":
+            breakpoint()
+
+        @pytest.mark.world_size(3)
+        def test_after_the_import(rank):
+            pass
+    """,
+}
+
+
+def test_breakpoint_while_a_pool_starts_says_why_not_a_death(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """Without a terminal the rank fails with the breakpoint() message; it is alive, so the
+    start's story must not call it dead (it was "died during start-up ... not reaped")."""
+    pytester.makepyfile(**BREAKPOINTS_AT_START)
+    result = run_pytest("--distrank-failure-grace=1")
+    result.assert_outcomes(errors=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "rank 1/2 failed to start: start-up failed:",
+            "Failed: breakpoint() on rank 1/2 (pid *): no debugger can open: the controller's "
+            "stdin is not a terminal (CI, a pipe or /dev/null).*",
+            "test_imported.py: breakpoint() on rank 2/3 (pid *): no debugger can open: the "
+            "controller's stdin is not a terminal (CI, a pipe or /dev/null).*",
+        ]
+    )
+    assert "died" not in result.stdout.str()
+
+
+def test_breakpoint_while_a_pool_starts_opens_the_debugger(
+    pytester: pytest.Pytester, in_terminal: InTerminal
+) -> None:
+    pytester.makepyfile(
+        conftest=BREAKPOINTS_AT_START["conftest"],
+        test_setup_hook=BREAKPOINTS_AT_START["test_setup_hook"],
+    )
+    run = in_terminal([], ["p rank", "c"])
+    lines = run.lines()
+    assert run.returncode == 0, run.output
+    assert any(
+        ">>> PDB set_trace in rank 1/2 (pid " in line
+        and "for the start of pool world_size=2, backend=gloo" in line
+        for line in lines
+    ), run.output
+    assert lines[lines.index("[rank 1/2] (Pdb) p rank") + 1] == "[rank 1/2] 1"
+    assert "1 passed" in lines[-1]
+
+
 def test_pdb_without_a_terminal_says_why_and_goes_on(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
