@@ -21,7 +21,6 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pytest import TestReport
@@ -96,7 +95,8 @@ class Controller:
         self.stats = self.pools.stats
         self.next_test_index = 0
         self.isolated = 0
-        self._old_sigterm: Any = None
+        #: The signals install_sigterm took over (from SIG_DFL), given back at unconfigure.
+        self._taken_signals: list[signal.Signals] = []
         #: The controller's terminal, lent to rank debuggers (debugrelay.py).
         self.terminal = self.pools.terminal = DebugTerminal(config)
         #: Undoes _share_rewrites at the session's end.
@@ -432,19 +432,24 @@ class Controller:
         self.pools.kill_all()
         if self._undo_rewrites is not None:
             self._undo_rewrites()
-        if self._old_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._old_sigterm)
+        for signum in self._taken_signals:
+            signal.signal(signum, signal.SIG_DFL)
+        # The fork server would take ~0.5-1 s of interpreter shutdown after pytest's exit.
+        self.pools.stop_fork_server()
         if "torch" in sys.modules:
             # The session is over: spare the interpreter's final collection over torch's objects
             # (~0.5 s: interpreter shutdown collects all of torch's objects).
             gc.freeze()
 
     def install_sigterm(self) -> None:
-        """SIGTERM ends the session like Ctrl-C: interrupted summary, every pool stopped."""
-        if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-            self._old_sigterm = signal.SIG_DFL
+        """SIGTERM and SIGHUP (a closed terminal or ssh session) end the session like Ctrl-C:
+        interrupted summary, every pool stopped, what the tests started killed. A signal
+        someone ignores (``nohup``) or handles stays theirs."""
 
-            def _on_sigterm(signum: int, frame: object) -> None:
-                raise KeyboardInterrupt(f"pytest-distrank: got {signal.Signals(signum).name}")
+        def _on_signal(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt(f"pytest-distrank: got {signal.Signals(signum).name}")
 
-            signal.signal(signal.SIGTERM, _on_sigterm)
+        for signum in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                signal.signal(signum, _on_signal)
+                self._taken_signals.append(signum)

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import shutil
 import tempfile
 import threading
 import time
@@ -33,6 +32,8 @@ from ..gpuplan import share_env
 from ..settings import PRELOAD as PRELOAD_OPTION
 from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
 from .debugrelay import DebugTerminal
+from .forkserver import stop as stop_server
+from .forkserver import use_socket_folder
 from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
@@ -46,9 +47,6 @@ STOP_TIMEOUT = 10.0
 #: Seconds every pool start, the fork server's included, may take, instead of the controller's
 #: START_TIMEOUT (or the test's timeout if longer). A test seam, and a way out on slow machines.
 START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
-#: The longest ``AF_UNIX`` socket path on Linux, in bytes (``sun_path`` is 108 with its NUL), and
-#: the names multiprocessing gives its folder and the fork server's socket in it.
-UNIX_PATH_MAX, _PYMP_NAME, _LISTENER_NAME = 107, "/pymp-xxxxxxxx", "/listener-xxxxxxxx"
 #: A pool with more ranks than this per CPU core gets a line in the summary: slow to start.
 RANKS_PER_CORE = 8
 
@@ -75,26 +73,6 @@ def start_timeout_from_env() -> Value[float] | None:
             f"pytest-distrank: invalid value {raw!r} for {START_TIMEOUT_ENV}, from {source}:\n"
             f"  {exc}"
         ) from None
-
-
-def _fit_socket_folder() -> None:
-    """Make sure the fork server's socket path fits ``AF_UNIX``; a deep TMPDIR would not.
-
-    multiprocessing binds the socket in its own temp folder (``pymp-*`` under TMPDIR, kept in its
-    per-process ``tempdir`` setting, :func:`_compat.mp_process_config`, once made). When that path
-    is too long, the folder becomes a short one made under /tmp, for the rest of this process:
-    every later socket of multiprocessing here (a restarted fork server, a Manager) needs it too.
-    It is removed at exit, as multiprocessing removes its own.
-    """
-    from multiprocessing import util
-
-    config = _compat.mp_process_config()
-    folder = config.get("tempdir") or tempfile.gettempdir() + _PYMP_NAME
-    if len(os.fsencode(folder + _LISTENER_NAME)) <= UNIX_PATH_MAX:
-        return
-    short = tempfile.mkdtemp(prefix="distrank-mp-", dir="/tmp")
-    util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
-    config["tempdir"] = short
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,9 +328,16 @@ class PoolSet:
             with contextlib.suppress(Exception):
                 self._ensure_fork_server()
 
+    def stop_fork_server(self) -> None:
+        """End the fork server with the session (forkserver.stop); never raises."""
+        if self._context is not None and self.settings.start_method.value == "forkserver":
+            with contextlib.suppress(Exception):
+                stop_server()
+
     def _ensure_fork_server(self) -> int:
         """Start the fork server unless it runs; its pid. Returns at once (the server imports
-        PRELOAD and the ``--distrank-preload`` modules before it forks); raises OSError."""
+        PRELOAD and the ``--distrank-preload`` modules before it forks); raises OSError, or
+        SessionStartError when the session's folder (its socket's) cannot be made."""
         from multiprocessing import forkserver
 
         if self._context is None:
@@ -365,7 +350,7 @@ class PoolSet:
             extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
             # preload (the heap freeze) stays last.
             self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
-        _fit_socket_folder()
+        use_socket_folder(self._live_workdir())  # not in TMPDIR: see forkserver.py
         forkserver.ensure_running()
         return _compat.forkserver_pid()
 

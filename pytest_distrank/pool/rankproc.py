@@ -1,7 +1,16 @@
 """A rank process's place among processes: its parent, its process group, its environment.
 
 Runs in each pool rank process, first thing after the fork server (or spawn) started it
-(:func:`worker.rank_main`), before its pytest session begins.
+(:func:`worker.rank_main`), before its pytest session begins; :func:`end_with_controller` runs
+in the rank when the controller is gone.
+
+A rank dies with the controller, and what it and its tests started dies with it, even after
+``kill -9`` of the controller: the rank's parent (the fork server, which exits when the
+controller does, or the controller itself under spawn) sends it :data:`PARENT_DEATH` as it dies
+(``PR_SET_PDEATHSIG``). A Python signal handler would not run while the rank is blocked in C++
+(a collective), so the signal is blocked in every thread and a thread waiting in ``sigwait``
+takes it (as :mod:`rankfr` does for its own signal): it kills the rank's descendants, what
+carries its pool's tag, its process group, and the rank last (:mod:`reaper`'s three nets).
 """
 
 from __future__ import annotations
@@ -10,12 +19,17 @@ import contextlib
 import ctypes
 import os
 import signal
+import threading
+from typing import NoReturn
 
 from .. import _compat, reaper
 from .protocol import RankConfig
 from .rankgroup import MASTER_ADDR
 
 _PR_SET_PDEATHSIG = 1
+#: What the kernel sends a rank when its parent dies: a real-time signal nothing else uses, so
+#: blocking it in the rank (and in what its tests start, who inherit the mask) changes nothing.
+PARENT_DEATH = signal.SIGRTMIN + 5
 
 
 def detach_from_controller_tree(expected_parent: int) -> None:
@@ -23,19 +37,53 @@ def detach_from_controller_tree(expected_parent: int) -> None:
 
     The fork server hands every child a copy of the write end of its "alive" pipe; while a rank
     holds it, the fork server never sees the controller die. Close it, and ask the kernel to
-    SIGKILL this rank when its parent (the fork server, or the controller under spawn) dies.
+    send :data:`PARENT_DEATH` to this rank when its parent (the fork server, or the controller
+    under spawn) dies; a thread waits for it (:func:`_watch_parent`).
     """
     _compat.close_fork_server_alive_fd()
+    _start_watcher()
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        libc.prctl(_PR_SET_PDEATHSIG, PARENT_DEATH, 0, 0, 0)
     if os.getppid() != expected_parent:
-        os._exit(1)  # the parent died before prctl took effect
+        os._exit(1)  # the parent died before prctl took effect (nothing started yet)
     reaper.become_subreaper()  # orphans of what the tests start stay findable (reaper.py)
     # Own process group: the terminal's SIGINT goes to the controller only, and the controller
     # can kill this rank together with any processes it starts.
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+
+
+def _start_watcher() -> None:
+    """Block :data:`PARENT_DEATH` in this (still single-threaded) process and start the thread
+    that waits for it. The thread is made with every signal blocked, so that no other signal
+    (the flight recorder's, the stack dump's) is ever delivered to it."""
+    everything = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        threading.Thread(target=_watch_parent, name="distrank-parent-death", daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, everything | {PARENT_DEATH})
+
+
+def _watch_parent() -> None:
+    signal.sigwait({PARENT_DEATH})
+    end_with_controller()
+
+
+def end_with_controller() -> NoReturn:
+    """The controller is gone (its pipe closed, or the parent-death signal): kill everything
+    this rank and its tests started, then leave. Nothing is reported: no one is listening."""
+    me = os.getpid()
+    found = reaper.descendants([me])  # orphans too: the rank is their subreaper
+    tag = os.environ.get(reaper.POOL_TAG_ENV)
+    if tag:
+        found |= reaper.tagged(tag)  # what left the tree (the pool's other ranks' too)
+    found.discard(me)
+    reaper.kill_all(found)
+    if os.getpgrp() == me:  # the rank's own group: children that left neither tree nor tag
+        with contextlib.suppress(OSError):
+            os.killpg(me, signal.SIGKILL)  # the rank too
+    os._exit(1)
 
 
 def rank_env(cfg: RankConfig) -> dict[str, str]:

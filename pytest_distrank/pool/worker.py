@@ -68,7 +68,7 @@ from .rankfr import start_responder
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
-from .rankproc import detach_from_controller_tree, rank_env
+from .rankproc import detach_from_controller_tree, end_with_controller, rank_env
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
 from .workerinput import WorkerInput, xdist_environ
@@ -399,7 +399,7 @@ class WorkerPlugin:
             try:
                 message = self.conn.recv()
             except (EOFError, OSError):
-                os._exit(1)  # the controller is gone; nothing to report to
+                end_with_controller()  # gone: what the tests started ends too
             if isinstance(message, Shutdown):
                 self._stop(session)
                 self.stopped = True

@@ -6,14 +6,17 @@ Each case is followed, in the same session, by a healthy test that must pass on 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
-from ..helpers import TAG_ENV, RunPytest, wait_gone
+from ..helpers import TAG_ENV, RunPytest, tagged_pids, wait_gone
 
 HEALTHY = """
 
@@ -361,49 +364,99 @@ def test_exitfirst_stops_dispatching(pytester: pytest.Pytester, run_pytest: RunP
     result.stdout.fnmatch_lines(["*stopping after 1 failures*"])
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
-def test_controller_signal_leaves_no_process(
-    pytester: pytest.Pytester, sig: signal.Signals
-) -> None:
-    pytester.makepyfile(
-        """
-        import pathlib, time, pytest
+#: Two pools when the signal comes: world size 2 idle (its test started a child and passed;
+#: test_c keeps the pool alive), world size 1 busy in test_b, which started a child too.
+SIGNALLED = """
+import os, pathlib, subprocess, time, pytest
 
-        @pytest.mark.world_size(2)
-        def test_wait(rank):
-            pathlib.Path(f"started{rank}").touch()
-            time.sleep(600)
-        """
-    )
-    tag = f"signal-{sig.name}-{os.getpid()}-{time.time_ns()}"
-    env = {**os.environ, TAG_ENV: tag}
-    env.pop("PYTEST_ADDOPTS", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider"],
-        cwd=pytester.path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+@pytest.mark.world_size(2)
+def test_a_starts_a_child(rank):
+    subprocess.Popen(["sleep", "777"])
+
+@pytest.mark.world_size(1)
+def test_b_waits(rank):
+    subprocess.Popen(["sleep", "777"])
+    pathlib.Path(os.environ["SIGNAL_CASE_STARTED"]).touch()
+    time.sleep(600)
+
+@pytest.mark.world_size(2)
+def test_c_never_runs(rank):
+    pass
+"""
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
+
+
+def _fork_servers(pids: list[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_controller_signals_leave_nothing_behind(pytester: pytest.Pytester) -> None:
+    """SIGINT, SIGTERM and SIGHUP (a closed terminal) end the session with the interrupted
+    summary; after any of them, SIGKILL included, no process is left (ranks, the fork server,
+    the children a passing test and the running test started), no fork server outlives
+    pytest's exit, and TMPDIR holds no ``pymp-*`` folder (the fork server's socket lies in the
+    session's folder). The four sessions run at once."""
+    runs: dict[signal.Signals, tuple[Path, str, subprocess.Popen[bytes]]] = {}
+    base = Path(tempfile.mkdtemp(prefix="distrank-sig-", dir="/tmp"))  # short: a socket path
     try:
-        end = time.monotonic() + 120
-        while not all((pytester.path / f"started{r}").exists() for r in range(2)):
-            assert time.monotonic() < end, "ranks never started"
-            assert proc.poll() is None, proc.communicate()[0]
-            time.sleep(0.1)
-        proc.send_signal(sig)
-        output, _ = proc.communicate(timeout=30)
+        for sig in SIGNALS:
+            case = pytester.path / sig.name
+            (case / "tmp").mkdir(parents=True)
+            (case / "test_signalled.py").write_text(SIGNALLED)
+            tag = f"signal-{sig.name}-{os.getpid()}-{time.time_ns()}"
+            env = {**os.environ, TAG_ENV: tag, "TMPDIR": str(case / "tmp")}
+            env["SIGNAL_CASE_STARTED"] = str(case / "started")
+            env.pop("PYTEST_ADDOPTS", None)
+            basetemp = f"--basetemp={base / sig.name}"
+            args = ["-p", "distrank", "-q", "-p", "no:cacheprovider", basetemp]
+            with open(case / "output", "w") as out:  # a file: wait() is pytest's own exit
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "pytest", *args],
+                    cwd=case,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            runs[sig] = (case, tag, proc)
+        end = time.monotonic() + 150
+        for sig, (case, _tag, proc) in runs.items():
+            while not (case / "started").exists():
+                assert time.monotonic() < end, f"{sig.name}: test_b never started"
+                assert proc.poll() is None, (case / "output").read_text()
+                time.sleep(0.1)
+        for sig, (_case, _tag, proc) in runs.items():
+            proc.send_signal(sig)
+        for sig, (case, tag, proc) in runs.items():
+            proc.wait(60)
+            lingering = _fork_servers(tagged_pids(tag))  # at once: pytest's exit leaves none
+            left = wait_gone(tag, 15)
+            for pid in left:
+                os.kill(pid, signal.SIGKILL)
+            output = (case / "output").read_text()
+            assert not left, f"alive after {sig.name} of the controller: {left}\n{output}"
+            if sig != signal.SIGKILL:
+                assert not lingering, f"{sig.name}: the fork server outlived pytest"
+            assert not list((case / "tmp").glob("pymp-*")), f"{sig.name}: pymp-* left in TMPDIR"
+            assert list((base / sig.name).glob("distrank-*/pymp")), f"{sig.name}: socket folder"
+            if sig != signal.SIGKILL:
+                assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+                assert f"KeyboardInterrupt: pytest-distrank: got {sig.name}" in output or (
+                    sig == signal.SIGINT and "KeyboardInterrupt" in output
+                ), output
+                assert "1 passed" in output.splitlines()[-1], output
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    left = wait_gone(tag, 15 if sig == signal.SIGKILL else 10)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"alive after {sig.name} of the controller: {left}"
-    if sig != signal.SIGKILL:
-        assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
-        assert "KeyboardInterrupt" in output
+        for _case, _tag, proc in runs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_crashed_rank_is_the_root_cause_not_its_disconnected_peer(

@@ -40,6 +40,7 @@ POOL_CONTROLLER = {
         "poolkey",
         "terminal",
         "debugrelay",
+        "forkserver",
         "ownreports",
         "probes",
         "reruns",
