@@ -206,7 +206,8 @@ class Attempt:
         if self.terminal is None or self.judging:
             rank.conn.send(DebugReply(False, "the test's time is up; its ranks are being stopped"))
             return
-        if message.kind == "post_mortem":
+        if message.kind == "post_mortem" and not self.terminal.unavailable():
+            # (without a terminal every rank's debugger is refused below, saying why)
             if self.post_mortem_rank is not None:
                 first = self.post_mortem_rank
                 rank.conn.send(DebugReply(False, f"rank {first} failed first"))

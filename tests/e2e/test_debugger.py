@@ -341,14 +341,27 @@ def test_pdb_without_a_terminal_says_why_and_goes_on(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
     pytester.makepyfile(RANK_1_FAILS)
+    pytester.makepyfile(
+        test_both_fail="""
+        import time, pytest
+
+        @pytest.mark.world_size(2)
+        def test_both(rank):
+            if rank == 0:
+                time.sleep(0.5)
+            assert False, f"rank {rank} fails"
+        """
+    )
     result = run_pytest("--pdb", "--distrank-failure-grace=1")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(
         [
-            "distrank: no debugger opened in rank 1/2 for test_pdb_without_a_terminal_says_why_"
-            "and_goes_on.py::test_sum: the controller's stdin is not a terminal*",
+            "distrank: no debugger opened in rank 1/2 for test_both_fail.py::test_both: the "
+            "controller's stdin is not a terminal*",
         ]
     )
+    # Said once per session; no debugger opened anywhere: no rank is said to be the one --pdb debugs.
+    result.stdout.no_fnmatch_line("*--pdb debugs rank*")
 
 
 def test_breakpoint_under_xdist_says_why(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
