@@ -536,7 +536,7 @@ def test_rank_setup_hook_failure_shows_its_traceback(
     )
 
 
-def test_skip_on_some_ranks_then_a_collective_fails_after_the_grace(
+def test_skip_on_some_ranks_then_a_collective_is_a_skip_after_the_grace(
     pytester: pytest.Pytester, run_pytest: RunPytest
 ) -> None:
     make_case(
@@ -560,15 +560,14 @@ def test_partial_skip_alone(rank):
     started = time.monotonic()
     result = run_pytest("-ra", "--distrank-failure-grace=1", "--distrank-timeout=120")
     assert time.monotonic() - started < 60  # the grace period, not the 120 s deadline
-    result.assert_outcomes(failed=1, skipped=1, passed=1)
+    # The peer waiting in the barrier for the rank that skipped is the skip's doing, not a
+    # failure (hostile review 3, D11): the test is skipped with the skip's reason.
+    result.assert_outcomes(skipped=2, passed=1)
     result.stdout.fnmatch_lines(
         [
-            "distrank: no rank failed on its own; 1 of 2 killed after the grace period",
-            "  rank 0/2  killed * s after rank 1 skipped; in barrier #1 on the default group; "
-            "blocked in barrier at *  <- shown first",
-            "  rank 1/2  skipped in setup: no data on rank 1",
+            "SKIPPED [[]1[]] *:8: skipped on rank 1 of 2 (rank 0 did not, and was stopped while "
+            "waiting for it): no data on rank 1",
+            "SKIPPED [[]1[]] *: skipped on rank 1 of 2 (rank 0 did not): odd one out",
         ]
     )
-    result.stdout.fnmatch_lines(
-        ["SKIPPED [[]1[]] *: skipped on rank 1 of 2 (rank 0 did not): odd one out"]
-    )
+    result.stdout.no_fnmatch_line("*collateral*")

@@ -36,6 +36,7 @@ POOL_CONTROLLER = {
         "attempt",
         "rankargs",
         "gpus",
+        "lockfolder",
         "gpumemory",
         "poolkey",
         "terminal",
