@@ -31,14 +31,16 @@ from collections.abc import Iterable
 from pytest import TestReport
 
 from .merge import label, synthesized_failure
+from .settings import seam_wait
 from .stacks import format_stack, where_blocked
 
 Location = tuple[str, int | None, str]
 
-#: When the grace period ends and only ranks that failed themselves are left: their extra time.
-FINISH_WAIT = 5.0
-#: How long ranks asked for their stacks get to write them.
-DUMP_WAIT = 3.0
+#: When the grace period ends and only ranks that failed themselves are left: their extra time
+#: (``DISTRANK_TEST_WAITS`` sets it for the plugin's own tests: settings.seam_wait).
+FINISH_WAIT = seam_wait(5.0)
+#: How long ranks asked for their stacks get to write them (likewise).
+DUMP_WAIT = seam_wait(3.0)
 #: Longer than any test could sensibly take (a year): a deadline beyond it means "no deadline".
 #: Every single wait is clamped to :data:`MAX_WAIT`, so ``inf`` or ``10**7`` never overflows.
 FOREVER = 365 * 24 * 3600.0

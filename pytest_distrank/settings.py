@@ -348,6 +348,27 @@ def _ini_source(config: pytest.Config, option: Option[Any], raw: str) -> str:
     return f"{option.ini} = {raw} ({where})"
 
 
+#: Test seam: ``DISTRANK_TEST_WAITS=S`` makes every fixed wait of the end-of-test rule S seconds:
+#: the failure grace's default, the finish wait and the stack-dump wait (endgame.py), so that the
+#: plugin's own fault tests do not sit out 5 + 5 + 3 s each. Not for users: a grace that short
+#: can kill peers that were just finishing.
+TEST_WAITS_ENV = "DISTRANK_TEST_WAITS"
+
+
+def seam_wait(default: float) -> float:
+    """``default``, or the seconds of :data:`TEST_WAITS_ENV` where it is set."""
+    raw = os.environ.get(TEST_WAITS_ENV, "")
+    if not raw:
+        return default
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # NaN and negative values too
+        raise ValueError(f"{TEST_WAITS_ENV}={raw!r} (environment): expected seconds >= 0")
+    return seconds
+
+
 def resolve(config: pytest.Config, option: Option[T]) -> Value[T]:
     """Resolve one option: default < ini < environment < command line."""
     raw: Any = config.getoption(option.dest)
@@ -361,6 +382,9 @@ def resolve(config: pytest.Config, option: Option[T]) -> Value[T]:
     ini = config.getini(option.ini)
     if ini not in ("", None):
         return _parse(option, str(ini), _ini_source(config, option, str(ini)))
+    seam = os.environ.get(TEST_WAITS_ENV, "")
+    if option.dest == FAILURE_GRACE.dest and seam:
+        return _parse(option, seam, f"{TEST_WAITS_ENV}={seam} (test seam)")
     return Value(option.parse(option.default), "default")
 
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_distrank.settings import parse_backend, parse_bool, parse_positive_int, parse_seconds
+from pytest_distrank.settings import (
+    TEST_WAITS_ENV,
+    parse_backend,
+    parse_bool,
+    parse_positive_int,
+    parse_seconds,
+    seam_wait,
+)
 
 
 @pytest.mark.parametrize("text", ["gloo", "nccl", "cpu:gloo,cuda:nccl", " mpi "])
@@ -30,3 +37,16 @@ def test_scalar_parsers() -> None:
     assert parse_bool("yes") and not parse_bool("0")
     with pytest.raises(ValueError):
         parse_bool("maybe")
+
+
+def test_the_waits_seam_sets_the_fixed_waits_and_refuses_nonsense(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv(TEST_WAITS_ENV, raising=False)
+    assert seam_wait(5.0) == 5.0
+    monkeypatch.setenv(TEST_WAITS_ENV, "0.5")
+    assert seam_wait(5.0) == 0.5
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(TEST_WAITS_ENV, bad)
+        with pytest.raises(ValueError, match=f"DISTRANK_TEST_WAITS='{bad}'"):
+            seam_wait(5.0)
