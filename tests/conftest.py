@@ -15,6 +15,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch  # noqa: F401  (before any in-process run: torch 2.13 cannot be imported twice)
+
+from pytest_distrank.markers import MARKERS
 
 from .helpers import (
     RUN_TIMEOUT,
@@ -26,6 +29,13 @@ from .helpers import (
     run_in_terminal,
     wait_gone,
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's own session runs without the plugin (pyproject's addopts): its unit tests
+    still build items with its markers, so they are registered here."""
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
 
 
 def _assert_none_left(tag: str) -> None:

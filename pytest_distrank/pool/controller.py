@@ -95,6 +95,10 @@ class Controller:
         self.stats = self.pools.stats
         self.next_test_index = 0
         self.isolated = 0
+        #: A session run inside another's process (``pytest.main(plugins=...)``, as pytester's
+        #: in-process runs do): it leaves the process's GC and signals alone, and starts the fork
+        #: server only when a pool needs it.
+        self.nested = bool(config.invocation_params.plugins)
         #: The signals install_sigterm took over (from SIG_DFL), given back at unconfigure.
         self._taken_signals: list[signal.Signals] = []
         #: The controller's terminal, lent to rank debuggers (debugrelay.py).
@@ -154,8 +158,8 @@ class Controller:
         """
         if self.pools.fork_server_started or self.settings.start_method.value != "forkserver":
             return
-        if self.config.option.collectonly:
-            return
+        if self.config.option.collectonly or self.nested:
+            return  # nested: a test's in-process session may start no rank at all
         with self.pools.capture_suspended():
             self.pools.start_fork_server()  # never raises: a pool start reports a failure
 
@@ -436,7 +440,7 @@ class Controller:
             signal.signal(signum, signal.SIG_DFL)
         # The fork server would take ~0.5-1 s of interpreter shutdown after pytest's exit.
         self.pools.stop_fork_server()
-        if "torch" in sys.modules:
+        if "torch" in sys.modules and not self.nested:
             # The session is over: spare the interpreter's final collection over torch's objects
             # (~0.5 s: interpreter shutdown collects all of torch's objects).
             gc.freeze()
@@ -449,6 +453,8 @@ class Controller:
         def _on_signal(signum: int, frame: object) -> None:
             raise KeyboardInterrupt(f"pytest-distrank: got {signal.Signals(signum).name}")
 
+        if self.nested:
+            return  # the process's own session decides what its signals do
         for signum in (signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) is signal.SIG_DFL:
                 signal.signal(signum, _on_signal)

@@ -117,8 +117,10 @@ def forwarded_args(
             continue
         if action.dest in stripped:
             continue
-        if action.dest == "plugins" and values and values[0].strip() in skip_plugins:
-            continue
+        if action.dest == "plugins" and values:
+            name = values[0].strip()
+            if name in skip_plugins or name.removeprefix("no:") in skip_plugins:
+                continue  # the rank loads the plugin itself (a "no:" of it came before the -p)
         if action.dest == "override_ini" and values and values[0].split("=", 1)[0] == "addopts":
             continue
         out += _spell(action, spelling, values)

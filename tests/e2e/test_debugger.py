@@ -360,7 +360,7 @@ def test_pdb_without_a_terminal_says_why_and_goes_on(
             "controller's stdin is not a terminal*",
         ]
     )
-    # Said once per session; no debugger opened anywhere: no rank is said to be the one --pdb debugs.
+    # Said once per session; no debugger opened anywhere, so no rank is "the one --pdb debugs".
     result.stdout.no_fnmatch_line("*--pdb debugs rank*")
 
 

@@ -95,3 +95,12 @@ def test_plugin_name_follows_the_controller(pytester: pytest.Pytester) -> None:
     args = _rank_args(pytester, "-p", "distrank")
     assert args[1:5] == ["-p", "distrank", "-p", "no:cacheprovider"]
     assert args.count("distrank") == 1
+
+
+def test_a_no_of_the_plugin_before_its_p_does_not_reach_ranks(pytester: pytest.Pytester) -> None:
+    # addopts = -p no:distrank in a project's ini, -p distrank on the command line: the rank
+    # must load the plugin, not be told to block it.
+    pytester.makeini("[pytest]\naddopts = -p no:distrank -p no:randomly\n")
+    args = _rank_args(pytester, "-p", "distrank")
+    assert "no:distrank" not in args and args.count("distrank") == 1
+    assert _has(args, "-p", "no:randomly")
