@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import functools
 import os
+import resource
 
 import pytest
 
 from . import _compat
 from .gpuplan import FAKE_NCCL_VERSION_ENV, STRICT, GpuPlan, GpuPolicy, plan_gpus
-from .markers import DistSpec, MarkerError, min_gpus
+from .markers import MAX_SIMULATED_SIZE, DistSpec, MarkerError, min_gpus
 
 FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
 
@@ -112,6 +113,42 @@ def gpu_plan(spec: DistSpec, policy: GpuPolicy = STRICT) -> GpuPlan | str:
         spec.min_gpus,
         visible_gpu_count() if uses_nccl else 0,
         policy,
+    )
+
+
+#: Rank processes per CPU core one pool may have (and at least :data:`MIN_POOL_LIMIT`): beyond it
+#: the pool is refused before any process starts. 12 ranks on 2 cores run; hundreds take turns.
+POOL_RANKS_PER_CORE = 64
+MIN_POOL_LIMIT = 256
+
+
+def too_many_ranks(
+    world_size: int, cores: int | None = None, nproc: int | None = None
+) -> str | None:
+    """Why a pool of ``world_size`` rank processes cannot start on this machine, or None.
+
+    ``cores`` and ``nproc`` (the soft ``RLIMIT_NPROC``) default to this machine's. A huge size
+    would otherwise be started rank by rank until memory or the process limit runs out.
+    """
+    cores = cores if cores is not None else (os.cpu_count() or 1)
+    if nproc is None:
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        nproc = soft if soft != resource.RLIM_INFINITY else 0
+    limit = max(MIN_POOL_LIMIT, POOL_RANKS_PER_CORE * cores)
+    why = f"at most {limit} ranks in one pool on {cores} CPU cores"
+    if 0 < nproc < limit:
+        limit, why = nproc, f"at most {nproc} processes for this user (ulimit -u)"
+    if world_size <= limit:
+        return None
+    simulate = (
+        f"simulate the world instead (@pytest.mark.simulate('fake', {world_size}), "
+        "docs/simulation.md) or "
+        if world_size <= MAX_SIMULATED_SIZE
+        else ""
+    )
+    return (
+        f"world size {world_size} needs {world_size} rank processes on this machine, {why}; "
+        f"{simulate}run it across nodes under a launcher (docs/multi-node.md)"
     )
 
 

@@ -30,7 +30,7 @@ from ..gpuplan import GpuPolicy
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
 from ..merge import annotate, merge_test
 from ..records import RunTest
-from ..requirements import check_ordinary_test, gpu_plan
+from ..requirements import check_ordinary_test, gpu_plan, too_many_ranks
 from ..settings import Settings, Value, item_timeout
 from ..warnings_relay import forward_warnings
 from . import reruns
@@ -127,7 +127,7 @@ class Controller:
                 continue
             if spec is None:
                 continue
-            gpus = gpu_plan(spec, self.gpu_policy)
+            gpus = too_many_ranks(spec.world_size) or gpu_plan(spec, self.gpu_policy)
             entry = Planned(spec, skip=gpus if isinstance(gpus, str) else None, timeout=timeout)
             plan[item.nodeid] = entry
             if isinstance(gpus, str):
