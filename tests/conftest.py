@@ -18,6 +18,7 @@ import pytest
 import torch  # noqa: F401  (before any in-process run: torch 2.13 cannot be imported twice)
 
 from pytest_distrank.markers import MARKERS
+from pytest_distrank.settings import TEST_WAITS_ENV
 
 from .helpers import (
     RUN_TIMEOUT,
@@ -52,9 +53,33 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG_ENV, tag)
     monkeypatch.setenv("COLUMNS", "200")  # short summary lines are not trimmed
+    # The end-of-test rule's fixed waits (grace 5 s, finish 5 s, dumps 3 s) take 1 s here; a test
+    # of those defaults deletes the variable (settings.TEST_WAITS_ENV).
+    monkeypatch.setenv(TEST_WAITS_ENV, "1")
 
     def run(*args: str, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
         return pytester.runpytest_subprocess("-p", "distrank", *args, timeout=timeout)
+
+    yield run
+    _assert_none_left(tag)
+
+
+@pytest.fixture
+def run_inprocess(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunPytest]:
+    """Run ``pytest -p distrank ARGS`` in this process, for sessions that start no rank (a skip
+    or error decided before any process starts, option and marker errors, ordinary tests,
+    ``--markers``): ~0.3 s instead of a subprocess's seconds. The inner controller is nested
+    (pool/controller.py) and starts no fork server unless a pool is needed; should one start,
+    the leak check still finds it."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
+    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv(TEST_WAITS_ENV, "1")
+
+    def run(*args: str, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
+        return pytester.runpytest_inprocess("-p", "distrank", *args)
 
     yield run
     _assert_none_left(tag)
