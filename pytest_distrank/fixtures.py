@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import _compat
-from .context import RANK_CONTEXT, RankContext
+from .rank.context import RANK_CONTEXT, RankContext
 
 if TYPE_CHECKING:
     import torch

@@ -13,7 +13,6 @@ import pytest
 from . import __version__, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
 from .settings import OPTIONS, SUITES, WORLD_SIZE, Settings, resolve
-from .suites import SuitesPlugin
 
 CONTROLLER_NAME = "distrank-controller"
 
@@ -43,7 +42,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def _in_rank(config: pytest.Config) -> bool:
-    from .pool.worker import WorkerPlugin
+    from .pool.worker.main import WorkerPlugin
 
     return any(isinstance(p, WorkerPlugin) for p in config.pluginmanager.get_plugins())
 
@@ -77,6 +76,8 @@ def _take_existing_suites(config: pytest.Config) -> None:
     """Pool mode, controller and ranks alike: PyTorch's harness classes run on warm pools
     (:mod:`suites`), unless ``--distrank-suites=own``."""
     if resolve(config, SUITES).value == "warm":
+        from .pool.suites import SuitesPlugin
+
         config.pluginmanager.register(SuitesPlugin(), "distrank-suites")
 
 

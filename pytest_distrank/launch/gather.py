@@ -30,8 +30,9 @@ from typing import Any
 import pytest
 from pytest import TestReport
 
-from ..collectives import Story, explain, load
-from ..endgame import (
+from ..outcome.checks import foreign_report
+from ..outcome.collectives import Story, explain, load
+from ..outcome.endgame import (
     BEFORE_SETUP,
     DUMP_WAIT,
     LATE,
@@ -44,12 +45,11 @@ from ..endgame import (
     grace_trigger,
     unfinished_report,
 )
-from ..fitness import foreign_report
-from ..rankside import flight_records
-from ..records import Reports, RunTest, WarningRecord
+from ..outcome.records import Reports, RunTest, WarningRecord
+from ..outcome.stacks import where_blocked
+from ..outcome.warnings import warning_record
+from ..rank.hygiene import flight_records
 from ..settings import Value
-from ..stacks import where_blocked
-from ..warnings_relay import warning_record
 from . import keys
 from .channel import POLL_MAX
 from .report import FRESH_GROUP, relabel, silent_report, stopped_report

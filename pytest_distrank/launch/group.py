@@ -24,10 +24,10 @@ from pytest import TestReport
 
 from .. import _compat
 from .. import fixtures as fixtures_module
-from ..context import RANK_CONTEXT, RankContext
-from ..fitness import sequences_in_step, unmatched_collectives
-from ..rankside import collective_counts, flight_mark
-from ..records import RunTest
+from ..outcome.checks import sequences_in_step, unmatched_collectives
+from ..outcome.records import RunTest
+from ..rank.context import RANK_CONTEXT, RankContext
+from ..rank.hygiene import collective_counts, flight_mark
 from . import keys
 from .channel import ChannelError
 from .gather import Current

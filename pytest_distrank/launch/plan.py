@@ -18,9 +18,9 @@ import time
 import pytest
 
 from .. import _compat
-from ..gpuplan import LAUNCHED
 from ..markers import MarkerError, spec_of
-from ..requirements import check_ordinary_test, skip_reason
+from ..planning.capabilities import check_ordinary_test, skip_reason
+from ..planning.gpuplan import LAUNCHED
 from ..settings import Settings, item_timeout
 from . import keys
 from .channel import ChannelError

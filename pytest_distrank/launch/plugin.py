@@ -47,12 +47,12 @@ import pytest
 from pytest import CollectReport, TestReport
 
 from .. import __version__, _compat
-from ..merge import annotate, merge_test
-from ..rankside import sequence_numbers, teardown_unneeded
-from ..records import RunTest
+from ..outcome.merge import annotate, merge_test
+from ..outcome.records import RunTest
+from ..outcome.stacks import interruption_message
+from ..outcome.warnings import forward_warnings
+from ..rank.hygiene import sequence_numbers, teardown_unneeded
 from ..settings import Settings, item_timeout
-from ..stacks import interruption_message
-from ..warnings_relay import forward_warnings
 from . import keys
 from .channel import ChannelError
 from .env import Launch, rerun_command

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
-from .. import fitness
-from ..endgame import Location
-from ..merge import label, synthesized_failure
+from ..outcome import checks
+from ..outcome.endgame import Location
+from ..outcome.merge import label, synthesized_failure
 
 #: What follows a check's failure in launcher mode (pool mode replaces the pool instead).
 FRESH_GROUP = (
@@ -74,7 +74,7 @@ def forked_report(
 ) -> TestReport:
     """Pool mode's failure for a test that left forks of the rank running the rank's own code
     (:func:`fitness.forked_report`), with what launcher mode did about them."""
-    report = fitness.forked_report(rank, world_size, pids, nodeid, location)
+    report = checks.forked_report(rank, world_size, pids, nodeid, location)
     more = (
         "End a child made with os.fork() with os._exit() (or use subprocess, or "
         f"multiprocessing, which manages its children). The rank killed it. {FRESH_GROUP}"

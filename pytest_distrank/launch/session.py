@@ -48,7 +48,7 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
-from ..rankside import cap_section, stray_forks
+from ..rank.hygiene import cap_section, stray_forks
 from . import keys
 from .channel import LOST_EXIT, Channel, ChannelError
 from .env import Launch

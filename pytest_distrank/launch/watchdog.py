@@ -33,9 +33,9 @@ from collections.abc import Callable
 
 from pytest import TestReport
 
-from ..collectives import explain, load
-from ..endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
-from ..stacks import where_blocked
+from ..outcome.collectives import explain, load
+from ..outcome.endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
+from ..outcome.stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
 from .gather import Current, own_records, poll_early, poll_finished, warning_records

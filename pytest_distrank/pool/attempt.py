@@ -17,8 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from ..collectives import crash_verdict, explain, load
-from ..endgame import (
+from ..outcome.checks import (
+    foreign_report,
+    forked_report,
+    is_own,
+    sequences_in_step,
+    unmatched_collectives,
+    why_silent,
+)
+from ..outcome.collectives import crash_verdict, explain, load
+from ..outcome.endgame import (
     LATE,
     LATE_REASON,
     Endgame,
@@ -27,17 +35,9 @@ from ..endgame import (
     fill_passed,
     unfinished_report,
 )
-from ..fitness import (
-    foreign_report,
-    forked_report,
-    is_own,
-    sequences_in_step,
-    unmatched_collectives,
-    why_silent,
-)
-from ..merge import VERDICT_ATTR, synthesized_failure
-from ..records import Reports, RunTest, WarningRecord
-from ..stacks import (
+from ..outcome.merge import VERDICT_ATTR, synthesized_failure
+from ..outcome.records import Reports, RunTest, WarningRecord
+from ..outcome.stacks import (
     collective_entered,
     read_from,
     signal_name,

@@ -25,15 +25,15 @@ from pathlib import Path
 import pytest
 from pytest import TestReport
 
-from .. import _compat, simreport
-from ..gpuplan import GpuPolicy
+from .. import _compat
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
-from ..merge import annotate, merge_test
-from ..records import RunTest
-from ..requirements import check_ordinary_test, gpu_plan, too_many_ranks
+from ..outcome.merge import annotate, merge_test
+from ..outcome.records import RunTest
+from ..outcome.warnings import forward_warnings
+from ..planning.capabilities import check_ordinary_test, gpu_plan, too_many_ranks
+from ..planning.gpuplan import GpuPolicy
 from ..settings import Settings, Value, item_timeout
-from ..warnings_relay import forward_warnings
-from . import reruns
+from . import reruns, simreport
 from .attempt import TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable

@@ -41,7 +41,7 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..requirements import visible_gpu_count
+from ..planning.capabilities import visible_gpu_count
 from ..settings import GPU_LOCK_DIR, GPU_WAIT, Value, size_words
 from . import lockfolder
 from .gpumemory import total_memory

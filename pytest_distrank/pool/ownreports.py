@@ -16,8 +16,8 @@ import pytest
 from pytest import CallInfo, TestReport
 
 from .. import _compat
-from ..merge import synthesized_failure
-from ..records import PassedPhase
+from ..outcome.merge import synthesized_failure
+from ..outcome.records import PassedPhase
 
 if TYPE_CHECKING:
     from .pool import Pool

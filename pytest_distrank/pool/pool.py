@@ -21,8 +21,10 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from .. import reaper
-from ..endgame import (
+from ..outcome.checks import (
+    why_silent,
+)
+from ..outcome.endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
     NOT_RECEIVED,
@@ -30,11 +32,8 @@ from ..endgame import (
     Position,
     clamp_wait,
 )
-from ..fitness import (
-    why_silent,
-)
-from ..records import Reports, RunTest
-from ..stacks import (
+from ..outcome.records import Reports, RunTest
+from ..outcome.stacks import (
     format_stack,
     read_from,
     signal_name,
@@ -42,6 +41,7 @@ from ..stacks import (
     user_file,
     where_blocked,
 )
+from ..rank import reaper
 from .attempt import Attempt, Deserialize, TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuLease
@@ -61,7 +61,7 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
-from .worker import rank_main
+from .worker.main import rank_main
 
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..gpuplan import GpuPlan
 from ..markers import Simulated
+from ..planning.gpuplan import GpuPlan
 from ..settings import size_words
 
 

@@ -28,9 +28,10 @@ from typing import Any
 import pytest
 
 from .. import _compat
-from ..gpuplan import share_env
+from ..planning.gpuplan import share_env
 from ..settings import PRELOAD as PRELOAD_OPTION
 from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
+from .cmdline import coverage_settings, rank_pytest_args
 from .debugrelay import DebugTerminal
 from .forkserver import stop as stop_server
 from .forkserver import use_socket_folder
@@ -39,7 +40,6 @@ from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
 from .preloads import PRELOAD, plugin_modules
 from .protocol import DebugSettings, RankConfig
-from .rankargs import coverage_settings, rank_pytest_args
 from .workerinput import RankInputs
 
 #: How long ranks get to tear down and exit at the end of the session.

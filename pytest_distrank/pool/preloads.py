@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from .. import _compat
-from ..requirements import FAKE_GPU_COUNT_ENV
+from ..planning.capabilities import FAKE_GPU_COUNT_ENV
 
 #: Modules the fork server imports once, so that every rank starts with them in memory. The last
 #: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).
@@ -24,7 +24,7 @@ PRELOAD = [
     "torch.distributed",
     "pytest",
     "pytest_distrank.plugin",
-    "pytest_distrank.pool.preload",
+    "pytest_distrank.pool.worker.preload",
 ]
 #: The library modules a test file's imports may add to the preload list (the distributed stack
 #: and PyTorch's own test harness), never the test's own modules.

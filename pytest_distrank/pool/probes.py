@@ -14,10 +14,10 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..endgame import DUMP_WAIT
-from ..stacks import read_from
-from .rankfr import FR_SIGNAL, fr_path
-from .worker import DUMP_SIGNAL
+from ..outcome.endgame import DUMP_WAIT
+from ..outcome.stacks import read_from
+from .worker.main import DUMP_SIGNAL
+from .worker.rankfr import FR_SIGNAL, fr_path
 
 if TYPE_CHECKING:
     from .pool import Rank

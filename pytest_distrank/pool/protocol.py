@@ -20,7 +20,7 @@ import dataclasses
 import enum
 from typing import Any
 
-from ..records import Reports
+from ..outcome.records import Reports
 
 
 class Phase(enum.IntEnum):

@@ -32,8 +32,8 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
-from ..merge import _root_cause
-from .rankreruns import FILTER_OPTIONS, FILTERS_ENV, VERDICT_ATTR
+from ..outcome.merge import _root_cause
+from .worker.rankreruns import FILTER_OPTIONS, FILTERS_ENV, VERDICT_ATTR
 
 #: What becomes of one report of an attempt: logged as it is, logged as a rerun, or not logged
 #: (a failed phase that did not match the condition while another did: rerunfailures shows the

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..gpuplan import describe_policy, nccl_version
+from ..planning.gpuplan import describe_policy, nccl_version
 from .controller import Controller
 
 

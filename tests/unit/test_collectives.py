@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from pytest_distrank import _compat, collectives
-from pytest_distrank.collectives import crash_verdict, explain, load
+from pytest_distrank import _compat
+from pytest_distrank.outcome import collectives
+from pytest_distrank.outcome.collectives import crash_verdict, explain, load
 
 START = 1_000
 

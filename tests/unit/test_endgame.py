@@ -6,7 +6,7 @@ import math
 
 from pytest import TestReport
 
-from pytest_distrank.endgame import (
+from pytest_distrank.outcome.endgame import (
     BEFORE_SETUP,
     FINISH_WAIT,
     FOREVER,
@@ -153,7 +153,7 @@ def test_fill_passed_adds_the_phases_before() -> None:
 
 
 def test_sequences_compared_as_increments_since_the_last_test() -> None:
-    from pytest_distrank.fitness import sequences_in_step
+    from pytest_distrank.outcome.checks import sequences_in_step
 
     base = {0: {"the default group": 5}, 1: {"the default group": 3}}  # p2p earlier on rank 0
     assert sequences_in_step({0: {"the default group": 7}, 1: {"the default group": 5}}, base)
@@ -163,8 +163,8 @@ def test_sequences_compared_as_increments_since_the_last_test() -> None:
 
 
 def test_unmatched_collectives_name_the_rank_with_more() -> None:
-    from pytest_distrank.fitness import unmatched_collectives
-    from pytest_distrank.records import RunTest
+    from pytest_distrank.outcome.checks import unmatched_collectives
+    from pytest_distrank.outcome.records import RunTest
 
     counts = {0: {"the default group": (3, "gloo:all_reduce")}, 1: {"the default group": (2, "")}}
     test = RunTest(1, "t.py::test_x", None, "")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_distrank.gpuplan import (
+from pytest_distrank.planning.gpuplan import (
     LAUNCHED,
     MULTI_RANK_ENV,
     STRICT,

@@ -21,8 +21,13 @@ PACKAGE = ROOT / "pytest_distrank"
 
 
 def modules_in(folder: Path, prefix: str = "") -> set[str]:
-    """Dotted names (below the package) of the modules in ``folder``, ``__init__`` left out."""
-    return {prefix + p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    """Dotted names (below the package) of the modules in ``folder`` and its subfolders,
+    ``__init__`` left out."""
+    return {
+        prefix + ".".join(p.relative_to(folder).with_suffix("").parts)
+        for p in folder.rglob("*.py")
+        if p.stem != "__init__"
+    }
 
 
 #: Pool mode, controller side.
@@ -34,7 +39,7 @@ POOL_CONTROLLER = {
         "poolset",
         "preloads",
         "attempt",
-        "rankargs",
+        "cmdline",
         "gpus",
         "lockfolder",
         "gpumemory",
@@ -45,43 +50,44 @@ POOL_CONTROLLER = {
         "ownreports",
         "probes",
         "reruns",
+        "simreport",
     )
 }
 #: Pool mode, rank side (the fork server and the rank processes it forks).
 POOL_RANK = {
-    "pool.worker",
-    "pool.rankgroup",
-    "pool.ranklogs",
-    "pool.rankfr",
-    "pool.preload",
-    "pool.suiterank",
-    "pool.suiteclass",
-    "pool.rankpdb",
-    "pool.rankproc",
-    "pool.rankgpu",
-    "pool.simulate",
-    "pool.rankreruns",
+    "pool.worker.main",
+    "pool.worker.rankgroup",
+    "pool.worker.ranklogs",
+    "pool.worker.rankfr",
+    "pool.worker.preload",
+    "pool.worker.suiterank",
+    "pool.worker.suiteclass",
+    "pool.worker.rankpdb",
+    "pool.worker.rankproc",
+    "pool.worker.rankgpu",
+    "pool.worker.simulate",
+    "pool.worker.rankreruns",
 }
 #: Pool mode, both sides (imported by each, importing neither).
-POOL_BOTH = {"pool.protocol", "pool.workerinput"}
+POOL_BOTH = {"pool.protocol", "pool.workerinput", "pool.suites"}
 POOL = modules_in(PACKAGE / "pool", "pool.")
 #: Launcher mode.
 LAUNCH = modules_in(PACKAGE / "launch", "launch.")
 #: The top level: what both modes use, and the plugin's entry (whose gate alone may import a
 #: mode, lazily, inside the hook that picks it).
-SHARED = modules_in(PACKAGE) - {"plugin"}
+SHARED = {m for m in modules_in(PACKAGE) - {"plugin"} if not m.startswith(("pool.", "launch."))}
 #: Modules that import no torch (they run in the controller, which never imports it for gloo).
 NO_TORCH = {
-    "records",
-    "collectives",
+    "outcome.records",
+    "outcome.collectives",
     "pool.protocol",
-    "merge",
-    "simreport",
-    "endgame",
-    "fitness",
-    "stacks",
-    "reaper",
-    "warnings_relay",
+    "outcome.merge",
+    "pool.simreport",
+    "outcome.endgame",
+    "outcome.checks",
+    "outcome.stacks",
+    "rank.reaper",
+    "outcome.warnings",
     "pool.debugrelay",
 }
 
@@ -118,12 +124,14 @@ def own(names: set[str]) -> set[str]:
 
 def test_every_module_has_a_place() -> None:
     assert POOL == POOL_CONTROLLER | POOL_RANK | POOL_BOTH, "new pool modules need a side"
-    assert "records" in SHARED and "context" in SHARED and "pool.worker" in POOL
+    assert "outcome.records" in SHARED and "rank.context" in SHARED and "pool.worker.main" in POOL
     assert "launch.plugin" in LAUNCH
 
 
 def test_the_import_reader_resolves_relative_imports() -> None:
-    assert {"pool.protocol", "records", "pool.rankgroup", "_compat"} <= imports_of("pool.worker")
+    assert {"pool.protocol", "outcome.records", "pool.worker.rankgroup", "_compat"} <= imports_of(
+        "pool.worker.main"
+    )
     assert "launch.channel" in imports_of("launch.plugin")
 
 
@@ -163,9 +171,9 @@ def test_modules_that_run_anywhere_import_no_torch(module: str) -> None:
     assert not {n for n in imports_of(module) if n == "torch" or n.startswith("torch.")}
 
 
-@pytest.mark.parametrize("module", ["records", "pool.protocol"])
+@pytest.mark.parametrize("module", ["outcome.records", "pool.protocol"])
 def test_the_records_and_the_pool_protocol_import_only_the_standard_library(module: str) -> None:
-    allowed = {"__future__", "dataclasses", "enum", "typing", "records"}
+    allowed = {"__future__", "dataclasses", "enum", "typing", "outcome.records"}
     assert imports_of(module) <= allowed
 
 

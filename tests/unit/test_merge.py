@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pytest import TestReport
 
 from pytest_distrank._compat import ExceptionChainRepr
-from pytest_distrank.merge import merge_test, rank_story, synthesized_failure
+from pytest_distrank.outcome.merge import merge_test, rank_story, synthesized_failure
 
 LOCATION = ("test_x.py", 3, "test_x")
 
@@ -197,7 +197,7 @@ def test_rank_story_prefers_notes() -> None:
 
 
 def test_merge_warnings_once_per_distinct_warning_with_its_ranks() -> None:
-    from pytest_distrank.merge import merge_warnings
+    from pytest_distrank.outcome.merge import merge_warnings
 
     a = ("builtins", "UserWarning", "a", "t.py", 3)
     b = ("builtins", "DeprecationWarning", "b", "t.py", 4)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.pool.rankargs import REWRITE_WARNING_FILTER, rank_pytest_args
+from pytest_distrank.pool.cmdline import REWRITE_WARNING_FILTER, rank_pytest_args
 
 PYTEST_VERSION = tuple(int(part) for part in pytest.__version__.split(".")[:2])
 

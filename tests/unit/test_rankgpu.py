@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.pool.rankgpu import CudaMemory, gloo_cannot
+from pytest_distrank.pool.worker.rankgpu import CudaMemory, gloo_cannot
 from pytest_distrank.settings import parse_bytes, size_words
 
 MIB = 1024 * 1024

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_distrank.rankside import kept_by, leftover_message
+from pytest_distrank.rank.hygiene import kept_by, leftover_message
 
 
 def test_the_nodes_a_next_test_keeps_set_up() -> None:

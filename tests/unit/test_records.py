@@ -10,8 +10,8 @@ from typing import Literal
 import pytest
 from pytest import CallInfo, TestReport
 
+from pytest_distrank.outcome.records import compact_passed
 from pytest_distrank.pool.ownreports import rebuild_passed
-from pytest_distrank.records import compact_passed
 
 #: The phases of a test, as ``CallInfo.from_call`` types them.
 Phase = Literal["setup", "call", "teardown"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_distrank.requirements import MIN_POOL_LIMIT, too_many_ranks
+from pytest_distrank.planning.capabilities import MIN_POOL_LIMIT, too_many_ranks
 
 
 def test_a_pool_this_machine_can_start_is_not_refused() -> None:

@@ -11,8 +11,7 @@ import os
 import pytest
 from pytest import TestReport
 
-from pytest_distrank.merge import COLLATERAL_ATTR
-from pytest_distrank.pool.rankreruns import FILTERS_ENV
+from pytest_distrank.outcome.merge import COLLATERAL_ATTR
 from pytest_distrank.pool.reruns import (
     ROOT_CAUSES,
     Judged,
@@ -21,6 +20,7 @@ from pytest_distrank.pool.reruns import (
     filters_to_ranks,
     keep_root_causes,
 )
+from pytest_distrank.pool.worker.rankreruns import FILTERS_ENV
 
 PASSED = Judged("setup", failed=False), Judged("teardown", failed=False)
 

@@ -6,8 +6,8 @@ from pytest import TestReport
 
 from pytest_distrank._compat import ExceptionChainRepr
 from pytest_distrank.markers import Simulated
-from pytest_distrank.merge import merge_test, synthesized_failure
-from pytest_distrank.simreport import explain, relabel, who
+from pytest_distrank.outcome.merge import merge_test, synthesized_failure
+from pytest_distrank.pool.simreport import explain, relabel, who
 
 LOCATION = ("test_x.py", 3, "test_x")
 LOCAL64 = Simulated("local", 64, 0)
@@ -82,10 +82,11 @@ def test_other_local_failures_say_the_numbers_are_real() -> None:
 def test_a_collective_local_mode_refuses_is_explained_as_refused() -> None:
     """D5: a refusal is not a wrong number: its section must not claim real-run numbers."""
     crash = (
-        "[rank 0/1] pytest_distrank.pool.simulate.LocalModeRefusal: all_reduce on the group of "
-        "ranks 0, 1, which is not a DeviceMesh dimension: local mode cannot compute it exactly."
+        "[rank 0/1] pytest_distrank.pool.worker.simulate.LocalModeRefusal: all_reduce on the "
+        "group of ranks 0, 1, which is not a DeviceMesh dimension: local mode cannot compute it "
+        "exactly."
     )
-    text = explain(LOCAL64, crash, "/x/pytest_distrank/pool/simulate.py")
+    text = explain(LOCAL64, crash, "/x/pytest_distrank/pool/worker/simulate.py")
     assert text.startswith(
         "world size 64 simulated (local: every rank at once), in one process. Local mode "
         "refused a collective it cannot compute exactly (the error says which, and why)"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_distrank.pool.simulate import refusal
+from pytest_distrank.pool.worker.simulate import refusal
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pytest_distrank.stacks import (
+from pytest_distrank.outcome.stacks import (
     collective_entered,
     main_thread_frames,
     signal_name,

@@ -38,9 +38,12 @@ from typing import Any
 
 import pytest
 
-from .. import _compat, reaper
-from ..context import RANK_CONTEXT, RankContext
-from ..rankside import (
+from ... import _compat
+from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
+from ...outcome.stacks import interruption_message
+from ...rank import reaper
+from ...rank.context import RANK_CONTEXT, RankContext
+from ...rank.hygiene import (
     Leftovers,
     cap_section,
     collective_counts,
@@ -49,10 +52,7 @@ from ..rankside import (
     sequence_numbers,
     stray_forks,
 )
-from ..records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
-from ..stacks import interruption_message
-from . import ranklogs, rankreruns
-from .protocol import (
+from ..protocol import (
     Collectives,
     CountCollectives,
     DebugSettings,
@@ -64,6 +64,8 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
+from ..workerinput import WorkerInput, xdist_environ
+from . import ranklogs, rankreruns
 from .rankfr import start_responder
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, start_rank
@@ -71,7 +73,6 @@ from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import detach_from_controller_tree, end_with_controller, rank_env
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
-from .workerinput import WorkerInput, xdist_environ
 
 #: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"

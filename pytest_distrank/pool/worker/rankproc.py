@@ -22,8 +22,9 @@ import signal
 import threading
 from typing import NoReturn
 
-from .. import _compat, reaper
-from .protocol import RankConfig
+from ... import _compat
+from ...rank import reaper
+from ..protocol import RankConfig
 from .rankgroup import MASTER_ADDR
 
 _PR_SET_PDEATHSIG = 1

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from .. import _compat
+from ... import _compat
 
 #: Attribute of a rank's failed report: rerunfailures' verdict on that failure, a dict with
 #: ``hard_fail`` (bool: the filters rule a rerun out), ``condition`` (bool, or None without a

@@ -17,9 +17,9 @@ import socket
 from datetime import timedelta
 from typing import Any
 
-from .. import _compat
-from ..context import RankContext
-from .protocol import RankConfig
+from ... import _compat
+from ...rank.context import RankContext
+from ..protocol import RankConfig
 from .simulate import simulate
 
 STORE_TIMEOUT = timedelta(seconds=300)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .records import RunTest
+from ..outcome.records import RunTest
 
 if TYPE_CHECKING:
     import torch

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import pytest
 
-from .markers import SPEC_ERROR
+from ..markers import SPEC_ERROR
 
 HARNESS_MODULE = "torch.testing._internal.common_distributed"
 #: The class attribute by which a class opts out (``"own"``: its harness runs it).

@@ -31,7 +31,7 @@ from typing import IO, Any, TypeVar, cast
 
 import pytest
 
-from .protocol import (
+from ..protocol import (
     DebugClose,
     DebugLine,
     DebugOpen,

@@ -19,9 +19,9 @@ import resource
 
 import pytest
 
-from . import _compat
+from .. import _compat
+from ..markers import MAX_SIMULATED_SIZE, DistSpec, MarkerError, min_gpus
 from .gpuplan import FAKE_NCCL_VERSION_ENV, STRICT, GpuPlan, GpuPolicy, plan_gpus
-from .markers import MAX_SIMULATED_SIZE, DistSpec, MarkerError, min_gpus
 
 FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
 
@@ -171,7 +171,7 @@ def gpu_skip_reason(min_gpus: int) -> str | None:
 def check_ordinary_test(item: pytest.Item) -> None:
     """Before an ordinary test (no ``world_size``) runs in this process: a rank fixture is an
     error naming the marker to add; ``requires_gpus``/``requires_nccl`` may skip it."""
-    from .fixtures import misuse_message, rank_fixtures_used
+    from ..fixtures import misuse_message, rank_fixtures_used
 
     used = rank_fixtures_used(item)
     if used:

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from pytest import TestReport
 
-from ._compat import LOCAL_TENSOR_MODULE, ExceptionChainRepr, ExceptionRepr, ReprEntryNative
-from .markers import Simulated
-from .merge import label
+from .._compat import LOCAL_TENSOR_MODULE, ExceptionChainRepr, ExceptionRepr, ReprEntryNative
+from ..markers import Simulated
+from ..outcome.merge import label
 
 #: The label the merge gives the pool's one process.
 _PROCESS = label(0, 1)

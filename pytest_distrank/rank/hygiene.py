@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from . import _compat
-from .collectives import dump, load
+from .. import _compat
+from ..outcome.collectives import dump, load
 from .reaper import living_children
 
 #: Captured output sections longer than this are cut to their head and tail before sending.

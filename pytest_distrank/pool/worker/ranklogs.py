@@ -27,7 +27,7 @@ import logging
 from types import TracebackType
 from typing import Generic, TypeVar
 
-from .. import _compat
+from ... import _compat
 
 _HandlerType = TypeVar("_HandlerType", bound=logging.Handler)
 

@@ -56,8 +56,8 @@ from typing import Any
 
 import pytest
 
-from .. import _compat
-from ..context import RANK_CONTEXT, RankContext
+from ... import _compat
+from ...rank.context import RANK_CONTEXT, RankContext
 from ..suites import CASE, HARNESS_MODULE, Case
 from .suiteclass import ClassState, child_view, no_spawning
 

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
+from ..rank.reaper import proc_stat
 from .merge import synthesized_failure
-from .reaper import proc_stat
 from .records import Reports, RunTest
 
 Location = tuple[str, int | None, str]

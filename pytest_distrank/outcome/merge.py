@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pytest import TestReport
 
-from ._compat import (
+from .._compat import (
     ExceptionChainRepr,
     ExceptionRepr,
     ReprEntryNative,

@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from .. import _compat
-from ..collectives import group_of_ranks, ranks_words
-from ..context import RankContext
+from ... import _compat
+from ...outcome.collectives import group_of_ranks, ranks_words
+from ...rank.context import RankContext
 
 #: Collectives that move no data: skipping one where the process's rank is not a member changes
 #: no number, so local mode lets torch skip them as it does.

@@ -30,8 +30,8 @@ from collections.abc import Iterable
 
 from pytest import TestReport
 
+from ..settings import seam_wait
 from .merge import label, synthesized_failure
-from .settings import seam_wait
 from .stacks import format_stack, where_blocked
 
 Location = tuple[str, int | None, str]

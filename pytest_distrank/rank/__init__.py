@@ -1,0 +1,13 @@
+"""Inside a rank process of either mode: who the rank is, and what it checks around a test.
+
+Runs in pool ranks (:mod:`pytest_distrank.pool.worker`) and in the ranks of a launched world
+(:mod:`pytest_distrank.launch`); the reaper also in pool mode's controller, which ends a pool's
+processes.
+
+- ``context``: :class:`~context.RankContext`, what the fixtures read; built by either mode.
+- ``hygiene``: around a test: what earlier tests left set up, huge output sections, forks a test
+  left running; the process groups' sequence numbers and flight records.
+- ``reaper``: ending what ranks started: descendants, tagged processes, the subreaper.
+
+Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports either mode.
+"""
