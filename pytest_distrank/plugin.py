@@ -8,11 +8,13 @@ adds the markers, fixtures and hooks; in the controller it also registers the co
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from . import __version__, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
-from .settings import OPTIONS, SUITES, WORLD_SIZE, Settings, resolve
+from .settings import OPTIONS, RANK_ENV, SUITES, WORLD_SIZE, Settings, resolve
 
 CONTROLLER_NAME = "distrank-controller"
 
@@ -42,6 +44,12 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def _in_rank(config: pytest.Config) -> bool:
+    """Whether this session is a pool rank's own: its environment names its rank
+    (:data:`~settings.RANK_ENV`) and the rank handed it the worker plugin. The variable alone
+    does not make a rank: a pytest that a test in a rank starts inherits it and is a controller
+    of its own (as in :func:`launch.env.detect`). Only then is the rank side imported."""
+    if RANK_ENV not in os.environ:
+        return False
     from .pool.worker.main import WorkerPlugin
 
     return any(isinstance(p, WorkerPlugin) for p in config.pluginmanager.get_plugins())

@@ -348,6 +348,11 @@ def _ini_source(config: pytest.Config, option: Option[Any], raw: str) -> str:
     return f"{option.ini} = {raw} ({where})"
 
 
+#: Set in every rank process of pool mode to its rank (pool/worker/rankproc.py) and inherited by
+#: what its tests start: a conftest.py tells a rank by it (docs/fixtures.md); the plugin's gate
+#: (plugin.py) and launcher detection (launch/env.py) read it.
+RANK_ENV = "DISTRANK_RANK"
+
 #: Test seam: ``DISTRANK_TEST_WAITS=S`` makes every fixed wait of the end-of-test rule S seconds:
 #: the failure grace's default, the finish wait and the stack-dump wait (endgame.py), so that the
 #: plugin's own fault tests do not sit out 5 + 5 + 3 s each. Not for users: a grace that short

@@ -24,9 +24,9 @@ from collections.abc import Mapping
 
 import pytest
 
+from ..settings import RANK_ENV
+
 LAUNCHER_NAMES = ("torchrun", "slurm", "mpi")
-#: Set by pool mode in its rank processes (pool/worker.py), and inherited by what they start.
-SPAWNED_RANK_ENV = "DISTRANK_RANK"
 #: The name users read for each launcher, in messages.
 TITLES = {"torchrun": "torchrun", "slurm": "Slurm (srun)", "mpi": "MPI (mpirun)"}
 
@@ -259,7 +259,7 @@ def detect(
     if requested == "off":
         return None
     if requested == "auto":
-        if _present(env, SPAWNED_RANK_ENV):
+        if _present(env, RANK_ENV):
             # RANK, MASTER_ADDR... were set by pytest-distrank's own pool mode for one of its
             # rank processes: a pytest started from a test in there is not a launched rank.
             return None

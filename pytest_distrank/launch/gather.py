@@ -48,7 +48,7 @@ from ..outcome.endgame import (
 from ..outcome.records import Reports, RunTest, WarningRecord
 from ..outcome.stacks import where_blocked
 from ..outcome.warnings import warning_record
-from ..rank.hygiene import flight_records
+from ..rank.groupstate import flight_records
 from ..settings import Value
 from . import keys
 from .channel import POLL_MAX

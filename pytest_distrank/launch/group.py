@@ -27,7 +27,7 @@ from .. import fixtures as fixtures_module
 from ..outcome.checks import sequences_in_step, unmatched_collectives
 from ..outcome.records import RunTest
 from ..rank.context import RANK_CONTEXT, RankContext
-from ..rank.hygiene import collective_counts, flight_mark
+from ..rank.groupstate import collective_counts, flight_mark
 from . import keys
 from .channel import ChannelError
 from .gather import Current

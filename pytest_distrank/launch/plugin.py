@@ -51,7 +51,8 @@ from ..outcome.merge import annotate, merge_test
 from ..outcome.records import RunTest
 from ..outcome.stacks import interruption_message
 from ..outcome.warnings import forward_warnings
-from ..rank.hygiene import sequence_numbers, teardown_unneeded
+from ..rank.groupstate import sequence_numbers
+from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
 from . import keys
 from .channel import ChannelError

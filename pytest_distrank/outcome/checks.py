@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
-from ..rank.reaper import proc_stat
 from .merge import synthesized_failure
 from .records import Reports, RunTest
 
@@ -127,21 +126,3 @@ def forked_report(
         "and the pool was replaced."
     )
     return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
-
-
-def why_silent(pid: int) -> str:
-    """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
-    stat = proc_stat(pid)
-    if stat is None:
-        return ""
-    state = stat[0]
-    if state in ("T", "t"):
-        return (
-            "no stack: the rank was stopped (SIGSTOP, SIGTSTP or a debugger) and could not "
-            "answer the dump signal"
-        )
-    if state == "Z":
-        return "no stack: the rank had exited"
-    if state == "D":
-        return "no stack: the rank was in uninterruptible sleep (disk or driver I/O)"
-    return ""

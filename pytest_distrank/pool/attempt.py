@@ -23,7 +23,6 @@ from ..outcome.checks import (
     is_own,
     sequences_in_step,
     unmatched_collectives,
-    why_silent,
 )
 from ..outcome.collectives import crash_verdict, explain, load
 from ..outcome.endgame import (
@@ -45,7 +44,7 @@ from ..outcome.stacks import (
     where_blocked,
 )
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
-from .probes import dump_stacks, read_collectives, request_collectives
+from .probes import dump_stacks, read_collectives, request_collectives, why_silent
 from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
 
 if TYPE_CHECKING:

@@ -21,9 +21,6 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from ..outcome.checks import (
-    why_silent,
-)
 from ..outcome.endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
@@ -46,7 +43,7 @@ from .attempt import Attempt, Deserialize, TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuLease
 from .poolkey import PoolKey
-from .probes import dump_stacks
+from .probes import dump_stacks, why_silent
 from .protocol import (
     Collectives,
     CountCollectives,

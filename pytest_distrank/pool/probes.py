@@ -4,7 +4,8 @@ Runs in the controller (pool mode). Two signals, each answered into a file besid
 the stacks of all the rank's threads (faulthandler, registered on :data:`worker.DUMP_SIGNAL`,
 written into the rank's log), and its flight recorder's records of the collectives it issued
 (:mod:`rankfr`, a thread of the rank waiting on :data:`rankfr.FR_SIGNAL`). Ask for stacks first,
-records after (attempt.Attempt._unfinished says why).
+records after (attempt.Attempt._unfinished says why). A rank that writes no stack when asked is
+explained from /proc (:func:`why_silent`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from ..outcome.endgame import DUMP_WAIT
 from ..outcome.stacks import read_from
+from ..rank.reaper import proc_stat
 from .worker.main import DUMP_SIGNAL
 from .worker.rankfr import FR_SIGNAL, fr_path
 
@@ -80,3 +82,21 @@ def _size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return -1
+
+
+def why_silent(pid: int) -> str:
+    """Why a rank wrote no stack when asked, where /proc knows ("" when it does not)."""
+    stat = proc_stat(pid)
+    if stat is None:
+        return ""
+    state = stat[0]
+    if state in ("T", "t"):
+        return (
+            "no stack: the rank was stopped (SIGSTOP, SIGTSTP or a debugger) and could not "
+            "answer the dump signal"
+        )
+    if state == "Z":
+        return "no stack: the rank had exited"
+    if state == "D":
+        return "no stack: the rank was in uninterruptible sleep (disk or driver I/O)"
+    return ""

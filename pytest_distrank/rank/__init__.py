@@ -6,7 +6,9 @@ processes.
 
 - ``context``: :class:`~context.RankContext`, what the fixtures read; built by either mode.
 - ``hygiene``: around a test: what earlier tests left set up, huge output sections, forks a test
-  left running; the process groups' sequence numbers and flight records.
+  left running (pytest and the standard library).
+- ``groupstate``: the rank's process groups after a test: sequence numbers, flight records,
+  dispatch modes left entered (torch, imported when called).
 - ``reaper``: ending what ranks started: descendants, tagged processes, the subreaper.
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports either mode.

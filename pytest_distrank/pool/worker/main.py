@@ -43,15 +43,8 @@ from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, com
 from ...outcome.stacks import interruption_message
 from ...rank import reaper
 from ...rank.context import RANK_CONTEXT, RankContext
-from ...rank.hygiene import (
-    Leftovers,
-    cap_section,
-    collective_counts,
-    left_modes,
-    next_node,
-    sequence_numbers,
-    stray_forks,
-)
+from ...rank.groupstate import collective_counts, left_modes, sequence_numbers
+from ...rank.hygiene import Leftovers, cap_section, next_node, stray_forks
 from ..protocol import (
     Collectives,
     CountCollectives,

@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 
-from ...rank.hygiene import flight_records
+from ...rank.groupstate import flight_records
 
 #: The signal by which the controller asks a rank for its flight-recorder dump.
 FR_SIGNAL = signal.SIGUSR2

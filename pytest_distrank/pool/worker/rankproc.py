@@ -24,6 +24,7 @@ from typing import NoReturn
 
 from ... import _compat
 from ...rank import reaper
+from ...settings import RANK_ENV
 from ..protocol import RankConfig
 from .rankgroup import MASTER_ADDR
 
@@ -109,7 +110,7 @@ def rank_env(cfg: RankConfig) -> dict[str, str]:
         # rank 0 would try to host a second store on the port).
         TORCHELASTIC_USE_AGENT_STORE="True",
         TORCHELASTIC_RESTART_COUNT="0",
-        DISTRANK_RANK=str(cfg.rank),
     )
+    env[RANK_ENV] = str(cfg.rank)
     env[reaper.POOL_TAG_ENV] = cfg.store_path  # unique per pool: see reaper.py
     return env
