@@ -238,18 +238,4 @@ def coverage_settings(config: pytest.Config) -> dict[str, Any] | None:
     pytest-cov combines it into the report. Works the same under xdist (the controller is then a
     worker whose data the xdist controller combines).
     """
-    plugin = config.pluginmanager.get_plugin("_cov")
-    controller = getattr(plugin, "cov_controller", None)
-    cov = getattr(controller, "cov", None)
-    if controller is None or cov is None:
-        return None
-    topdir = str(getattr(controller, "topdir", os.getcwd()))
-    return {
-        "source": controller.cov_source,
-        "branch": controller.cov_branch,
-        # Relative, as pytest-cov passes it (coverage treats ".coveragerc" as optional); the
-        # rank builds its Coverage in topdir.
-        "config_file": controller.cov_config,
-        "data_file": os.path.join(topdir, cov.config.data_file),
-        "topdir": topdir,
-    }
+    return _compat.pytest_cov_settings(config)

@@ -157,7 +157,7 @@ class Reruns:
 
     def _publish(self) -> None:
         # rerunfailures' --fail-on-flaky reads it at session end (its pytest_sessionfinish).
-        setattr(self.item, "execution_count", self.execution_count)  # noqa: B010
+        _compat.count_execution(self.item, self.execution_count)
 
     @property
     def exhausted(self) -> bool:
@@ -186,7 +186,7 @@ class Reruns:
         )
         out = []
         for report, action in zip(reports, actions, strict=True):
-            report.rerun = self.execution_count - 1  # type: ignore[attr-defined]
+            _compat.mark_rerun(report, self.execution_count - 1)
             if action == "drop":
                 continue
             if action == "rerun":
@@ -216,7 +216,7 @@ class Reruns:
 def reruns_for(item: pytest.Item) -> Reruns | None:
     """How rerunfailures handles ``item``; None where it leaves the test alone (not loaded, an
     excluded path, no count), as its own ``pytest_runtest_protocol`` does."""
-    plugin = item.config.pluginmanager.get_plugin("rerunfailures")
+    plugin = _compat.rerunfailures_plugin(item.config)
     if plugin is None or _compat.rerun_path_excluded(plugin, item):
         return None
     count = _compat.rerun_count(plugin, item)
@@ -224,9 +224,5 @@ def reruns_for(item: pytest.Item) -> Reruns | None:
         return None
     if count and item.config.option.usepdb:
         raise pytest.UsageError("--reruns incompatible with --pdb")  # rerunfailures' words
-    db = _compat.rerun_failures_db(item.config)
-    done = 0
-    if db is not None:
-        done = int(db.get_test_failures(item.nodeid))
-        db.set_test_reruns(item.nodeid, count)
+    done = _compat.rerun_attempts_before(item.config, item.nodeid, count)
     return Reruns(item, plugin, count, done)

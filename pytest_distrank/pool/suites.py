@@ -24,16 +24,14 @@ process starts.
 from __future__ import annotations
 
 import dataclasses
-import inspect
-import sys
 import unittest
 from typing import Any, Literal
 
 import pytest
 
+from .. import _compat
 from ..markers import SPEC_ERROR
 
-HARNESS_MODULE = "torch.testing._internal.common_distributed"
 #: The class attribute by which a class opts out (``"own"``: its harness runs it).
 OPT_OUT = "distrank_suites"
 
@@ -54,24 +52,14 @@ CASE = pytest.StashKey[Case]()
 
 def harness() -> Any | None:
     """PyTorch's harness module, when the test files imported it (never imported here)."""
-    return sys.modules.get(HARNESS_MODULE)
+    return _compat.harness_module()
 
 
 def kind_of(cls: object, module: Any) -> Kind | None:
     """Which harness a test class uses, or None when it does not spawn ranks of its own."""
     if not isinstance(cls, type) or getattr(cls, OPT_OUT, "warm") == "own":
         return None
-    spawn, continuous = module.MultiProcessTestCase, module.MultiProcContinuousTest
-    if issubclass(cls, spawn):
-        # A subclass that runs the test in place (LocalDTensorTestBase) does not spawn.
-        own = inspect.getattr_static(cls, "join_or_run", None)
-        return "spawn" if own is inspect.getattr_static(spawn, "join_or_run") else None
-    if issubclass(cls, continuous):
-        # LocalDTensorContinuousTestBase fakes its group in the process itself.
-        own = inspect.getattr_static(cls, "_ensure_processes_spawned", None)
-        base = inspect.getattr_static(continuous, "_ensure_processes_spawned")
-        return "continuous" if own is base else None
-    return None
+    return _compat.harness_kind(cls, module)
 
 
 class SuitesPlugin:
@@ -144,22 +132,4 @@ def _world_size(cls: Any, name: str, kind: Kind, module: Any) -> int:
     where that harness would skip before spawning)."""
     if kind == "spawn":
         return int(cls(name).world_size)
-    size = int(cls._get_world_size(_device_type(cls)))
-    backend = cls.backend_str() if callable(cls.backend_str) else cls.backend_str
-    available = getattr(module.c10d, f"is_{backend}_available", None) if backend else None
-    if available is not None and not available():
-        raise unittest.SkipTest(f"Backend '{backend}' is not available")
-    return size
-
-
-def _device_type(cls: Any) -> str:
-    """``MultiProcContinuousTest._ensure_processes_spawned``'s reading of the device type (a
-    classmethod, a property read on the class, a callable or a string)."""
-    attr = cls.__dict__.get("device_type", cls.device_type)
-    if isinstance(attr, classmethod):
-        return str(attr.__func__(cls))
-    if isinstance(attr, property) and attr.fget is not None:
-        return str(attr.fget(cls))
-    if callable(attr):
-        return str(attr())
-    return str(attr)
+    return _compat.harness_world_size(cls, module)

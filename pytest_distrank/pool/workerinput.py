@@ -39,8 +39,10 @@ from typing import Any
 
 import pytest
 
+from .._compat import PYTEST_COV_PLUGIN
+
 #: Plugins (by registered name) whose ``pytest_configure_node`` is not called for ranks.
-SKIPPED_NODE_HOOKS = frozenset({"_cov"})  # pytest-cov: rankargs.coverage_settings instead
+SKIPPED_NODE_HOOKS = frozenset({PYTEST_COV_PLUGIN})  # pytest-cov: cmdline.coverage_settings
 #: The ``workerid`` prefix of ranks when the controller is not an xdist worker.
 CONTROLLER_ID = "distrank"
 

@@ -1,106 +1,99 @@
-"""Unit: the import rules that keep the architecture visible (structure issue #12).
+"""Unit: the import rules that keep the architecture visible (#12; folder rules since #25).
 
-Read from the sources with ``ast`` (every import, module level or inside a function): the rank
-side imports nothing of the controller side, the two modes never import each other, and the
-modules that must run anywhere import neither torch nor pytest's internals beyond what they say.
-Every private pytest, CPython and torch access goes through ``_compat.py``: no other module and no
-test imports ``_pytest``, and no other module spells one of the private attributes it wraps.
+The folder a module lies in says where and when it runs (DESIGN.md, "Layout"), and the rules are
+the folders', read from the sources with ``ast`` (every import, module level or inside a
+function):
+
+- the top level holds only what a user touches: ``plugin``, ``hookspecs``, ``settings``,
+  ``markers``, ``fixtures`` and ``_compat/``;
+- ``outcome/`` imports the standard library, pytest, ``_compat``, ``settings`` and itself: no
+  torch, no processes, no mode;
+- no module imports torch at module level (``planning/`` included): every pytest process imports
+  the plugin, torch only where a function needs it; pool mode's controller side imports none;
+- ``rank/`` and ``pool/worker/`` import nothing of pool mode's controller side or of launcher
+  mode; pool mode's modules of both sides import neither side;
+- the two modes never import each other, and the shared folders (the top level, ``planning/``,
+  ``rank/``, ``outcome/``) import no mode, except the plugin's gate, lazily.
+
+Every private pytest, CPython, torch, PyTorch-harness and plugin access goes through
+``_compat/``: no other module and no test imports ``_pytest``, and no other module's code (its
+docstrings and comments may name them) spells one of the private names it wraps.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
+from pytest_distrank import _compat, plugin
+from pytest_distrank.settings import RANK_ENV
+
 #: The repository root (this file is tests/unit/test_imports.py).
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytest_distrank"
+TESTS = ROOT / "tests"
 
 
-def modules_in(folder: Path, prefix: str = "") -> set[str]:
-    """Dotted names (below the package) of the modules in ``folder`` and its subfolders,
-    ``__init__`` left out."""
-    return {
-        prefix + ".".join(p.relative_to(folder).with_suffix("").parts)
-        for p in folder.rglob("*.py")
-        if p.stem != "__init__"
-    }
+def dotted(path: Path) -> str:
+    """A file's dotted name below the package (a package's ``__init__``: the package)."""
+    parts = path.relative_to(PACKAGE).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-#: Pool mode, controller side.
-POOL_CONTROLLER = {
-    f"pool.{m}"
-    for m in (
-        "controller",
-        "pool",
-        "poolset",
-        "preloads",
-        "attempt",
-        "cmdline",
-        "gpus",
-        "lockfolder",
-        "gpumemory",
-        "poolkey",
-        "terminal",
-        "debugrelay",
-        "forkserver",
-        "ownreports",
-        "probes",
-        "reruns",
-        "simreport",
-    )
-}
-#: Pool mode, rank side (the fork server and the rank processes it forks).
-POOL_RANK = {
-    "pool.worker.main",
-    "pool.worker.rankgroup",
-    "pool.worker.ranklogs",
-    "pool.worker.rankfr",
-    "pool.worker.preload",
-    "pool.worker.suiterank",
-    "pool.worker.suiteclass",
-    "pool.worker.rankpdb",
-    "pool.worker.rankproc",
-    "pool.worker.rankgpu",
-    "pool.worker.simulate",
-    "pool.worker.rankreruns",
-}
-#: Pool mode, both sides (imported by each, importing neither).
-POOL_BOTH = {"pool.protocol", "pool.workerinput", "pool.suites"}
-POOL = modules_in(PACKAGE / "pool", "pool.")
-#: Launcher mode.
-LAUNCH = modules_in(PACKAGE / "launch", "launch.")
-#: The top level: what both modes use, and the plugin's entry (whose gate alone may import a
-#: mode, lazily, inside the hook that picks it).
-SHARED = {m for m in modules_in(PACKAGE) - {"plugin"} if not m.startswith(("pool.", "launch."))}
-#: Modules that import no torch (they run in the controller, which never imports it for gloo).
-NO_TORCH = {
-    "outcome.records",
-    "outcome.collectives",
-    "pool.protocol",
-    "outcome.merge",
-    "pool.simreport",
-    "outcome.endgame",
-    "outcome.checks",
-    "outcome.stacks",
-    "rank.reaper",
-    "outcome.warnings",
-    "pool.debugrelay",
-}
+#: Every module and package of the plugin, by dotted name below the package ("" is the package).
+FILES = {dotted(p): p for p in PACKAGE.rglob("*.py")}
+MODULES = {m for m, p in FILES.items() if p.stem != "__init__"}
+PACKAGES = {m for m, p in FILES.items() if p.stem == "__init__"}
 
 
-def path_of(module: str) -> Path:
-    return PACKAGE.joinpath(*module.split(".")).with_suffix(".py")
+def folder_of(module: str) -> str:
+    """The layout's folder of a module or package: "" (the top level), ``planning``, ``rank``,
+    ``outcome``, ``_compat``, ``pool``, ``pool/worker`` or ``launch``."""
+    parts = module.split(".")
+    if parts[:2] == ["pool", "worker"]:
+        return "pool/worker"
+    if module in PACKAGES:
+        return module.replace(".", "/")
+    return "/".join(parts[:-1])
+
+
+def in_folder(*folders: str) -> set[str]:
+    return {m for m in MODULES if folder_of(m) in folders}
+
+
+#: What a user touches: the only modules at the top level (beside the package ``_compat/``).
+TOP_LEVEL = {"plugin", "hookspecs", "settings", "markers", "fixtures"}
+#: The folders of the layout.
+FOLDERS = {"", "_compat", "planning", "rank", "outcome", "pool", "pool/worker", "launch"}
+#: Pool mode's modules that both of its processes import: its messages, plugins' values for the
+#: ranks, and the harness classes it takes over (collected alike in the controller and ranks).
+BOTH_SIDES = {"pool.protocol", "pool.workerinput", "pool.suites"}
+POOL_CONTROLLER = in_folder("pool") - BOTH_SIDES
+RANK_SIDE = in_folder("pool/worker", "rank")
+POOL = in_folder("pool", "pool/worker") | {"pool", "pool.worker"}
+LAUNCH = in_folder("launch") | {"launch"}
+#: What both modes use; of the top level, the plugin's gate alone picks a mode (lazily).
+SHARED = in_folder("", "_compat", "planning", "rank", "outcome") - {"plugin"}
+OUTCOME = in_folder("outcome")
 
 
 def imports_of(module: str) -> set[str]:
     """Every module ``module`` imports: absolute imports by their full name, the plugin's own
-    (relative) imports resolved to dotted names below the package (``pool.worker``, ``merge``)."""
-    package = module.split(".")[:-1]
-    tree = ast.parse(path_of(module).read_text())
+    (relative) imports resolved to dotted names below the package (``pool.worker.main``,
+    ``outcome.merge``; ``from ..rank import reaper``: ``rank`` and ``rank.reaper``)."""
+    return _imports(ast.parse(FILES[module].read_text()), module)
+
+
+def _imports(tree: ast.AST, module: str) -> set[str]:
+    path = FILES[module]
+    package = module.split(".") if path.stem == "__init__" else module.split(".")[:-1]
+    package = [p for p in package if p]
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -108,67 +101,140 @@ def imports_of(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package[: len(package) - (node.level - 1)]
-                if node.module:
-                    found.add(".".join([*base, *node.module.split(".")]))
-                else:  # "from .. import x": x is a module of that package (or a name in it)
-                    found.update(".".join([*base, alias.name]) for alias in node.names)
+                target = ".".join([*base, *(node.module.split(".") if node.module else [])])
+                if target:
+                    found.add(target)
+                for alias in node.names:  # "from .. import x": x may be a module
+                    name = f"{target}.{alias.name}" if target else alias.name
+                    if name in FILES:
+                        found.add(name)
             elif node.module:
                 found.add(node.module)
     return found
 
 
 def own(names: set[str]) -> set[str]:
-    """The package's own modules among ``names``."""
-    return names & (SHARED | POOL | LAUNCH | {"plugin"})
+    """The package's own modules and packages among ``names``."""
+    return names & set(FILES)
 
 
-def test_every_module_has_a_place() -> None:
-    assert POOL == POOL_CONTROLLER | POOL_RANK | POOL_BOTH, "new pool modules need a side"
-    assert "outcome.records" in SHARED and "rank.context" in SHARED and "pool.worker.main" in POOL
-    assert "launch.plugin" in LAUNCH
+def test_every_module_lies_in_a_folder_of_the_layout() -> None:
+    assert {folder_of(m) for m in MODULES} <= FOLDERS
+    assert in_folder("") == TOP_LEVEL, "a new top-level module needs a folder of the layout"
+    assert BOTH_SIDES <= in_folder("pool")
+    assert "pool.worker.main" in RANK_SIDE and "rank.context" in SHARED
+    assert "pool.controller" in POOL_CONTROLLER and "launch.plugin" in LAUNCH
+
+
+def test_the_package_names_shadow_no_library() -> None:
+    """Own names are told from library ones by name (``outcome.warnings`` is not ``warnings``)."""
+    tops = {m.split(".")[0] for m in FILES if m}
+    assert tops & (set(sys.stdlib_module_names) | {"pytest", "torch", "_pytest"}) == set()
 
 
 def test_the_import_reader_resolves_relative_imports() -> None:
     assert {"pool.protocol", "outcome.records", "pool.worker.rankgroup", "_compat"} <= imports_of(
         "pool.worker.main"
     )
+    assert {"rank", "rank.reaper"} <= imports_of("pool.pool")
     assert "launch.channel" in imports_of("launch.plugin")
+    assert "pool.worker.main" in imports_of("plugin")
 
 
-@pytest.mark.parametrize("module", sorted(POOL_RANK | POOL_BOTH))
-def test_pool_rank_side_imports_nothing_of_the_controller_side(module: str) -> None:
-    assert own(imports_of(module)) & (POOL_CONTROLLER | LAUNCH | {"plugin"}) == set()
-
-
-@pytest.mark.parametrize("module", sorted(LAUNCH))
+@pytest.mark.parametrize("module", sorted(in_folder("launch")))
 def test_launcher_mode_imports_nothing_of_pool_mode(module: str) -> None:
     assert own(imports_of(module)) & POOL == set()
 
 
-@pytest.mark.parametrize("module", sorted(POOL))
+@pytest.mark.parametrize("module", sorted(in_folder("pool", "pool/worker")))
 def test_pool_mode_imports_nothing_of_launcher_mode(module: str) -> None:
     assert own(imports_of(module)) & LAUNCH == set()
 
 
 @pytest.mark.parametrize("module", sorted(SHARED))
-def test_top_level_modules_import_neither_mode(module: str) -> None:
+def test_shared_folders_import_no_mode(module: str) -> None:
     assert own(imports_of(module)) & (POOL | LAUNCH) == set()
 
 
 def test_the_plugin_imports_a_mode_only_inside_a_function() -> None:
-    tree = ast.parse(path_of("plugin").read_text())
-    at_module_level = {
-        "." * node.level + (node.module or "")
-        for node in tree.body
-        if isinstance(node, ast.ImportFrom)
-    }
-    assert not {m for m in at_module_level if m.startswith((".pool", ".launch"))}
+    assert own(imports_on_import("plugin")) & (POOL | LAUNCH) == set()
     assert {"pool.controller", "launch.plugin"} <= imports_of("plugin")
 
 
-@pytest.mark.parametrize("module", sorted(NO_TORCH))
-def test_modules_that_run_anywhere_import_no_torch(module: str) -> None:
-    assert not {n for n in imports_of(module) if n == "torch" or n.startswith("torch.")}
+@pytest.mark.parametrize("module", sorted(RANK_SIDE))
+def test_the_rank_side_imports_nothing_of_the_controller_side(module: str) -> None:
+    assert own(imports_of(module)) & (POOL_CONTROLLER | LAUNCH | {"plugin"}) == set()
+
+
+@pytest.mark.parametrize("module", sorted(BOTH_SIDES))
+def test_pool_modules_of_both_sides_import_neither_side(module: str) -> None:
+    sides = POOL_CONTROLLER | in_folder("pool/worker") | LAUNCH | {"plugin"}
+    assert own(imports_of(module)) & sides == set()
+
+
+def _library(name: str) -> bool:
+    root = name.split(".")[0]
+    return root in sys.stdlib_module_names or root == "pytest"
+
+
+@pytest.mark.parametrize("module", sorted(OUTCOME))
+def test_outcome_imports_the_standard_library_pytest_compat_settings_and_itself(
+    module: str,
+) -> None:
+    """``_compat`` and ``settings`` are leaves (next test): importing them brings nothing else."""
+    allowed = OUTCOME | {"outcome", "_compat", "settings"}
+    found = imports_of(module)
+    assert {n for n in found - set(FILES) if not _library(n)} == set()
+    assert own(found) - allowed == set()
+
+
+@pytest.mark.parametrize("module", sorted(in_folder("_compat") | {"settings"}))
+def test_compat_and_settings_are_leaves(module: str) -> None:
+    assert {m for m in own(imports_of(module)) if folder_of(m) != "_compat"} == set()
+
+
+def _executed_on_import(tree: ast.Module) -> list[ast.stmt]:
+    """The statements that run when the module is imported: the module's and its classes'
+    bodies, into ``if``/``try``/``with`` blocks, but not ``if TYPE_CHECKING:`` nor functions."""
+    out: list[ast.stmt] = []
+    todo: list[ast.stmt] = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+            continue
+        out.append(node)
+        for field in ("body", "orelse", "finalbody", "handlers"):
+            for child in getattr(node, field, []):
+                if isinstance(child, ast.ExceptHandler):
+                    todo.extend(child.body)
+                elif isinstance(child, ast.stmt):
+                    todo.append(child)
+    return [n for n in out if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+def imports_on_import(module: str) -> set[str]:
+    """What importing ``module`` imports (:func:`imports_of`, functions' bodies left out)."""
+    tree = ast.parse(FILES[module].read_text())
+    return _imports(ast.Module(body=_executed_on_import(tree), type_ignores=[]), module)
+
+
+def _torch(names: set[str]) -> set[str]:
+    return {n for n in names if n == "torch" or n.startswith("torch.")}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_module_imports_torch_at_module_level(module: str) -> None:
+    assert _torch(imports_on_import(module)) == set()
+
+
+@pytest.mark.parametrize("module", sorted(POOL_CONTROLLER | BOTH_SIDES))
+def test_pool_modes_controller_side_imports_no_torch(module: str) -> None:
+    """The controller never imports torch for gloo: only planning/ and _compat import it, when
+    a probe needs it."""
+    assert _torch(imports_of(module)) == set()
 
 
 @pytest.mark.parametrize("module", ["outcome.records", "pool.protocol"])
@@ -177,23 +243,43 @@ def test_the_records_and_the_pool_protocol_import_only_the_standard_library(modu
     assert imports_of(module) <= allowed
 
 
-#: The private attributes ``_compat.py`` wraps; no other module of the package may spell them. A
-#: spelling that starts with ``_`` counts only where no identifier character precedes it, so the
-#: public ``set_forkserver_preload`` of multiprocessing is not taken for ``_forkserver``.
+def test_the_gate_reads_the_rank_variable_before_it_imports_the_rank_side(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside pool ranks (the controller, launched ranks) the gate decides from the
+    environment alone; a config it would have to read is not even looked at."""
+    monkeypatch.delenv(RANK_ENV, raising=False)
+    assert plugin._in_rank(object()) is False  # type: ignore[arg-type]
+
+
+def test_the_rank_variable_is_spelled_once() -> None:
+    spelled = [m for m in sorted(MODULES) if "DISTRANK_RANK" in _code(FILES[m].read_text())]
+    assert spelled == ["settings"]
+
+
+#: The private names ``_compat/`` wraps; no other module's code may spell them. A spelling that
+#: starts with ``_`` counts only where no identifier character precedes it, so the public
+#: ``set_forkserver_preload`` of multiprocessing is not taken for ``_forkserver``.
 PRIVATE_SPELLINGS = (
+    # pytest
     "._setupstate",
     "._fixturemanager",
     "._given_basetemp",
     "._ensure_unconfigure",
     "._tw",
-    "._tmp_path_factory",
-    "_forkserver",
-    "_rendezvous_handlers",
-    "_dump_fr_trace",
+    "_tmp_path_factory",
     "._parser",
     "_pyfuncitem",
     "_fixtureinfo",
     "_use_item_location",
+    "_rewrite_test",
+    # CPython
+    "_forkserver",
+    "_option_string_actions",
+    "_start_method",
+    # torch
+    "_rendezvous_handlers",
+    "_dump_fr_trace",
     "._world",
     "_get_sequence_number_for_group",
     "_local_tensor",
@@ -204,8 +290,57 @@ PRIVATE_SPELLINGS = (
     "_get_msg_dict",
     "_dim_group_names",
     "_pg_registry",
+    # PyTorch's test harness (torch.testing._internal.common_distributed)
+    "common_distributed",
+    "_ensure_processes_spawned",
+    "_get_world_size",
+    "_spawn_processes",
+    "_start_processes",
+    "_fork_processes",
+    "._init_pg",
+    "_run_test_given_id",
+    "TEST_SKIPS",
+    "TEST_ERROR_EXIT_CODE",
+    "skip_return_code_checks",
+    "special_return_code_checks",
+    # pytest-rerunfailures
+    "get_reruns_count",
+    "get_reruns_delay",
+    "_is_rerun_path_excluded",
+    "_should_hard_fail_on_error",
+    "evaluate_condition",
+    "failures_db",
+    '"execution_count"',
+    # pytest-cov
+    '"_cov"',
+    "cov_controller",
+    "cov_source",
+    "cov_branch",
+    "cov_config",
 )
-TESTS = ROOT / "tests"
+
+
+def _code(source: str) -> str:
+    """``source`` with its comments and docstrings blanked out: what runs."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr):
+            value = body[0].value
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                docstrings.add((body[0].lineno, body[0].col_offset))
+    starts = [0]
+    for line in source.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    text = list(source)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT or (
+            token.type == tokenize.STRING and token.start in docstrings
+        ):
+            begin = starts[token.start[0] - 1] + token.start[1]
+            end = starts[token.end[0] - 1] + token.end[1]
+            text[begin:end] = [c if c == "\n" else " " for c in text[begin:end]]
+    return "".join(text)
 
 
 def imports_pytest_internals(path: Path) -> bool:
@@ -223,19 +358,47 @@ def imports_pytest_internals(path: Path) -> bool:
     return False
 
 
+COMPAT_FILES = sorted((PACKAGE / "_compat").glob("*.py"))
+
+
 def test_only_compat_imports_pytest_internals() -> None:
-    files = [p for p in PACKAGE.rglob("*.py") if p.stem != "_compat"] + sorted(TESTS.rglob("*.py"))
+    files = [p for p in PACKAGE.rglob("*.py") if p not in COMPAT_FILES]
+    files += sorted(TESTS.rglob("*.py"))
     assert [p.name for p in files if imports_pytest_internals(p)] == []
-    assert imports_pytest_internals(PACKAGE / "_compat.py")  # the check sees an import
+    assert imports_pytest_internals(PACKAGE / "_compat" / "__init__.py")  # the check sees one
 
 
-@pytest.mark.parametrize("module", sorted((SHARED | POOL | LAUNCH | {"plugin"}) - {"_compat"}))
+@pytest.mark.parametrize("module", sorted(MODULES - in_folder("_compat")))
 def test_only_compat_touches_private_attributes(module: str) -> None:
-    source = path_of(module).read_text()
+    code = _code(FILES[module].read_text())
     patterns = {s: (r"(?<!\w)" if s[0] == "_" else "") + re.escape(s) for s in PRIVATE_SPELLINGS}
-    assert [s for s, pattern in patterns.items() if re.search(pattern, source)] == []
+    assert [s for s, pattern in patterns.items() if re.search(pattern, code)] == []
 
 
 def test_the_private_spellings_are_found_in_compat() -> None:
-    source = (PACKAGE / "_compat.py").read_text()
-    assert [s for s in PRIVATE_SPELLINGS if s not in source] == []
+    code = "\n".join(_code(p.read_text()) for p in COMPAT_FILES)
+    assert [s for s in PRIVATE_SPELLINGS if s not in code] == []
+
+
+def test_the_code_reader_leaves_out_docstrings_and_comments() -> None:
+    source = '"""_init_pg"""\nx = "_cov"  # _get_world_size\ndef f():\n    """TEST_SKIPS"""\n'
+    code = _code(source)
+    assert '"_cov"' in code and "_init_pg" not in code
+    assert "_get_world_size" not in code and "TEST_SKIPS" not in code
+
+
+def test_compat_exports_every_public_name_of_its_modules() -> None:
+    """``_compat.__all__`` is the whole surface callers use (``from .. import _compat``)."""
+    public: set[str] = set()
+    for path in COMPAT_FILES:
+        if path.stem == "__init__":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                public.add(node.name)
+            elif isinstance(node, ast.Assign):
+                public.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    public = {n for n in public if not n.startswith("_")}
+    reprs = {n for n in _compat.__all__ if n.startswith(("Exception", "Repr"))}
+    assert set(_compat.__all__) == public | reprs
+    assert [n for n in _compat.__all__ if not hasattr(_compat, n)] == []

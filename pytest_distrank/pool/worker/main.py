@@ -72,7 +72,7 @@ PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
 #: its peers' collectives.
-CONTROLLER_ONLY_PLUGINS = ("rerunfailures",)
+CONTROLLER_ONLY_PLUGINS = (_compat.RERUNFAILURES_PLUGIN,)
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
 

@@ -12,44 +12,8 @@ child's view in, the parent's back afterwards, as the child's exit would leave i
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import unittest
 from collections.abc import Iterator
-from typing import Any
-
-#: The harness's ways to start the test's processes (``_fork_processes``: torch before 2.9, or
-#: a class's own), turned off in a rank: the pool's ranks are the test's processes.
-SPAWNERS = ("_spawn_processes", "_start_processes", "_fork_processes")
-
-
-def no_spawning(parent: Any) -> list[str]:
-    """Turn off the spawners ``parent`` has (one it lacks fails as under the harness); the
-    returned list fills with the start method of each one ``setUp`` then calls."""
-    started: list[str] = []
-
-    def stub(name: str) -> Any:
-        def no_spawn(*args: object, **kwargs: object) -> None:
-            started.append(_start_method(name, args, kwargs))
-
-        return no_spawn
-
-    for name in SPAWNERS:
-        if hasattr(parent, name):
-            setattr(parent, name, stub(name))
-    return started
-
-
-def _start_method(spawner: str, args: tuple[object, ...], kwargs: dict[str, object]) -> str:
-    """How the harness's ``spawner`` would have started the children: ``fork``, ``spawn``..."""
-    if spawner == "_fork_processes":
-        return "fork"
-    if spawner == "_spawn_processes":
-        return "spawn"
-    proc = args[0] if args else kwargs.get("proc")  # _start_processes(proc): a Process class
-    method = getattr(proc, "_start_method", None)  # None: the default context's
-    if method is None:
-        method = multiprocessing.get_start_method(allow_none=True)
-    return str(method or multiprocessing.get_all_start_methods()[0])
 
 
 class ClassState:

@@ -45,7 +45,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import sys
 import threading
 import time
 import unittest
@@ -58,8 +57,8 @@ import pytest
 
 from ... import _compat
 from ...rank.context import RANK_CONTEXT, RankContext
-from ..suites import CASE, HARNESS_MODULE, Case
-from .suiteclass import ClassState, child_view, no_spawning
+from ..suites import CASE, Case
+from .suiteclass import ClassState, child_view
 
 #: How long the threads a test started get, all together, to end before they count as left.
 ENDING_WAIT = 0.1
@@ -133,7 +132,7 @@ class SuiteRunner:
         expecting = _expecting_failure(cls, item.name)
         try:
             with self._as_worker(cls):
-                cls._run_test_given_id(test_id)
+                _compat.harness_run_continuous(cls, test_id)
         except SystemExit as exc:
             reason = _skip_message(exc.code)
             if reason is None:
@@ -202,7 +201,7 @@ def _init_continuous(cls: Any, ctx: RankContext, case: Case) -> str | None:
     shared = Path(ctx.test.shared_dir)
     shared.mkdir(parents=True, exist_ok=True)
     try:
-        cls._init_pg(ctx.rank, case.world_size, str(shared / "rdvz_file"))
+        _compat.harness_init_group(cls, ctx.rank, case.world_size, str(shared / "rdvz_file"))
     except SystemExit as exc:
         reason = _skip_message(exc.code)
         if reason is None:
@@ -222,7 +221,7 @@ def _run_spawned(item: pytest.Item, ctx: RankContext, fresh: ClassState | None) 
     shared = Path(ctx.test.shared_dir)
     shared.mkdir(parents=True, exist_ok=True)
     parent = cls(name)
-    started = no_spawning(parent)
+    started = _compat.harness_no_spawning(parent)
     parent.setUp()
     # A forked child has the parent's class; a spawned one imports it afresh.
     child = None if started and started[-1] == "fork" else fresh
@@ -234,7 +233,8 @@ def _run_spawned(item: pytest.Item, ctx: RankContext, fresh: ClassState | None) 
         fn = getattr(method, "__wrapped__", method)
         with _skip_reasons() as reasons, child_view(cls, child):
             code = _exit_code(
-                lambda: cls._run(
+                lambda: _compat.harness_run_spawned(
+                    cls,
                     ctx.rank,
                     name,
                     str(shared / "file_name"),
@@ -294,21 +294,21 @@ def _received(conn: Any) -> str:
 
 def _judge(parent: Any, fn: Any, rank: int, code: int, error: str, reasons: list[str]) -> None:
     """The parent's ``_check_return_codes`` for this rank's exit code."""
-    module = sys.modules[HARNESS_MODULE]
-    if code == module.MultiProcessTestCase.TEST_ERROR_EXIT_CODE:
+    if code == _compat.harness_error_code():
         if _expecting_failure(type(parent), getattr(fn, "__name__", "")):
             last = error.strip().splitlines()[-1] if error.strip() else ""
             pytest.xfail(f"expected failure: {last}")
         if not error:
             pytest.fail(f"rank {rank} exited with code {code} and sent no traceback", pytrace=False)
         pytest.fail(f"{_exception_line(error)}\n\n{error}", pytrace=False)
-    if fn in getattr(parent, "skip_return_code_checks", ()):
+    unchecked, special = _compat.harness_return_code_rules(parent)
+    if fn in unchecked:
         return
     skip = _skip_message(code)
     if skip is not None:
-        generic = module.TEST_SKIPS["generic"]
-        raise _compat.skip_exception(reasons[-1] if code == generic.exit_code and reasons else skip)
-    expected = getattr(parent, "special_return_code_checks", {}).get(fn, 0)
+        generic = _compat.harness_generic_skip_code()
+        raise _compat.skip_exception(reasons[-1] if code == generic and reasons else skip)
+    expected = special.get(fn, 0)
     if code != expected:
         pytest.fail(
             f"rank {rank} exited with code {code}, expected {expected} (the test, or code it "
@@ -328,12 +328,8 @@ def _exception_line(text: str) -> str:
 
 
 def _skip_message(code: object) -> str | None:
-    """The message of PyTorch's skip exit code ``code`` (TEST_SKIPS), or None."""
-    module = sys.modules[HARNESS_MODULE]
-    for skip in module.TEST_SKIPS.values():
-        if skip.exit_code == code:
-            return str(skip.message)
-    return None
+    """The message of PyTorch's skip exit code ``code``, or None."""
+    return _compat.harness_skip_message(code)
 
 
 class _HarnessLog(logging.Filter):
@@ -355,7 +351,7 @@ class _HarnessLog(logging.Filter):
 
 @contextlib.contextmanager
 def _skip_reasons() -> Any:
-    logger = logging.getLogger(HARNESS_MODULE)
+    logger = logging.getLogger(_compat.HARNESS_MODULE)
     log = _HarnessLog()
     level = logger.level
     logger.addFilter(log)

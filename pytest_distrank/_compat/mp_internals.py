@@ -1,0 +1,62 @@
+"""Private CPython multiprocessing access: the fork server's pid, socket folder and pipes.
+
+Runs in pool mode's controller (the fork server's start and end) and in each forked rank (the fork
+server's alive pipe); through :mod:`pytest_distrank._compat`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from typing import Any
+
+
+def mp_process_config() -> dict[str, Any]:
+    """multiprocessing's per-process settings (``current_process()._config``, holding ``tempdir``
+    where its sockets go); if renamed, fork server starts fail with AttributeError."""
+    from multiprocessing import process
+
+    config: dict[str, Any] = process.current_process()._config  # type: ignore[attr-defined]
+    return config
+
+
+def forkserver_pid() -> int:
+    """The running fork server's pid (``forkserver._forkserver._forkserver_pid``, unguarded as
+    always); if renamed, every fork server pool start fails."""
+    from multiprocessing import forkserver
+
+    return int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
+
+
+def kill_fork_server() -> None:
+    """SIGKILL a fork server that never got ready (its private pid); if the attribute goes,
+    AttributeError reaches the caller, as it always did."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with contextlib.suppress(ProcessLookupError, TypeError):
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+
+
+def stop_fork_server() -> None:
+    """Forget a killed fork server (``_stop``: its pipe, its zombie, its socket); when missing,
+    nothing is forgotten and the next start may find a stale server."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with contextlib.suppress(OSError, AttributeError):
+        server._stop()  # closes the server's pipe, reaps it, unlinks its socket
+
+
+def close_fork_server_alive_fd() -> None:
+    """Close a forked rank's copy of the fork server's alive pipe (``_forkserver_alive_fd``); if
+    renamed, nothing is closed and ranks outlive a dead controller until PDEATHSIG fires."""
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        server._forkserver_alive_fd = None

@@ -1,0 +1,168 @@
+"""Other plugins' internals: pytest-rerunfailures' decision functions and pytest-cov's
+controller.
+
+Runs in pool mode's controller (reruns, coverage settings for the ranks) and in its ranks
+(rerunfailures' verdict on a failure); through :mod:`pytest_distrank._compat`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+# -- pytest-rerunfailures (its decision functions, read from the installed module) ---------------
+#
+# Read in 14.0, 15.0, 15.1, 16.0, 16.1 and 16.7: the filters match the report's crash line
+# (<= 15.0) or the exception and its chain (>= 15.1); a condition gets no error (14.0, 15.x,
+# 16.1), a report holding ``excinfo`` (16.0) or the exception info (16.7); the exclude paths, the
+# delay's backoff factor and the suite-wide cap exist only in recent versions. Each function asks
+# the installed module for what it has; the parameter names say which form a function takes.
+
+#: The module of pytest-rerunfailures (also its plugin object, registered as ``rerunfailures``).
+RERUNFAILURES_MODULE = "pytest_rerunfailures"
+
+
+def rerunfailures_module(config: pytest.Config) -> Any | None:
+    """pytest-rerunfailures' module where this process loaded it, else None.
+
+    Ranks unregister the plugin (``worker.CONTROLLER_ONLY_PLUGINS``) but keep the module and its
+    options, which is what its decision functions read; under ``-p no:rerunfailures`` neither
+    exists.
+    """
+    if not hasattr(config.option, "only_rerun"):
+        return None
+    return sys.modules.get(RERUNFAILURES_MODULE)
+
+
+def _takes(function: Callable[..., Any], name: str) -> bool:
+    return name in inspect.signature(function).parameters
+
+
+def rerun_count(plugin: Any, item: pytest.Item) -> int | None:
+    """``get_reruns_count``: the reruns allowed, or None where neither an option nor a ``flaky``
+    marker asks for any (rerunfailures then leaves the test alone)."""
+    count = plugin.get_reruns_count(item)
+    return None if count is None else int(count)
+
+
+def rerun_delay(plugin: Any, item: pytest.Item) -> tuple[float, float]:
+    """The delay before a rerun and its backoff factor: ``get_reruns_delay`` and
+    ``get_reruns_delay_backoff_factor`` (1.0, a constant delay, where the version has none)."""
+    factor = getattr(plugin, "get_reruns_delay_backoff_factor", None)
+    return float(plugin.get_reruns_delay(item) or 0), float(factor(item)) if factor else 1.0
+
+
+def rerun_path_excluded(plugin: Any, item: pytest.Item) -> bool:
+    """``_is_rerun_path_excluded`` (``--rerun-exclude-path``); False where the version has no
+    such option."""
+    excluded = getattr(plugin, "_is_rerun_path_excluded", None)
+    return bool(excluded(item)) if excluded is not None else False
+
+
+def rerun_failures_db(config: pytest.Config) -> Any | None:
+    """The per-test failure counts rerunfailures keeps (``config.failures_db``; a client of the
+    xdist controller's under pytest-xdist); None where it set none."""
+    return getattr(config, "failures_db", None)
+
+
+def take_suite_rerun(config: pytest.Config) -> bool:
+    """Take one rerun of ``--max-suite-reruns``, the cap shared by every test of the run; True
+    when there is no cap (or the version has none), False when it is used up."""
+    cap = getattr(config.option, "max_suite_reruns", None)
+    db = rerun_failures_db(config)
+    take = getattr(db, "try_increment_suite_reruns", None)
+    return True if cap is None or take is None else bool(take(cap))
+
+
+def rerun_hard_fail(
+    plugin: Any, item: pytest.Item, report: pytest.TestReport, excinfo: Any
+) -> bool:
+    """``_should_hard_fail_on_error``: whether ``--only-rerun``/``--rerun-except`` (or the
+    marker's ``only_rerun=``/``rerun_except=``) rule out a rerun for this failure. ``excinfo``
+    (None: no exception, such as a crash) where the version reads the exception, else the
+    report's crash line."""
+    judge = plugin._should_hard_fail_on_error
+    if _takes(judge, "excinfo"):
+        return bool(judge(item, report, excinfo))
+    return bool(judge(item, report))
+
+
+def rerun_condition(plugin: Any, item: pytest.Item, excinfo: Any) -> bool | None:
+    """A ``flaky(condition=...)`` for one failure, through ``evaluate_condition``; None where the
+    marker gives no condition. Raises what rerunfailures raises for a condition it cannot
+    evaluate (``pytest.fail``, in most versions)."""
+    marker = item.get_closest_marker("flaky")
+    if marker is None or "condition" not in marker.kwargs:
+        return None
+    evaluate, condition = plugin.evaluate_condition, marker.kwargs["condition"]
+    if _takes(evaluate, "excinfo"):
+        return bool(evaluate(item, marker, condition, excinfo))
+    if _takes(evaluate, "report"):  # 16.0: a report holding the exception info
+        return bool(evaluate(item, marker, condition, types.SimpleNamespace(excinfo=excinfo)))
+    return bool(evaluate(item, marker, condition))
+
+
+#: rerunfailures' plugin name: the controller reruns distributed tests through it, and ranks
+#: unregister it (they never rerun on their own).
+RERUNFAILURES_PLUGIN = "rerunfailures"
+
+
+def rerunfailures_plugin(config: pytest.Config) -> Any | None:
+    """The rerunfailures plugin this session registered, or None."""
+    return config.pluginmanager.get_plugin(RERUNFAILURES_PLUGIN)
+
+
+def rerun_attempts_before(config: pytest.Config, nodeid: str, reruns: int) -> int:
+    """The attempts of ``nodeid`` made before this one (under pytest-xdist, those that crashed
+    a worker: ``failures_db.get_test_failures``), after telling the db its rerun count
+    (``set_test_reruns``), as rerunfailures' own protocol does; 0 without a db."""
+    db = rerun_failures_db(config)
+    if db is None:
+        return 0
+    done = int(db.get_test_failures(nodeid))
+    db.set_test_reruns(nodeid, reruns)
+    return done
+
+
+def count_execution(item: pytest.Item, attempts: int) -> None:
+    """Set ``item.execution_count``, which rerunfailures' ``--fail-on-flaky`` reads at session
+    end (its ``pytest_sessionfinish``)."""
+    setattr(item, "execution_count", attempts)  # noqa: B010
+
+
+def mark_rerun(report: pytest.TestReport, attempt: int) -> None:
+    """Number a report as rerunfailures numbers an attempt's reports (``report.rerun``)."""
+    report.rerun = attempt  # type: ignore[attr-defined]
+
+
+# -- pytest-cov (the controller's measurement, repeated in each rank) ------------------------------
+
+#: pytest-cov's plugin name (its ``CovPlugin``).
+PYTEST_COV_PLUGIN = "_cov"
+
+
+def pytest_cov_settings(config: pytest.Config) -> dict[str, Any] | None:
+    """What pytest-cov measures in this process (``cov_controller``: ``cov_source``,
+    ``cov_branch``, ``cov_config``, ``topdir`` and its ``Coverage``'s data file), or None where
+    it measures nothing. If renamed, ranks are not measured (None)."""
+    plugin = config.pluginmanager.get_plugin(PYTEST_COV_PLUGIN)
+    controller = getattr(plugin, "cov_controller", None)
+    cov = getattr(controller, "cov", None)
+    if controller is None or cov is None:
+        return None
+    topdir = str(getattr(controller, "topdir", os.getcwd()))
+    return {
+        "source": controller.cov_source,
+        "branch": controller.cov_branch,
+        # Relative, as pytest-cov passes it (coverage treats ".coveragerc" as optional); the
+        # rank builds its Coverage in topdir.
+        "config_file": controller.cov_config,
+        "data_file": os.path.join(topdir, cov.config.data_file),
+        "topdir": topdir,
+    }
