@@ -150,6 +150,9 @@ class PoolSet:
         #: The fork server seen forking (a pid), or why it could not start (later pools fail).
         self._ready_fork_server = 0
         self._fork_server_failed: str | None = None
+        #: Why the session's folder could not be made when the fork server started early (at
+        #: collection): the first pool start reports it, once; the next one tries again.
+        self._early_workdir_problem: str | None = None
         #: Overrides every pool's start limit (DISTRANK_START_TIMEOUT).
         self.start_timeout = start_timeout_from_env()
         #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
@@ -224,6 +227,9 @@ class PoolSet:
         )
 
     def _start(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:
+        problem, self._early_workdir_problem = self._early_workdir_problem, None
+        if problem is not None:
+            raise SessionStartError(problem)
         workdir = self._live_workdir()
         self._note_crowded(key, nodeids)
         gpu_lease = self._lease(key)
@@ -325,8 +331,12 @@ class PoolSet:
         """Start the fork server now, not waiting for its imports (they run beside collection).
         Never raises: the first pool start tries again and reports a failure."""
         if self.settings.start_method.value == "forkserver" and self._fork_server_failed is None:
-            with contextlib.suppress(Exception):
+            try:
                 self._ensure_fork_server()
+            except SessionStartError as exc:  # the session's folder: the first pool says so
+                self._early_workdir_problem = str(exc)
+            except Exception:
+                pass
 
     def stop_fork_server(self) -> None:
         """End the fork server with the session (forkserver.stop); never raises."""
