@@ -2,9 +2,17 @@
 
 Runs in subprocesses started by this (outer) pytest process: ``python -m torch.distributed.run
 ... -m pytest -p distrank``, two torchrun agents as two nodes, and plain ``python -m pytest``
-processes with Slurm's or Open MPI's variables set by hand. Every run has a timeout and must leave
-no process behind. The unit tests of the detection logic and of the collection comparison are in
-``tests/unit/test_launch_env.py`` and ``tests/unit/test_launch_report.py``.
+processes with torchrun's, Slurm's or Open MPI's variables set by hand. Every run has a timeout
+and must leave no process behind.
+
+A launched world costs a process per rank, each importing torch and pytest, so the scenarios
+share worlds (``WORLDS``): one world per launcher set-up, each with several test files, and the
+tests here check each its own behaviour in the shared output, junit report and rank logs. A
+scenario that ends its world (a hang, a desync, a session that ends on a rank, a collection
+mismatch) is the last file of its world: the launched world stops there, and the test after it
+in its file shows how. The decisions and the texts have unit tests without a world:
+``tests/unit/test_launch_env.py`` (detection), ``test_launch_plan.py`` (what runs where),
+``test_launch_gather.py`` (rank 0 gathering with a fake channel) and ``test_launch_report.py``.
 """
 
 from __future__ import annotations
@@ -19,17 +27,17 @@ import sys
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
 
-from pytest_distrank.settings import OPTIONS
+from pytest_distrank.settings import OPTIONS, TEST_WAITS_ENV
 
-from ..helpers import TAG_ENV, wait_gone
+from ..helpers import TAG_ENV, RunPytest, wait_gone
 
-#: Bound on one launched run (each rank imports torch: ~2-4 s per process on 2 cores).
-RUN_TIMEOUT = 120
+#: Bound on one launched world (each rank imports torch: ~2-4 s per process on 2 cores).
+RUN_TIMEOUT = 180
 LAUNCH_VARS = (
     "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
     "GROUP_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT",
@@ -50,24 +58,39 @@ def free_port() -> int:
 
 @dataclasses.dataclass
 class Run:
-    """The processes of one launched run: their outputs and exit codes, in start order."""
+    """The processes of one launched world: their outputs and exit codes, in start order, the
+    folder it ran in and how long it took."""
 
     outputs: list[str]
     codes: list[int]
+    folder: Path
+    seconds: float
 
     def match(self, index: int, lines: list[str]) -> None:
         pytest.LineMatcher(self.outputs[index].splitlines()).fnmatch_lines(lines)
 
+    def outcomes(self, module: str, junit: str) -> dict[str, str]:
+        """The outcome of each test of ``module`` (no ``.py``) in the junit report, in order."""
+        cases = ET.parse(self.folder / junit).getroot().iter("testcase")
+        found = {}
+        for case in cases:
+            if case.get("classname") == module:
+                tags = {child.tag for child in case}
+                outcome = next((t for t in ("failure", "error", "skipped") if t in tags), "passed")
+                found[str(case.get("name"))] = outcome
+        return found
+
 
 @pytest.fixture
 def launch_env(pytester: pytest.Pytester) -> Iterator[dict[str, str]]:
-    """A clean environment for launched runs, tagged so that leftover processes are found."""
+    """A clean environment for launched runs, tagged so that leftover processes are found; the
+    end-of-test rule's fixed waits take 1 s (``DISTRANK_TEST_WAITS``, as ``run_pytest`` sets)."""
     tag = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     for option in OPTIONS:
         env.pop(option.env, None)
     env.pop("PYTEST_ADDOPTS", None)
-    env.update({TAG_ENV: tag, "COLUMNS": "200", "OMP_NUM_THREADS": "1"})
+    env.update({TAG_ENV: tag, "COLUMNS": "200", "OMP_NUM_THREADS": "1", TEST_WAITS_ENV: "1"})
     yield env
     leftover = wait_gone(tag, 15)
     for pid in leftover:
@@ -78,6 +101,7 @@ def launch_env(pytester: pytest.Pytester) -> Iterator[dict[str, str]]:
 def start(cmds: list[list[str]], envs: list[Mapping[str, str]], cwd: Path) -> Run:
     """Start every command at once, wait for all (bounded), return outputs and exit codes."""
     procs, files = [], []
+    started = time.monotonic()
     for i, (cmd, env) in enumerate(zip(cmds, envs, strict=True)):
         out = open(cwd / f"launch-out{i}.txt", "w+")
         files.append(out)
@@ -85,7 +109,7 @@ def start(cmds: list[list[str]], envs: list[Mapping[str, str]], cwd: Path) -> Ru
             # umask 022, the usual one: the plugin's folders and logs must be private anyway.
             subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=out, stderr=out, umask=0o022)
         )
-    deadline = time.monotonic() + RUN_TIMEOUT
+    deadline = started + RUN_TIMEOUT
     try:
         codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
     except subprocess.TimeoutExpired:
@@ -99,7 +123,7 @@ def start(cmds: list[list[str]], envs: list[Mapping[str, str]], cwd: Path) -> Ru
         out.close()
     if time.monotonic() > deadline:
         pytest.fail("launched run timed out:\n" + "\n-----\n".join(outputs))
-    return Run(outputs, codes)
+    return Run(outputs, codes, cwd, time.monotonic() - started)
 
 
 def pytest_args(cwd: Path, *args: str, basetemp: bool = True) -> list[str]:
@@ -124,18 +148,28 @@ def by_hand(
     return start([cmd] * len(ranks), [{**env, **rdzv, **r} for r in ranks], cwd)
 
 
+def write(folder: Path, files: Mapping[str, str]) -> None:
+    for name, text in files.items():
+        (folder / name).write_text(text)
+
+
 HEADER = "import os, time, pytest, torch, torch.distributed as dist\n"
 
+# -- the scenarios: test files, each as it ran in a world of its own before -------------------
 
-# -- end-to-end: torchrun ----------------------------------------------------------------------
+#: Ends a file whose test may break the world's process group: the next test gets a fresh one.
+AFTER = """
 
+@pytest.mark.world_size(2)
+def test_zz_after(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+"""
 
-def test_torchrun_two_ranks_one_report(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
+REPORT = (
+    HEADER
+    + """
 @pytest.mark.world_size(2)
 def test_all_reduce(rank, world_size, local_rank, backend, pg, device, dist_store,
                     shared_tmp_path):
@@ -176,8 +210,357 @@ def test_fresh_group_after_that(rank, pg):
     dist.all_reduce(t, group=pg)
     assert t.item() == 2
 """
+)
+
+FORKS = {
+    # The parent waits for its child, which runs the rest of the test and ends.
+    "child-finished-first": "pid = os.fork()\n        if pid:\n            os.waitpid(pid, 0)",
+    # The child is still in the test when the parent's test ends.
+    "child-still-running": "if os.fork() == 0:\n            time.sleep(3)",
+}
+FORK_FILES = {"child-finished-first": "test_b_fork_done", "child-still-running": "test_c_forking"}
+
+
+def forks(body: str) -> str:
+    return (
+        HEADER
+        + f"""
+@pytest.mark.world_size(2)
+def test_forks(rank):
+    if rank == 1:
+        {body}
+"""
+        + AFTER
     )
-    run = torchrun(launch_env, pytester.path, 2, "--junitxml=junit.xml")
+
+
+UNMATCHED = (
+    HEADER
+    + """
+@pytest.mark.world_size(2)
+def test_culprit(rank, pg):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1) * 100, group=pg, async_op=True)  # no peer matches it
+
+@pytest.mark.world_size(2)
+def test_innocent(rank, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+
+@pytest.mark.world_size(2)
+def test_point_to_point_is_not_a_desync(rank, pg):
+    t = torch.zeros(1)
+    if rank == 0:
+        dist.send(torch.ones(1), 1)
+    else:
+        dist.recv(t, 0)
+"""
+)
+
+HANG = (
+    HEADER
+    + """
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(3)
+def test_hang(rank):
+    if rank == 0:
+        dist.barrier()
+    time.sleep(600)
+
+@pytest.mark.world_size(2)
+def test_never_reached(rank):
+    pass
+"""
+)
+
+FOUR = (
+    HEADER
+    + """
+@pytest.mark.world_size(4)
+def test_sum(rank, pg):
+    t = torch.ones(1) * rank
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 6
+
+@pytest.mark.world_size(4)
+def test_rank_3_fails(rank):
+    assert rank != 3
+
+@pytest.mark.world_size(2, 4)
+def test_sizes(rank, world_size):
+    assert world_size == 4
+"""
+)
+
+#: Rank 0 interrupted while its peers wait for it in a collective (a world of 4 here).
+INTERRUPT_RANK_0 = (
+    HEADER
+    + """
+@pytest.mark.world_size(4)
+def test_stop(rank, pg):
+    if rank == 0:
+        raise KeyboardInterrupt
+    dist.barrier(group=pg)  # ranks 1-3 wait for rank 0 in a collective
+
+@pytest.mark.world_size(4)
+def test_zz_after(rank, pg):
+    pass
+"""
+)
+
+NODES = (
+    HEADER
+    + """
+@pytest.mark.world_size(2)
+def test_across_nodes(rank, local_rank, pg):
+    assert local_rank == 0
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+
+@pytest.mark.world_size(2)
+def test_rank_1_fails(rank):
+    assert rank == 0
+"""
+)
+
+
+def desync(stuck: int) -> str:
+    """One rank raises, the other waits in a barrier: the grace period ends the world."""
+    return (
+        HEADER
+        + f"""
+@pytest.mark.world_size(2)
+def test_desync(rank):
+    if rank != {stuck}:
+        raise RuntimeError(f"rank {{rank}} gave up")
+    dist.barrier()
+
+def test_ordinary_after():
+    pass
+"""
+    )
+
+
+MAPPED = (
+    HEADER
+    + """
+@pytest.mark.world_size(2)
+def test_mapped(rank, local_rank, world_size, pg):
+    # torchrun's variables are set for code that reads them
+    assert os.environ["RANK"] == os.environ["SLURM_PROCID"] == str(rank)
+    assert os.environ["LOCAL_RANK"] == str(local_rank) == str(rank)
+    assert os.environ["WORLD_SIZE"] == "2" == str(world_size)
+    t = torch.ones(1)
+    dist.all_reduce(t, group=pg)
+    assert t.item() == 2
+"""
+)
+
+WARNS = (
+    HEADER
+    + """
+import warnings
+
+@pytest.mark.world_size(2)
+def test_warns(rank):
+    warnings.warn("deprecated thing", DeprecationWarning)
+    if rank == 1:
+        warnings.warn("only on rank 1")
+
+def test_ordinary_warns():
+    warnings.warn("from an ordinary test")
+"""
+)
+
+RANK_0_FAILS = (
+    HEADER
+    + """
+@pytest.mark.world_size(2)
+def test_rank_0_fails(rank, local_rank):
+    assert os.environ["RANK"] == os.environ["OMPI_COMM_WORLD_RANK"] == str(rank)
+    assert rank == 1
+"""
+)
+
+#: How rank 1's pytest session ends in test_stop, what rank 0 does meanwhile, and its row.
+STOPS = {
+    "pytest-exit": (
+        'pytest.exit("database gone", returncode=3)',
+        "dist.barrier(group=pg)",  # rank 0 waits for rank 1 in a collective: its watchdog
+        "  rank 1/2  stopped serving in call: pytest.exit('database gone') was called in "
+        "*::test_stop (returncode=3)  <- root cause",
+    ),
+    "keyboard-interrupt": (
+        "raise KeyboardInterrupt",
+        "pass",  # rank 0 passes: its main thread gathers
+        "  rank 1/2  stopped serving in call: KeyboardInterrupt was raised in *::test_stop*"
+        "  <- root cause",
+    ),
+}
+
+
+def stop_on_rank_1(body: str, peer: str) -> str:
+    return (
+        HEADER
+        + f"""
+@pytest.mark.world_size(2)
+def test_stop(rank, pg):
+    if rank == 1:
+        {body}
+    {peer}
+"""
+        + AFTER
+    )
+
+
+MISMATCH_CONFTEST = """
+import os
+
+def pytest_collection_modifyitems(items):
+    if os.environ["RANK"] == "1":
+        items[:] = [i for i in items if i.name != "test_b"]
+"""
+
+MISMATCH = """
+import pytest
+
+@pytest.mark.world_size(2)
+def test_a(rank):
+    pass
+
+@pytest.mark.world_size(2)
+def test_b(rank):
+    pass
+"""
+
+# -- the worlds --------------------------------------------------------------------------------
+
+
+def _torchrun_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun, 2 ranks: one report, forks, an unmatched collective, then a hang ends it."""
+    write(
+        folder,
+        {
+            "test_a_report.py": REPORT,
+            **{f"{FORK_FILES[k]}.py": forks(body) for k, body in FORKS.items()},
+            "test_d_unmatched.py": UNMATCHED,
+            "test_z_hang.py": HANG,
+        },
+    )
+    return torchrun(env, folder, 2, "--junitxml=junit.xml")
+
+
+def _four_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun, 4 ranks; then rank 0 is interrupted while the others wait for it."""
+    write(folder, {"test_a_four.py": FOUR, "test_z_interrupt.py": INTERRUPT_RANK_0})
+    return torchrun(env, folder, 4, "--distrank-failure-grace=1")
+
+
+def _two_nodes_world(env: dict[str, str], folder: Path) -> Run:
+    """Two torchrun agents as two nodes; then rank 1 fails while rank 0 waits (desync[0])."""
+    write(folder, {"test_a_nodes.py": NODES, "test_z_desync.py": desync(0)})
+    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
+    cmds = [
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
+            f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
+            f"--rdzv-id={rdzv_id}",
+            *pytest_args(folder, "--distrank-failure-grace=1", "--junitxml=j.xml"),
+        ]
+        for node in (0, 1)
+    ]  # fmt: skip
+    return start(cmds, [env, env], folder)
+
+
+def _slurm_world(env: dict[str, str], folder: Path) -> Run:
+    """Slurm's variables by hand, every test passes: the mapped variables, warnings; no
+    --basetemp and a fresh TMPDIR, so the run folder goes to pytest-of-<user>."""
+    write(folder, {"test_a_mapped.py": MAPPED, "test_b_warnings.py": WARNS})
+    ranks = [
+        {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
+        for r in (0, 1)
+    ]
+    env = {k: v for k, v in env.items() if k != "PYTEST_DEBUG_TEMPROOT"}
+    tmp = folder / "tmp"
+    tmp.mkdir()
+    env["TMPDIR"] = str(tmp)
+    return by_hand(env, folder, ranks, "--junitxml=junit.xml", basetemp=False)
+
+
+def _mpi_world(env: dict[str, str], folder: Path) -> Run:
+    """Open MPI's variables by hand: rank 0 fails; then rank 0 fails while rank 1 waits for it
+    (desync[1])."""
+    write(folder, {"test_a_rank0.py": RANK_0_FAILS, "test_z_desync.py": desync(1)})
+    ranks = [
+        {
+            "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+        }
+        for r in (0, 1)
+    ]  # fmt: skip
+    return by_hand(env, folder, ranks, "--distrank-failure-grace=1", "--junitxml=j.xml")
+
+
+def _stop_world(kind: str) -> Callable[[dict[str, str], Path], Run]:
+    def launch(env: dict[str, str], folder: Path) -> Run:
+        body, peer, _ = STOPS[kind]
+        write(folder, {"test_stop.py": stop_on_rank_1(body, peer)})
+        return torchrun(env, folder, 2, "--distrank-failure-grace=1")
+
+    return launch
+
+
+def _mismatch_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun's variables by hand (no agent: both exit codes are seen): rank 1's conftest
+    drops a test."""
+    write(folder, {"conftest.py": MISMATCH_CONFTEST, "test_mismatch.py": MISMATCH})
+    ranks = [
+        {"RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "2"}
+        for r in (0, 1)
+    ]
+    return by_hand(env, folder, ranks)
+
+
+WORLDS: dict[str, Callable[[dict[str, str], Path], Run]] = {
+    "torchrun": _torchrun_world,
+    "four": _four_world,
+    "two-nodes": _two_nodes_world,
+    "slurm": _slurm_world,
+    "mpi": _mpi_world,
+    "pytest-exit": _stop_world("pytest-exit"),
+    "keyboard-interrupt": _stop_world("keyboard-interrupt"),
+    "mismatch": _mismatch_world,
+}
+#: Worlds already launched in this outer session, by name (or why one did not finish).
+_LAUNCHED: dict[str, Run | str] = {}
+
+
+@pytest.fixture
+def world(pytester: pytest.Pytester, launch_env: dict[str, str]) -> Callable[[str], Run]:
+    """``world(name)``: the launched world of that name, run by the first test that asks (its
+    leak check then covers it); later tests get the same run."""
+
+    def get(name: str) -> Run:
+        if name not in _LAUNCHED:
+            try:
+                _LAUNCHED[name] = WORLDS[name](launch_env, pytester.path)
+            except (Exception, pytest.fail.Exception) as exc:
+                _LAUNCHED[name] = f"{type(exc).__name__}: {exc}"
+        run = _LAUNCHED[name]
+        if isinstance(run, str):
+            pytest.fail(f"the launched world {name!r} did not finish: {run}")
+        return run
+
+    return get
+
+
+# -- torchrun, 2 ranks ---------------------------------------------------------------------------
+
+
+def test_torchrun_two_ranks_one_report(world: Callable[[str], Run]) -> None:
+    run = world("torchrun")
     assert run.codes == [1], run.outputs[0]
     run.match(
         0,
@@ -205,76 +588,77 @@ def test_fresh_group_after_that(rank, pg):
     run.match(
         0,
         [
-            "SKIPPED [[]1[]] *: needs world_size 4, this launched world has 2 ranks (torchrun)",
-            "SKIPPED [[]1[]] *: skipped on rank 1 of 2 (rank 0 did not): not here",
-            "FAILED *::test_fails_on_rank_1 - [[]rank 1/2[]] AssertionError: rank 1 disagrees",
-            "*= 1 failed, 4 passed, 2 skipped in *",
+            "SKIPPED [[]1[]] test_a_report.py:*: needs world_size 4, this launched world has 2 "
+            "ranks (torchrun)",
+            "SKIPPED [[]1[]] test_a_report.py:*: skipped on rank 1 of 2 (rank 0 did not): not here",
+            "FAILED test_a_report.py::test_fails_on_rank_1 - [[]rank 1/2[]] AssertionError: rank "
+            "1 disagrees",
         ],
     )
     # Every rank exits with rank 0's exit code, and torchrun's summary shows it for both.
     assert run.outputs[0].count("exitcode  : 1 ") == 2, run.outputs[0]
-    cases = ET.parse(pytester.path / "junit.xml").getroot().iter("testcase")
-    assert [c.get("name") for c in cases] == [
+    # One junit report, rank 0's, with every test of the file in order (1 failed, 4 passed,
+    # 2 skipped), and the world's summary line counts every file of it.
+    assert run.outcomes("test_a_report", "junit.xml") == {
+        "test_all_reduce": "passed", "test_fails_on_rank_1": "failure",
+        "test_needs_four": "skipped", "test_skips_on_rank_1": "skipped",
+        "test_ordinary": "passed", "test_destroys_the_group": "passed",
+        "test_fresh_group_after_that": "passed",
+    }  # fmt: skip
+    assert list(run.outcomes("test_a_report", "junit.xml")) == [
         "test_all_reduce", "test_fails_on_rank_1", "test_needs_four", "test_skips_on_rank_1",
         "test_ordinary", "test_destroys_the_group", "test_fresh_group_after_that",
     ]  # fmt: skip
-    log = next((pytester.path / "bt").glob("distrank-*/rank1.log")).read_text()
+    run.match(0, ["*= 5 failed, 8 passed, 3 skipped in *"])
+    log = next((run.folder / "bt").glob("distrank-*/rank1.log")).read_text()
     assert "test_fails_on_rank_1: setup passed, call failed" in log
-    assert "exit code 1 (rank 0's)" in log
+    # The hang ends this world with rank 1 stuck: it leaves with rank 0's exit code. A rank
+    # that reaches the end says which code it adopted: test_two_torchrun_agents_as_two_nodes.
+    assert log.rstrip().endswith("leaving with rank 0's exit code"), log
 
 
-def test_torchrun_four_ranks(pytester: pytest.Pytester, launch_env: dict[str, str]) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(4)
-def test_sum(rank, pg):
-    t = torch.ones(1) * rank
-    dist.all_reduce(t, group=pg)
-    assert t.item() == 6
+@pytest.mark.parametrize(
+    ("kind", "row"),
+    [
+        ("child-finished-first", "  rank 1/2  sent reports from pid *, not its own (*): a process "
+         "forked by the test?*"),
+        ("child-still-running", "  rank 1/2  forked pid * which still ran the rank's own code "
+         "when the test ended*"),
+    ],
+    ids=["child-finished-first", "child-still-running"],
+)  # fmt: skip
+def test_torchrun_a_forked_test_process_is_not_a_rank(
+    world: Callable[[str], Run], kind: str, row: str
+) -> None:
+    run = world("torchrun")
+    module = FORK_FILES[kind]
+    run.match(0, [row])
+    run.match(0, [f"FAILED {module}.py::test_forks - [[]rank 1/2[]] *"])
+    # The test fails; the next test of the file gets a working process group.
+    assert run.outcomes(module, "junit.xml") == {"test_forks": "failure", "test_zz_after": "passed"}
 
-@pytest.mark.world_size(4)
-def test_rank_3_fails(rank):
-    assert rank != 3
 
-@pytest.mark.world_size(2, 4)
-def test_sizes(rank, world_size):
-    assert world_size == 4
-"""
-    )
-    run = torchrun(launch_env, pytester.path, 4)
-    assert run.codes == [1]
+def test_torchrun_unmatched_collective_fails_the_test_that_left_it(
+    world: Callable[[str], Run],
+) -> None:
+    run = world("torchrun")
     run.match(
         0,
         [
-            "distrank: 1 of 4 ranks failed; root cause: rank 3/4",
-            "  rank 0/4  passed",
-            "  rank 3/4  failed in call: assert 3 != 3  <- root cause",
-            "SKIPPED [[]1[]] *: needs world_size 2, this launched world has 4 ranks (torchrun)",
-            "*= 1 failed, 2 passed, 1 skipped in *",
+            "  rank 0/2  issued 1 more collective than its peers on the default group: an "
+            "unmatched collective (its last: gloo:all_reduce)  <- root cause",
+            "  rank 1/2  passed",
         ],
     )
+    assert run.outcomes("test_d_unmatched", "junit.xml") == {
+        "test_culprit": "failure",
+        "test_innocent": "passed",
+        "test_point_to_point_is_not_a_desync": "passed",
+    }
 
 
-def test_torchrun_hang_times_out_with_every_ranks_stack(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(2)
-@pytest.mark.timeout(3)
-def test_hang(rank):
-    if rank == 0:
-        dist.barrier()
-    time.sleep(600)
-
-@pytest.mark.world_size(2)
-def test_never_reached(rank):
-    pass
-"""
-    )
-    run = torchrun(launch_env, pytester.path, 2, "--junitxml=junit.xml")
+def test_torchrun_hang_times_out_with_every_ranks_stack(world: Callable[[str], Run]) -> None:
+    run = world("torchrun")
     assert run.codes == [1]
     run.match(
         0,
@@ -293,130 +677,56 @@ def test_never_reached(rank):
     run.match(
         0,
         [
-            "SKIPPED [[]1[]] *: not run: *::test_hang left rank(s) 0, 1 stuck (timeout); a rank "
-            "stuck in a collective cannot be interrupted, so the launched world stops here",
-            "FAILED *::test_hang - [[]rank 0/2[]] Timeout: still in call after 3 s *",
-            "*= 1 failed, 1 skipped in *",
+            "SKIPPED [[]1[]] *: not run: test_z_hang.py::test_hang left rank(s) 0, 1 stuck "
+            "(timeout); a rank stuck in a collective cannot be interrupted, so the launched world "
+            "stops here",
+            "FAILED test_z_hang.py::test_hang - [[]rank 0/2[]] Timeout: still in call after 3 s *",
         ],
     )
-    assert (pytester.path / "junit.xml").exists()  # written by rank 0's watchdog
-
-
-@pytest.mark.parametrize("stuck", [0, 1])
-def test_torchrun_desync_ends_the_run_promptly(
-    pytester: pytest.Pytester, launch_env: dict[str, str], stuck: int
-) -> None:
-    """One rank raises, the other waits in a barrier: the grace period ends the run. Rank 0
-    stuck: its watchdog writes the report; rank 1 stuck: rank 0's main thread does."""
-    pytester.makepyfile(
-        HEADER
-        + f"""
-@pytest.mark.world_size(2)
-def test_desync(rank):
-    if rank != {stuck}:
-        raise RuntimeError(f"rank {{rank}} gave up")
-    dist.barrier()
-
-def test_ordinary_after():
-    pass
-"""
-    )
-    started = time.monotonic()
-    run = torchrun(launch_env, pytester.path, 2, "--distrank-failure-grace=1", "--junitxml=j.xml")
-    assert time.monotonic() - started < 100  # far below the 300 s deadline
-    assert run.codes == [1]
-    gave_up = 1 - stuck
-    rows = {
-        stuck: f"  rank {stuck}/2  stuck in call * s after rank {gave_up} failed; in barrier #1 on "
-        "the default group; blocked in barrier at *, called from test_desync at *.py:7",
-        gave_up: f"  rank {gave_up}/2  failed in call: RuntimeError: rank {gave_up} gave up  <- *",
+    # Written by rank 0's watchdog (its main thread is stuck), with the test not run.
+    assert run.outcomes("test_z_hang", "junit.xml") == {
+        "test_hang": "failure",
+        "test_never_reached": "skipped",
     }
-    run.match(
-        0,
-        [
-            f"distrank: 1 of 2 ranks failed, 1 killed after it; root cause: rank {gave_up}/2",
-            rows[0],
-            rows[1],
-            f"*RuntimeError: rank {gave_up} gave up",
-            f"rank {stuck}/2: stuck in call: rank {gave_up} failed first",
-            "SKIPPED [[]1[]] *: not run: *::test_desync left rank(s) * stuck (rank * failed)*",
-            f"FAILED *::test_desync - [[]rank {gave_up}/2[]] RuntimeError: rank {gave_up} gave up",
-        ],
-    )
-    junit = ET.parse(pytester.path / "j.xml").getroot().find("testsuite")
-    assert junit is not None
-    assert (junit.get("tests"), junit.get("failures"), junit.get("skipped")) == ("2", "1", "1")
 
 
-def test_torchrun_mismatched_collection_is_an_error_not_a_hang(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
-) -> None:
-    pytester.makeconftest(
-        """
-import os
+# -- torchrun, 4 ranks ---------------------------------------------------------------------------
 
-def pytest_collection_modifyitems(items):
-    if os.environ["RANK"] == "1":
-        items[:] = [i for i in items if i.name != "test_b"]
-"""
-    )
-    pytester.makepyfile(
-        """
-import pytest
 
-@pytest.mark.world_size(2)
-def test_a(rank):
-    pass
-
-@pytest.mark.world_size(2)
-def test_b(rank):
-    pass
-"""
-    )
-    run = torchrun(launch_env, pytester.path, 2)
+def test_torchrun_four_ranks(world: Callable[[str], Run]) -> None:
+    run = world("four")
     assert run.codes == [1]
     run.match(
         0,
         [
-            "pytest-distrank: the ranks of this launched world (2 ranks, torchrun) collected "
-            "different tests, so they cannot run them in lock-step; no test was run.",
-            "Rank 0 collected 2 tests; rank(s) 1 collected others:",
-            "  rank 1: 1 test; not 1 of rank 0's: *::test_b",
-            "*Interrupted: the ranks of the launched world did not collect the same tests*",
-            "*= 1 error in *",
+            "distrank: 1 of 4 ranks failed; root cause: rank 3/4",
+            "  rank 0/4  passed",
+            "  rank 3/4  failed in call: assert 3 != 3  <- root cause",
+            "SKIPPED [[]1[]] *: needs world_size 2, this launched world has 4 ranks (torchrun)",
+            "*= 1 failed, 2 passed, 1 skipped in *",
         ],
     )
-    assert run.outputs[0].count("exitcode  : 2 ") == 2  # both ranks: pytest's INTERRUPTED
 
 
-def test_two_torchrun_agents_as_two_nodes(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
+def test_torchrun_keyboard_interrupt_on_rank_0_does_not_hang_its_peers(
+    world: Callable[[str], Run],
 ) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(2)
-def test_across_nodes(rank, local_rank, pg):
-    assert local_rank == 0
-    t = torch.ones(1)
-    dist.all_reduce(t, group=pg)
-    assert t.item() == 2
+    run = world("four")
+    assert run.seconds < 90, run.outputs[0]
+    # Rank 0 reports its own interruption as pytest does (the interrupted test and the rest are
+    # not counted); the other ranks adopt its exit code (2, pytest's INTERRUPTED; torchrun
+    # itself exits with 1 when a rank exits non-zero).
+    run.match(0, ["*! KeyboardInterrupt !*", "*= 1 failed, 2 passed, 1 skipped in *"])
+    assert "test_zz_after" not in run.outputs[0]
+    assert run.codes == [1], run.outputs[0]
+    assert run.outputs[0].count("exitcode  : 2 ") == 4, run.outputs[0]
 
-@pytest.mark.world_size(2)
-def test_rank_1_fails(rank):
-    assert rank == 0
-"""
-    )
-    endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
-    cmds = [
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-            f"--node-rank={node}", "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}",
-            f"--rdzv-id={rdzv_id}", *pytest_args(pytester.path),
-        ]
-        for node in (0, 1)
-    ]  # fmt: skip
-    run = start(cmds, [launch_env, launch_env], pytester.path)
+
+# -- torchrun: two agents as two nodes -----------------------------------------------------------
+
+
+def test_two_torchrun_agents_as_two_nodes(world: Callable[[str], Run]) -> None:
+    run = world("two-nodes")
     assert run.codes == [1, 1]
     reporting = [i for i, out in enumerate(run.outputs) if "test session starts" in out]
     assert len(reporting) == 1, run.outputs  # one report, on the node of rank 0
@@ -425,61 +735,74 @@ def test_rank_1_fails(rank):
         [
             "distrank: * launcher torchrun (from *), world size 2 on 2 nodes, backend gloo, *",
             "  rank 1/2  failed in call: assert 1 == 0  <- root cause",
-            "*= 1 failed, 1 passed in *",
         ],
     )
     run.match(1 - reporting[0], ["distrank: rank 1/2 (torchrun): report on rank 0; log in *"])
+    # Rank 1 failed a test itself, yet exits with rank 0's exit code, and its log says so.
+    log = next((run.folder / "bt").glob("distrank-*/rank1.log")).read_text()
+    assert "test_rank_1_fails: setup passed, call failed" in log
+    assert "distrank: rank 1/2 (torchrun): exit code 1 (rank 0's)" in log
+    assert run.outcomes("test_a_nodes", "j.xml") == {
+        "test_across_nodes": "passed",
+        "test_rank_1_fails": "failure",
+    }
+    run.match(reporting[0], ["*= 2 failed, 1 passed, 1 skipped in *"])
 
 
-# -- end-to-end: what the plugin cannot trust (docs/failure-reports.md, pool mode's fixes) -----
-
-AFTER = """
-
-@pytest.mark.world_size(2)
-def test_zz_after(rank, pg):
-    t = torch.ones(1)
-    dist.all_reduce(t, group=pg)
-    assert t.item() == 2
-"""
+# -- desync: the failure grace ends the world ----------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("body", "peer", "row"),
-    [
-        (
-            'pytest.exit("database gone", returncode=3)',
-            "dist.barrier(group=pg)",  # rank 0 waits for rank 1 in a collective: its watchdog
-            "  rank 1/2  stopped serving in call: pytest.exit('database gone') was called in "
-            "*::test_stop (returncode=3)  <- root cause",
-        ),
-        (
-            "raise KeyboardInterrupt",
-            "pass",  # rank 0 passes: its main thread gathers
-            "  rank 1/2  stopped serving in call: KeyboardInterrupt was raised in *::test_stop*"
-            "  <- root cause",
-        ),
-    ],
-    ids=["pytest-exit", "keyboard-interrupt"],
-)
-def test_torchrun_session_ending_exception_on_rank_1_fails_the_test_promptly(
-    pytester: pytest.Pytester, launch_env: dict[str, str], body: str, peer: str, row: str
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + f"""
-@pytest.mark.world_size(2)
-def test_stop(rank, pg):
-    if rank == 1:
-        {body}
-    {peer}
-"""
-        + AFTER
+@pytest.mark.parametrize("stuck", [0, 1])
+def test_torchrun_desync_ends_the_run_promptly(world: Callable[[str], Run], stuck: int) -> None:
+    """One rank raises, the other waits in a barrier: the grace period ends the run. Rank 0
+    stuck (two torchrun agents): its watchdog writes the report; rank 1 stuck (Open MPI's
+    variables by hand): rank 0's main thread does."""
+    run = world("two-nodes" if stuck == 0 else "mpi")
+    out = next(i for i, text in enumerate(run.outputs) if "test session starts" in text)
+    assert run.seconds < 100  # far below the 300 s deadline
+    assert run.codes == [1, 1]
+    gave_up = 1 - stuck
+    rows = {
+        stuck: f"  rank {stuck}/2  stuck in call * s after rank {gave_up} failed; in barrier #1 on "
+        "the default group; blocked in barrier at *, called from test_desync at *.py:7",
+        gave_up: f"  rank {gave_up}/2  failed in call: RuntimeError: rank {gave_up} gave up  <- *",
+    }
+    run.match(
+        out,
+        [
+            f"distrank: 1 of 2 ranks failed, 1 killed after it; root cause: rank {gave_up}/2",
+            rows[0],
+            rows[1],
+            f"*RuntimeError: rank {gave_up} gave up",
+            f"rank {stuck}/2: stuck in call: rank {gave_up} failed first",
+            "SKIPPED [[]1[]] *: not run: test_z_desync.py::test_desync left rank(s) * stuck (rank "
+            "* failed)*",
+            f"FAILED test_z_desync.py::test_desync - [[]rank {gave_up}/2[]] RuntimeError: rank "
+            f"{gave_up} gave up",
+        ],
     )
-    started = time.monotonic()
-    run = torchrun(launch_env, pytester.path, 2, "--distrank-failure-grace=1")
-    assert time.monotonic() - started < 60, run.outputs[0]  # not the 300 s deadline
+    assert run.outcomes("test_z_desync", "j.xml") == {
+        "test_desync": "failure",
+        "test_ordinary_after": "skipped",
+    }
+    # Counted with the world's other file: two-nodes has 2 tests (1 failed), mpi 1 (failed).
+    junit = ET.parse(run.folder / "j.xml").getroot().find("testsuite")
+    assert junit is not None
+    totals = (junit.get("tests"), junit.get("failures"), junit.get("skipped"))
+    assert totals == (("4", "2", "1") if stuck == 0 else ("3", "2", "1"))
+
+
+# -- what the plugin cannot trust: a rank's session ends (docs/failure-reports.md) ---------------
+
+
+@pytest.mark.parametrize("kind", list(STOPS), ids=list(STOPS))
+def test_torchrun_session_ending_exception_on_rank_1_fails_the_test_promptly(
+    world: Callable[[str], Run], kind: str
+) -> None:
+    run = world(kind)
+    assert run.seconds < 60, run.outputs[0]  # not the 300 s deadline
     assert run.codes == [1], run.outputs[0]
-    run.match(0, [row])
+    run.match(0, [STOPS[kind][2]])
     run.match(
         0,
         [
@@ -492,169 +815,32 @@ def test_stop(rank, pg):
     )
 
 
-def test_torchrun_keyboard_interrupt_on_rank_0_does_not_hang_its_peers(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(2)
-def test_stop(rank, pg):
-    if rank == 0:
-        raise KeyboardInterrupt
-    dist.barrier(group=pg)  # rank 1 waits for rank 0 in a collective
-"""
-        + AFTER
-    )
-    started = time.monotonic()
-    run = torchrun(launch_env, pytester.path, 2, "--distrank-failure-grace=1")
-    assert time.monotonic() - started < 60, run.outputs[0]
-    # Rank 0 reports its own interruption as pytest does; rank 1 adopts its exit code (2,
-    # pytest's INTERRUPTED; torchrun itself exits with 1 when a rank exits non-zero).
-    run.match(0, ["*! KeyboardInterrupt !*", "*= no tests ran in *"])
-    assert run.codes == [1], run.outputs[0]
-    assert run.outputs[0].count("exitcode  : 2 ") == 2, run.outputs[0]
-
-
-def test_torchrun_warnings_of_every_rank_are_in_the_summary_once(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-import warnings
-
-@pytest.mark.world_size(2)
-def test_warns(rank):
-    warnings.warn("deprecated thing", DeprecationWarning)
-    if rank == 1:
-        warnings.warn("only on rank 1")
-
-def test_ordinary_warns():
-    warnings.warn("from an ordinary test")
-"""
-    )
-    run = torchrun(launch_env, pytester.path, 2)
-    assert run.codes == [0], run.outputs[0]
+def test_mismatched_collection_is_an_error_not_a_hang(world: Callable[[str], Run]) -> None:
+    run = world("mismatch")
     run.match(
         0,
         [
-            "*warnings summary*",
-            "*.py:*: DeprecationWarning: [[]ranks 0, 1 of 2[]] deprecated thing",
-            "*.py:*: UserWarning: [[]rank 1/2[]] only on rank 1",
-            "*.py:*: UserWarning: from an ordinary test",
-            "*= 2 passed, 3 warnings in *",
+            "pytest-distrank: the ranks of this launched world (2 ranks, torchrun) collected "
+            "different tests, so they cannot run them in lock-step; no test was run.",
+            "Rank 0 collected 2 tests; rank(s) 1 collected others:",
+            "  rank 1: 1 test; not 1 of rank 0's: *::test_b",
+            "*Interrupted: the ranks of the launched world did not collect the same tests*",
+            "*= 1 error in *",
         ],
     )
-    # Rank 0's own warning is not shown again on its own, unmerged.
-    assert run.outputs[0].count("DeprecationWarning: ") == 1, run.outputs[0]
+    assert run.codes == [2, 2], run.outputs  # both ranks: pytest's INTERRUPTED
 
 
-@pytest.mark.parametrize(
-    ("body", "row"),
-    [
-        (
-            # The parent waits for its child, which runs the rest of the test and ends.
-            "pid = os.fork()\n        if pid:\n            os.waitpid(pid, 0)",
-            "  rank 1/2  sent reports from pid *, not its own (*): a process forked by the test?*",
-        ),
-        (
-            # The child is still in the test when the parent's test ends.
-            "if os.fork() == 0:\n            time.sleep(3)",
-            "  rank 1/2  forked pid * which still ran the rank's own code when the test ended*",
-        ),
-    ],
-    ids=["child-finished-first", "child-still-running"],
-)
-def test_torchrun_a_forked_test_process_is_not_a_rank(
-    pytester: pytest.Pytester, launch_env: dict[str, str], body: str, row: str
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + f"""
-@pytest.mark.world_size(2)
-def test_forks(rank):
-    if rank == 1:
-        {body}
-"""
-        + AFTER
-    )
-    run = torchrun(launch_env, pytester.path, 2)
-    assert run.codes == [1], run.outputs[0]
-    run.match(0, [row])
-    run.match(0, ["FAILED *::test_forks - [[]rank 1/2[]] *", "*= 1 failed, 1 passed in *"])
+# -- Slurm and MPI, launched by hand -------------------------------------------------------------
 
 
-def test_torchrun_unmatched_collective_fails_the_test_that_left_it(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
-) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(2)
-def test_culprit(rank, pg):
-    if rank == 0:
-        dist.all_reduce(torch.ones(1) * 100, group=pg, async_op=True)  # no peer matches it
-
-@pytest.mark.world_size(2)
-def test_innocent(rank, pg):
-    t = torch.ones(1)
-    dist.all_reduce(t, group=pg)
-    assert t.item() == 2
-
-@pytest.mark.world_size(2)
-def test_point_to_point_is_not_a_desync(rank, pg):
-    t = torch.zeros(1)
-    if rank == 0:
-        dist.send(torch.ones(1), 1)
-    else:
-        dist.recv(t, 0)
-"""
-    )
-    run = torchrun(launch_env, pytester.path, 2)
-    assert run.codes == [1], run.outputs[0]
-    run.match(
-        0,
-        [
-            "  rank 0/2  issued 1 more collective than its peers on the default group: an "
-            "unmatched collective (its last: gloo:all_reduce)  <- root cause",
-            "  rank 1/2  passed",
-        ],
-    )
-    run.match(0, ["*= 1 failed, 2 passed in *"])
-
-
-# -- end-to-end: Slurm and MPI, launched by hand -----------------------------------------------
-
-
-def test_slurm_by_hand(pytester: pytest.Pytester, launch_env: dict[str, str]) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(2)
-def test_mapped(rank, local_rank, world_size, pg):
-    # torchrun's variables are set for code that reads them
-    assert os.environ["RANK"] == os.environ["SLURM_PROCID"] == str(rank)
-    assert os.environ["LOCAL_RANK"] == str(local_rank) == str(rank)
-    assert os.environ["WORLD_SIZE"] == "2" == str(world_size)
-    t = torch.ones(1)
-    dist.all_reduce(t, group=pg)
-    assert t.item() == 2
-"""
-    )
-    ranks = [
-        {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
-        for r in (0, 1)
-    ]
-    # No --basetemp, a fresh TMPDIR: the run folder goes to pytest-of-<user>, private as pytest
-    # makes it (0700 folders, 0600 logs) under umask 022 (hostile review 3, D10).
-    launch_env.pop("PYTEST_DEBUG_TEMPROOT", None)
-    tmp = pytester.mkdir("tmp")
-    launch_env["TMPDIR"] = str(tmp)
-    run = by_hand(launch_env, pytester.path, ranks, basetemp=False)
+def test_slurm_by_hand(world: Callable[[str], Run]) -> None:
+    run = world("slurm")
     assert run.codes == [0, 0], run.outputs
-    (mine,) = tmp.glob("pytest-of-*")
+    (mine,) = (run.folder / "tmp").glob("pytest-of-*")
     (root,) = mine.glob("distrank-*")
+    # Private as pytest makes it (0700 folders, 0600 logs) under umask 022 (hostile review 3,
+    # D10).
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (mine, root, root / "rank1.log")}
     assert modes == {mine.name: 0o700, root.name: 0o700, "rank1.log": 0o600}
     run.match(
@@ -662,31 +848,38 @@ def test_mapped(rank, local_rank, world_size, pg):
         [
             "distrank: 0.1.0, launcher slurm (from SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, "
             "MASTER_ADDR, MASTER_PORT; --distrank-launcher auto (default)), world size 2, *",
-            "*= 1 passed in *",
+            "*= 3 passed, 3 warnings in *",
         ],
     )
+    assert run.outcomes("test_a_mapped", "junit.xml") == {"test_mapped": "passed"}
     assert run.outputs[1].strip().startswith("distrank: rank 1/2 (slurm): report on rank 0; log in")
 
 
-def test_open_mpi_by_hand(pytester: pytest.Pytester, launch_env: dict[str, str]) -> None:
-    pytester.makepyfile(
-        HEADER
-        + """
-@pytest.mark.world_size(2)
-def test_rank_0_fails(rank, local_rank):
-    assert os.environ["RANK"] == os.environ["OMPI_COMM_WORLD_RANK"] == str(rank)
-    assert rank == 1
-"""
+def test_launched_warnings_of_every_rank_are_in_the_summary_once(
+    world: Callable[[str], Run],
+) -> None:
+    run = world("slurm")
+    assert run.codes == [0, 0], run.outputs[0]
+    run.match(
+        0,
+        [
+            "*warnings summary*",
+            "*.py:*: DeprecationWarning: [[]ranks 0, 1 of 2[]] deprecated thing",
+            "*.py:*: UserWarning: [[]rank 1/2[]] only on rank 1",
+            "*.py:*: UserWarning: from an ordinary test",
+        ],
     )
-    ranks = [
-        {
-            "OMPI_COMM_WORLD_RANK": str(r), "OMPI_COMM_WORLD_SIZE": "2",
-            "OMPI_COMM_WORLD_LOCAL_RANK": str(r), "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
-        }
-        for r in (0, 1)
-    ]  # fmt: skip
-    run = by_hand(launch_env, pytester.path, ranks)
-    assert run.codes == [1, 1]  # rank 1 passed, but adopts rank 0's exit code
+    assert run.outcomes("test_b_warnings", "junit.xml") == {
+        "test_warns": "passed",
+        "test_ordinary_warns": "passed",
+    }
+    # Rank 0's own warning is not shown again on its own, unmerged.
+    assert run.outputs[0].count("DeprecationWarning: ") == 1, run.outputs[0]
+
+
+def test_open_mpi_by_hand(world: Callable[[str], Run]) -> None:
+    run = world("mpi")
+    assert run.codes == [1, 1]  # rank 1 passed its test, but adopts rank 0's exit code
     run.match(
         0,
         [
@@ -696,22 +889,25 @@ def test_rank_0_fails(rank, local_rank):
             "cd * && mpirun -np 2 python -m pytest -p distrank *::test_rank_0_fails",
         ],
     )
+    assert run.outcomes("test_a_rank0", "j.xml") == {"test_rank_0_fails": "failure"}
 
 
 def test_slurm_without_rendezvous_is_a_usage_error(
-    pytester: pytest.Pytester, launch_env: dict[str, str]
+    pytester: pytest.Pytester, run_inprocess: RunPytest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    pytester.makepyfile("def test_x():\n    pass\n")
+    """Refused at configure time, before any rank or store: a session in this process."""
+    for name in (*LAUNCH_VARS, *(option.env for option in OPTIONS), "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(name, raising=False)
     slurm = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_STEP_ID": "7"}
-    run = start(
-        [[sys.executable, *pytest_args(pytester.path)]], [{**launch_env, **slurm}], pytester.path
-    )
-    assert run.codes == [4]
-    run.match(
-        0,
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    pytester.makepyfile("def test_x():\n    pass\n")
+    result = run_inprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    pytest.LineMatcher(result.outlines + result.errlines).fnmatch_lines(
         [
             "ERROR: pytest-distrank: launched by Slurm (srun) (SLURM_PROCID=0, SLURM_NTASKS=2), "
             "but MASTER_ADDR and MASTER_PORT are not set.",
             '*export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
-        ],
+        ]
     )
