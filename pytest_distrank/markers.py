@@ -252,7 +252,7 @@ def gpu_memory(item: pytest.Item) -> int:
     return value
 
 
-#: Why an item's distributed spec cannot be honoured, set during collection (by :mod:`suites`:
+#: Why an item's distributed spec cannot be honoured, set during collection (by :mod:`pool.suites`:
 #: a world_size marker on a class that spawns its own ranks); :func:`spec_of` raises it.
 SPEC_ERROR = pytest.StashKey[str]()
 

@@ -82,7 +82,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _take_existing_suites(config: pytest.Config) -> None:
     """Pool mode, controller and ranks alike: PyTorch's harness classes run on warm pools
-    (:mod:`suites`), unless ``--distrank-suites=own``."""
+    (:mod:`pool.suites`), unless ``--distrank-suites=own``."""
     if resolve(config, SUITES).value == "warm":
         from .pool.suites import SuitesPlugin
 

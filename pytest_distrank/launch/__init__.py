@@ -14,12 +14,12 @@ reports from its peers through a control store, merges them and is the only one 
 - ``group``: :class:`~group.GroupKeeper`, the rank's process group, re-created when needed, and
   the collective counts that say whether the ranks stayed in step.
 - ``gather``: the running test (:class:`~gather.Current`); rank 0 collecting its reports (the
-  end of a test: :mod:`endgame`); a rank's early failure or ended session.
+  end of a test: :mod:`~pytest_distrank.outcome.endgame`); a rank's early failure or ended session.
 - ``report``: launcher-mode wording of synthesized reports.
 - ``terminal``: the header and summary lines.
 - ``watchdog``: the thread that keeps every wait bounded, given the session and two callbacks.
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports pool mode
-(:mod:`pytest_distrank.pool`); the package's top-level modules import nothing from here except
-the plugin's gate, lazily.
+(:mod:`pytest_distrank.pool`); the shared folders (the top level, ``planning/``, ``rank/``,
+``outcome/``) import nothing from here except the plugin's gate, lazily.
 """

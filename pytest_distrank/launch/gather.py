@@ -8,7 +8,7 @@ polls while the main thread is in the test, and gathers when the main thread is 
 
 Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
 send time, test index, node id: :func:`keys.identity`); anything else fails the test as
-pool mode's :func:`fitness.foreign_report` does. A rank whose session ended (``fatal/<rank>``) is
+pool mode's :func:`checks.foreign_report` does. A rank whose session ended (``fatal/<rank>``) is
 lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
 
 When to stop waiting is :class:`endgame.Endgame`'s rule, the same as pool mode's: a rank finished

@@ -145,7 +145,7 @@ class GroupKeeper:
         """Rank 0, after a test that every rank finished with its group intact: did the members of
         each group issue the same collectives? Returns False when the group must be created anew.
 
-        As in pool mode (:mod:`fitness`): sequence numbers first (sent with every rank's last
+        As in pool mode (:mod:`outcome.checks`): sequence numbers first (sent with every rank's last
         reports), the flight recorder only when they differ (a second round through the control
         store, :func:`count_collectives`); the rank with more collectives fails the test.
         """

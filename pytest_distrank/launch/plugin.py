@@ -12,7 +12,7 @@ world. The plugin starts no rank processes of its own. Every rank:
 3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode,
    and sends its phase reports to rank 0 (with the test's warnings, its groups' sequence numbers
    and its pid), which merges them (:func:`merge.merge_test`) and replays one report per phase,
-   each distinct warning once (:mod:`warnings_relay`); ranks other than 0 wait for rank 0's
+   each distinct warning once (:mod:`outcome.warnings`); ranks other than 0 wait for rank 0's
    verdict on the previous test before they start the next one;
 4. exits with rank 0's exit code, all ranks together.
 

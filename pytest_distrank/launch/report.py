@@ -6,7 +6,8 @@ merge itself is :func:`merge.merge_test`, and the report for a rank stuck in a c
 out is :func:`endgame.unfinished_report`, both the same as pool mode's; this module builds the
 reports only launcher mode needs: a rank that sent neither its reports nor its stack, a rank whose
 pytest session ended in the test, a rank whose process group did not come up, the tests the run
-could not reach, and pool mode's check failures (:mod:`fitness`) told as launcher mode goes on.
+could not reach, and pool mode's check failures (:mod:`outcome.checks`) told as launcher mode goes
+on.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def forked_report(
     nodeid: str, location: Location, rank: int, world_size: int, pids: Sequence[int]
 ) -> TestReport:
     """Pool mode's failure for a test that left forks of the rank running the rank's own code
-    (:func:`fitness.forked_report`), with what launcher mode did about them."""
+    (:func:`checks.forked_report`), with what launcher mode did about them."""
     report = checks.forked_report(rank, world_size, pids, nodeid, location)
     more = (
         "End a child made with os.fork() with os._exit() (or use subprocess, or "
@@ -83,8 +84,8 @@ def forked_report(
 
 
 def relabel(report: TestReport, rank: int, world_size: int, more: str) -> TestReport:
-    """Pool mode's failure of a check (:mod:`fitness`), with what follows it in launcher mode:
-    the same row and crash line, ``more`` as the details."""
+    """Pool mode's failure of a check (:mod:`outcome.checks`), with what follows it in launcher
+    mode: the same row and crash line, ``more`` as the details."""
     crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or "failed"
     text = f"{label(rank, world_size)} {crash}\n{more}"
     return synthesized_failure(

@@ -46,7 +46,8 @@ def unmatched_collectives(
     """A failure for each rank that issued more collectives on a group than its peers.
 
     ``counts``: per rank, group -> (collectives issued, the last one's op), from the flight
-    recorder (``rankside.collective_counts``). Returns ``(rank, report, why the pool is unfit)``.
+    recorder (``rank.groupstate.collective_counts``). Returns ``(rank, report, why the pool is
+    unfit)``.
     """
     by_group: dict[str, dict[int, tuple[int, str]]] = {}
     for rank, groups in counts.items():

@@ -102,5 +102,5 @@ class Reports:
     #: rank began the test; the controller's stats keep the spread between the ranks.
     started: float = 0.0
     #: With ``done``: the CUDA memory the test left allocated on this rank, in words ("left
-    #: 64 MiB of CUDA memory allocated"), or "" (pool/rankgpu.py).
+    #: 64 MiB of CUDA memory allocated"), or "" (pool/worker/rankgpu.py).
     cuda_note: str = ""

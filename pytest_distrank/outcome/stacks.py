@@ -161,7 +161,7 @@ def tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
 def interruption_message(exc: BaseException, nodeid: str) -> str:
     """Why ``pytest.exit()`` or ``KeyboardInterrupt`` ended a rank's session, and where.
 
-    Used by both modes (pool/worker.py, launch/rank.py) for the rank's row and its text.
+    Used by both modes (pool/worker/main.py, launch/plugin.py) for the rank's row and its text.
     """
     frames = traceback.format_exception(exc)
     where = "".join(frames[-4:]) if len(frames) > 1 else ""

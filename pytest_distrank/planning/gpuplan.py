@@ -17,7 +17,7 @@ pool's ``n``, and
   fallback (``--distrank-gpu-fallback=gloo``), else the test is skipped saying which NCCL is
   installed and what would run it.
 
-Test seams: ``DISTRANK_FAKE_GPU_COUNT`` (requirements.py) and ``DISTRANK_FAKE_NCCL_VERSION``
+Test seams: ``DISTRANK_FAKE_GPU_COUNT`` (capabilities.py) and ``DISTRANK_FAKE_NCCL_VERSION``
 (``2.30.1``), so both sides of 2.30 are tested on machines without GPUs.
 """
 

@@ -5,7 +5,8 @@ over to an :class:`Attempt`, which owns what this one test has gathered: the ran
 :class:`~endgame.Endgame` state, the sequence numbers and warnings each rank sent with its last
 reports. It waits on the ranks' pipes and sentinels until the rule says the test is over, turns
 crashes and ranks that did not finish into failed reports saying where each rank was, and runs
-the checks after the test (:mod:`fitness`) that decide whether the pool may serve the next test.
+the checks after the test (:mod:`outcome.checks`) that decide whether the pool may serve the next
+test.
 """
 
 from __future__ import annotations
@@ -382,7 +383,7 @@ class Attempt:
             return f"rank(s) {names} killed after {game.trigger} in {nodeid}"
         return f"rank(s) {names} killed while tearing down after failing {nodeid}"
 
-    # -- checks after the test (fitness.py) ----------------------------------------------------
+    # -- checks after the test (checks.py) -----------------------------------------------------
 
     def _strays(self) -> None:
         """What finished ranks sent after their last reports: it belongs to no test.
@@ -404,7 +405,7 @@ class Attempt:
     def _check_collectives(self) -> None:
         """Did every rank issue the same collectives on each group during the test?
 
-        Sequence numbers first (free), the flight recorder only when they differ (fitness.py).
+        Sequence numbers first (free), the flight recorder only when they differ (checks.py).
         """
         pool, result = self.pool, self.result
         if sequences_in_step(result.sequence, pool.sequence_base):

@@ -12,7 +12,7 @@ filters reach every rank. From that list the controller strips what a rank must 
 - what a rank owns or must not do: ``-x``/``--maxfail``, ``--junitxml``, ``--pdb``/``--trace``,
   the cache and stepwise, ``--basetemp``, ``--rootdir``, ``-c``, ``--log-file``, ``--co`` and the
   other modes that run no test, the session deadline, and every option of pytest-xdist,
-  pytest-cov (worker.py measures ranks itself), pytest-rerunfailures and this plugin;
+  pytest-cov (worker/main.py measures ranks itself), pytest-rerunfailures and this plugin;
 
 then adds its own: the pool's files first, the plugin under the name the controller loaded it by
 (``-p distrank`` when the entry point loaded it, as pytest refuses a second name for a registered

@@ -413,7 +413,7 @@ class Controller:
         """Stop the pools as soon as the last test ran, inside the other plugins' wrappers.
 
         pytest-cov combines coverage data when the test loop returns: by then every rank has
-        stopped and saved its own data file (see rankargs.coverage_settings).
+        stopped and saved its own data file (see cmdline.coverage_settings).
         """
         result = yield
         self.stop_errors.extend(self.pools.stop_all())

@@ -1,7 +1,7 @@
 """The controller's side of a rank's debugger: its terminal, lent to one rank at a time.
 
 Runs in the controller (pool mode). A rank that opens a debugger (``breakpoint()``, ``--pdb``,
-``--trace``, the ``--distrank-debug-rank`` rank reading its stdin; see :mod:`rankpdb`) sends
+``--trace``, the ``--distrank-debug-rank`` rank reading its stdin; see :mod:`worker.rankpdb`) sends
 :class:`~protocol.DebugOpen` and waits. :meth:`DebugTerminal.serve` answers it: the controller's
 stdin is taken back from pytest's capture, the rank's output is shown labelled ``[rank r/n]``,
 each line typed goes back to the rank, until the rank's :class:`~protocol.DebugClose`. Meanwhile

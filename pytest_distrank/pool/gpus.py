@@ -23,8 +23,8 @@ The GPUs to choose from are the ones this process may use: the entries of an out
 ``0 .. n-1``. Ranks get ``CUDA_VISIBLE_DEVICES`` set to their pool's lease, so ``cuda:0`` in a
 rank is the lease's first GPU.
 
-Test seam: ``DISTRANK_FAKE_GPU_COUNT=N`` (see requirements.py) makes N GPUs visible, so leasing
-is tested on machines without GPUs.
+Test seam: ``DISTRANK_FAKE_GPU_COUNT=N`` (see planning/capabilities.py) makes N GPUs visible, so
+leasing is tested on machines without GPUs.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ process group; it serves one test at a time. Every wait here is bounded and wait
 result pipes AND their process sentinels, so a rank that dies is noticed at once (the loky way).
 
 A pool that saw a crash, a hang, a fatal start-up error, a damaged process group or any other
-sign of being unfit (:mod:`fitness`) is ``broken``: the controller kills it and starts a new one
-for the next test. Running one test (waiting by the end-of-test rule, judging what the ranks
+sign of being unfit (:mod:`outcome.checks`) is ``broken``: the controller kills it and starts a
+new one for the next test. Running one test (waiting by the end-of-test rule, judging what the ranks
 sent) is :mod:`attempt`'s; this module owns the processes, their pipes and their lifecycle.
 """
 

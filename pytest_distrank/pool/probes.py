@@ -1,11 +1,11 @@
 """Asking rank processes what they are doing, even while they are stuck inside C++.
 
 Runs in the controller (pool mode). Two signals, each answered into a file beside the rank's log:
-the stacks of all the rank's threads (faulthandler, registered on :data:`worker.DUMP_SIGNAL`,
+the stacks of all the rank's threads (faulthandler, registered on :data:`worker.main.DUMP_SIGNAL`,
 written into the rank's log), and its flight recorder's records of the collectives it issued
-(:mod:`rankfr`, a thread of the rank waiting on :data:`rankfr.FR_SIGNAL`). Ask for stacks first,
-records after (attempt.Attempt._unfinished says why). A rank that writes no stack when asked is
-explained from /proc (:func:`why_silent`).
+(:mod:`worker.rankfr`, a thread of the rank waiting on :data:`rankfr.FR_SIGNAL`). Ask for stacks
+first, records after (attempt.Attempt._unfinished says why). A rank that writes no stack when
+asked is explained from /proc (:func:`why_silent`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def request_collectives(ranks: list[Rank]) -> None:
-    """Ask each rank for its flight-recorder records (:mod:`rankfr`; answered even while the
+    """Ask each rank for its flight-recorder records (:mod:`worker.rankfr`; answered even while the
     rank is stuck in C++). Read them with :func:`read_collectives`."""
     for r in ranks:
         with contextlib.suppress(OSError):

@@ -5,7 +5,7 @@ test in this process; the controller runs a distributed test on its ranks instea
 there, on all its ranks as one unit. Every option of the installed rerunfailures decides as it
 decides for an ordinary test, each part where its inputs are:
 
-- in the rank that raised (:mod:`rankreruns`): ``--only-rerun``, ``--rerun-except``, the
+- in the rank that raised (:mod:`worker.rankreruns`): ``--only-rerun``, ``--rerun-except``, the
   marker's ``only_rerun=``/``rerun_except=`` and ``flaky(condition=...)``, which read the
   exception; the root-cause rank of each failed phase decides (the rank the merged report names,
   :func:`merge._root_cause`). A failure no rank raised (a crash, a hang, a pool that did not

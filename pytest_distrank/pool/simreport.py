@@ -28,7 +28,7 @@ _NOT_IMPLEMENTED = re.compile(r"NotImplementedError: (\S+) not implemented")
 #: ``rank`` (a SymInt of LocalIntNode) used where one int is needed, or compared where ranks
 #: differ: ``'LocalIntNode' object has no attribute 'int_'``, ``AssertionError: (LocalIntNode(``.
 _ONE_NUMBER = re.compile(r"'LocalIntNode' object has no attribute|AssertionError: \(LocalIntNode\(")
-#: Local mode's own refusal of a collective it cannot compute exactly (:mod:`pool.simulate`).
+#: Local mode's own refusal of a collective it cannot compute exactly (:mod:`pool.worker.simulate`).
 _REFUSED = re.compile(r"\bLocalModeRefusal: ")
 #: The folder of LocalTensorMode's package in torch.distributed: its refusals come from there.
 _LOCAL_TENSOR_FILE = re.compile(r"torch[/\\]distributed[/\\]_?local_tensor[/\\]")

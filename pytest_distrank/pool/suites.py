@@ -6,7 +6,7 @@ subclass of ``MultiProcessTestCase`` or ``MultiProcContinuousTest`` from
 ``torch.testing._internal.common_distributed``, found by class, not by name, whose dispatching
 methods are the harness's own) becomes a distributed test of the class's world size with
 ``init_process_group=False``: the class initialises its own process group, in each rank.
-:mod:`pool.suiterank` runs it inside a warm rank the way the class's own harness runs it in a
+:mod:`pool.worker.suiterank` runs it inside a warm rank the way the class's own harness runs it in a
 freshly spawned process. Classes that look alike but do not spawn (``LocalDTensorTestBase``,
 ``MultiThreadedTestCase``) stay ordinary tests.
 

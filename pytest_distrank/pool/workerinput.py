@@ -22,7 +22,7 @@ worker reads them back as ``config.workerinput``. Ranks get the same channel:
 
 What is dropped, each said once in the ``distrank`` summary: values that are not JSON data (xdist
 sends plain data too), and what a node hook that raised would have added. pytest-cov's node hook
-is not called: ranks measure themselves (``rankargs.coverage_settings``). ``config.workeroutput``
+is not called: ranks measure themselves (``cmdline.coverage_settings``). ``config.workeroutput``
 is an empty dict in ranks; nothing written there travels back, and ``pytest_testnodedown`` is not
 called.
 """

@@ -1,6 +1,6 @@
 """Who this rank is, for the fixtures: the rank context that either mode builds.
 
-Runs in rank processes of both modes: a pool's rank (:mod:`pool.rankgroup` builds it from its
+Runs in rank processes of both modes: a pool's rank (:mod:`pool.worker.rankgroup` builds it from its
 start-up message) and a launched rank (:mod:`launch.group` builds it from the launcher's
 environment). The fixtures (:mod:`fixtures`) read it from ``config.stash[RANK_CONTEXT]`` and import
 nothing of either mode.

@@ -1,4 +1,4 @@
-"""Unit tests of the command line of a rank's own pytest session (pool/rankargs.py).
+"""Unit tests of the command line of a rank's own pytest session (pool/cmdline.py).
 
 They build the controller's ``Config`` in-process with ``pytester.parseconfig`` and read the rank
 arguments that ``rank_pytest_args`` makes of it, starting no process. The end-to-end runs are in

@@ -1,4 +1,4 @@
-"""Unit tests of a rank's GPU checks (pool/rankgpu.py): CUDA memory a test leaves, gloo's
+"""Unit tests of a rank's GPU checks (pool/worker/rankgpu.py): CUDA memory a test leaves, gloo's
 refusals, and the size option's parser."""
 
 from __future__ import annotations

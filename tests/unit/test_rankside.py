@@ -1,4 +1,4 @@
-"""Unit tests of the teardown of what an earlier test left set up in a rank (rankside.py)."""
+"""Unit tests of the teardown of what an earlier test left set up in a rank (rank/hygiene.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Unit tests of the skips decided before any process starts (requirements.py)."""
+"""Unit tests of the skips decided before any process starts (planning/capabilities.py)."""
 
 from __future__ import annotations
 

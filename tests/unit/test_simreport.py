@@ -1,4 +1,4 @@
-"""Unit tests of the reports of simulated tests (simreport.py): labels and explanations."""
+"""Unit tests of the reports of simulated tests (pool/simreport.py): labels and explanations."""
 
 from __future__ import annotations
 

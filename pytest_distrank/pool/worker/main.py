@@ -1,11 +1,12 @@
 """The rank side: one rank process of a pool, serving "run this test" from the controller.
 
 Runs in each rank process (started by the fork server, or spawned). Imports none of the
-controller side: only :mod:`protocol`, the rank context (:mod:`context`), the rank-side modules
-:mod:`rankproc` (its parent and environment), :mod:`rankgroup` (its store and group),
-:mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each test), :mod:`rankside`
-(checks around a test), :mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, :mod:`workerinput`
-(plugins' values, as xdist hands them over), and the stdlib-only :mod:`reaper` and :mod:`stacks`.
+controller side: only :mod:`pool.protocol`, the rank context (:mod:`rank.context`), the
+rank-side modules beside it, :mod:`rankproc` (its parent and environment), :mod:`rankgroup` (its
+store and group), :mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each test),
+:mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, :mod:`pool.workerinput` (plugins' values, as
+xdist hands them over), what a rank of either mode does around a test (:mod:`rank.hygiene`,
+:mod:`rank.groupstate`), and the stdlib-only :mod:`rank.reaper` and :mod:`outcome.stacks`.
 A rank process:
 
 1. detaches from the fork server (so it dies with the controller: the fork server's alive pipe would
@@ -169,7 +170,7 @@ class WorkerPlugin:
         self.cpu = 0.0
         #: Runs the tests of PyTorch's own harness classes (:mod:`suiterank`).
         self.suites = SuiteRunner()
-        #: Reports what earlier tests left set up and failed to tear down (rankside.py).
+        #: Reports what earlier tests left set up and failed to tear down (rank/hygiene.py).
         self.leftovers = Leftovers()
         #: The controller's terminal, for debuggers opened in this rank (rankpdb.py).
         self.relay = Relay(conn, cfg.rank, cfg.world_size)
@@ -467,7 +468,7 @@ class WorkerPlugin:
 
 
 def _start_coverage(settings: dict[str, Any] | None) -> Any:
-    """Measure this rank like the controller's pytest-cov does (see rankargs.coverage_settings).
+    """Measure this rank like the controller's pytest-cov does (see cmdline.coverage_settings).
 
     Started before the rank's pytest session, so conftest files and test modules imported in
     the rank count. Modules the fork server preloaded were imported before: their import-time

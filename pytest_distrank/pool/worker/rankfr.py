@@ -1,6 +1,6 @@
 """Inside a pool rank: answer the controller's request for the flight recorder's records.
 
-Runs in pool-mode rank processes only (started by :mod:`worker` before anything else starts a
+Runs in pool-mode rank processes only (started by :mod:`main` before anything else starts a
 thread). A rank stuck in a collective is inside C++ with the GIL released, where no Python signal
 handler runs; a thread waiting in ``sigwait`` is woken by the signal itself, takes the GIL the
 main thread does not hold, and writes PyTorch's flight-recorder records (every collective the

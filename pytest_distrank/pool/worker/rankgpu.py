@@ -1,7 +1,7 @@
 """A pool rank's GPU after each test: CUDA memory a test left allocated, and the skips of the
 gloo fallback.
 
-Runs in pool-mode rank processes (:mod:`worker` calls :meth:`CudaMemory.after_test` after every
+Runs in pool-mode rank processes (:mod:`main` calls :meth:`CudaMemory.after_test` after every
 test, PyTorch's own suites included, and registers :class:`GlooFallback` in pools that run NCCL
 tests with gloo, see gpuplan.py).
 

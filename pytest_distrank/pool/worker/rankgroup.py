@@ -1,12 +1,12 @@
 """A pool rank's store and process group: made once per rank process, checked after each test.
 
-Runs in pool-mode rank processes (:mod:`worker`). The pool's rendezvous (its default group, the
+Runs in pool-mode rank processes (:mod:`main`). The pool's rendezvous (its default group, the
 ``dist_store`` fixture) is a FileStore in the controller's private folder. Only pools whose tests
 rendezvous themselves (``init_process_group=False``, which PyTorch harness classes get from
-:mod:`suites`) get more: rank 0 serves a TCPStore on loopback, on a port the kernel picks, and it
-is exported as MASTER_PORT, so that code using ``env://`` finds a live store and nobody guesses a
-free port. Other pools listen on no port of the plugin's and have no MASTER_PORT. torchrun's
-``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to that store only.
+:mod:`pool.suites`) get more: rank 0 serves a TCPStore on loopback, on a port the kernel picks,
+and it is exported as MASTER_PORT, so that code using ``env://`` finds a live store and nobody
+guesses a free port. Other pools listen on no port of the plugin's and have no MASTER_PORT.
+torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to that store only.
 """
 
 from __future__ import annotations

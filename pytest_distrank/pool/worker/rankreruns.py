@@ -1,6 +1,6 @@
 """pytest-rerunfailures' verdict on each failure, made where the exception is: in the rank.
 
-Runs in each rank process of a pool (registered by :mod:`worker`). A distributed test is rerun by
+Runs in each rank process of a pool (registered by :mod:`main`). A distributed test is rerun by
 the controller, on all its ranks as one unit (:mod:`reruns`), but part of the decision reads the
 exception a test raised, which only the rank that raised it has: ``--only-rerun`` and
 ``--rerun-except`` (and the ``flaky`` marker's ``only_rerun=``/``rerun_except=``) match the
@@ -11,7 +11,7 @@ verdict on that failure, computed here by its own functions (through :mod:`_comp
 verdict of the root-cause rank.
 
 The filters' values come from the controller: a rank's command line leaves out
-pytest-rerunfailures' options (``rankargs.STRIPPED_GROUPS``), so the controller hands its
+pytest-rerunfailures' options (``cmdline.STRIPPED_GROUPS``), so the controller hands its
 ``--only-rerun``/``--rerun-except`` values to the ranks it starts in :data:`FILTERS_ENV`
 (``reruns.filters_to_ranks``); ini values reach the rank through the ini file, as always.
 """

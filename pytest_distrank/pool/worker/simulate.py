@@ -1,7 +1,7 @@
 """A simulated world in one rank process (``@pytest.mark.simulate``): fake and local modes.
 
 Runs in pool-mode rank processes whose pool plays a simulated world (:mod:`rankgroup` calls
-:func:`simulate` at start-up; :mod:`worker` registers :class:`LocalMode` for local pools). The
+:func:`simulate` at start-up; :mod:`main` registers :class:`LocalMode` for local pools). The
 process is rank 0 of a pool of one as far as the plugin's own store goes; torch.distributed and
 the fixtures see the simulated world:
 

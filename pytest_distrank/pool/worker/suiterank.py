@@ -1,6 +1,6 @@
 """Inside a pool rank: run a test of PyTorch's own harness the way that harness runs it.
 
-Runs in pool-mode rank processes only (registered by :mod:`worker`). The items :mod:`suites`
+Runs in pool-mode rank processes only (registered by :mod:`main`). The items :mod:`pool.suites`
 took over (its ``CASE`` stash key) get their ``runtest`` replaced:
 
 - ``MultiProcessTestCase`` (kind ``spawn``): what the harness's parent does before spawning
