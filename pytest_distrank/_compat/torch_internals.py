@@ -1,8 +1,10 @@
 """Private torch access: rendezvous handlers, the flight recorder, process groups and their
 sequence numbers, fatal-signal stacks, the fake store, LocalTensor, dispatch modes.
 
-torch is imported only when a function is called: the controller never imports it for gloo.
-Through :mod:`pytest_distrank._compat`.
+Runs in rank processes of both modes (pool ranks and launched ranks; the process-group and
+flight-recorder reads of :mod:`rank.groupstate`, simulated worlds, rendezvous). torch is imported
+only when a function is called: the controller never imports it for gloo. Through
+:mod:`pytest_distrank._compat`.
 """
 
 from __future__ import annotations
