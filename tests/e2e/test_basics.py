@@ -1,99 +1,71 @@
-"""End-to-end: distributed tests that pass, their ids, fixtures and pools."""
+"""End-to-end: distributed tests that pass, their ids, fixtures and pools.
+
+Scenarios share inner sessions (a session start costs seconds): ``basics`` runs most of them,
+each in its own file, with the plugin loaded by ``-p distrank`` while autoloading is off;
+``isolate`` runs the two that need ``--distrank-isolate``, ``spawn`` the one that needs
+``--distrank-start-method=spawn``. Each test below checks its own scenario's lines. Sessions
+that start no rank (ordinary tests, ``--markers``, a bad option) run in-process.
+"""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import textwrap
+import uuid
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RUN_TIMEOUT, TAG_ENV, RunPytest, SharedSession, wait_gone
+
+#: The folder each shared session ran in, by name (its files record what the ranks saw).
+_FOLDERS: dict[str, Path] = {}
 
 
-@pytest.mark.parametrize("size", [1, 2, 3, 4])
-def test_all_reduce_passes_at_world_size(
-    pytester: pytest.Pytester, run_pytest: RunPytest, size: int
-) -> None:
-    pytester.makepyfile(
-        f"""
+def _writer(name: str, files: dict[str, str]) -> Callable[[Path], None]:
+    """A ``write(folder)`` for ``shared_session``: the files, with RECORD as a path there."""
+
+    def write(folder: Path) -> None:
+        _FOLDERS[name] = folder
+        for path, source in files.items():
+            text = textwrap.dedent(source).replace("RECORD", repr(str(folder / "record")))
+            (folder / path).write_text(text)
+
+    return write
+
+
+def _records(name: str, scenario: str) -> list[list[str]]:
+    """The lines a scenario's tests wrote to ``RECORD-<scenario>.txt``, split in words."""
+    text = (_FOLDERS[name] / f"record-{scenario}.txt").read_text()
+    return [line.split() for line in text.splitlines()]
+
+
+BASICS = {
+    # world_size(1, 2, 3, 4): one test per size, each in a pool of its size.
+    "test_sizes.py": """
         import pytest, torch, torch.distributed as dist
 
-        @pytest.mark.world_size({size})
+        @pytest.mark.world_size(1, 2, 3, 4)
         def test_sum(rank, world_size, pg, device):
-            assert world_size == {size}
             assert dist.get_rank() == rank and dist.get_world_size() == world_size
             t = torch.ones(1, device=device) * rank
             dist.all_reduce(t, group=pg)
             assert t.item() == sum(range(world_size))
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(
-        ["*test_sum PASSED*", "*1 distributed test; pools started: 1 at world size *"]
-    )
-
-
-def test_ordinary_tests_run_in_the_controller(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        """
-        import os
-
-        def test_plain():
-            assert "RANK" not in os.environ
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=1)
-    result.stdout.no_fnmatch_line("*distributed test*")
-
-
-def test_world_size_list_makes_one_test_per_size_with_ids(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        """
-        import pytest
 
         @pytest.mark.world_size(2, 3)
         @pytest.mark.parametrize("x", ["a", "b"])
         def test_ids(world_size, x):
             assert world_size in (2, 3)
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines_random(
-        [
-            "*test_ids[[]ws2-a[]] PASSED*",
-            "*test_ids[[]ws2-b[]] PASSED*",
-            "*test_ids[[]ws3-a[]] PASSED*",
-            "*test_ids[[]ws3-b[]] PASSED*",
-        ]
-    )
-
-
-def test_bare_world_size_uses_the_default_size(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        """
-        import pytest
 
         @pytest.mark.world_size()
         def test_default(world_size):
-            assert world_size == 3
-        """
-    )
-    run_pytest("--distrank-world-size=3").assert_outcomes(passed=1)
-
-
-def test_class_methods_and_module_marker(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(
-        """
+            assert world_size == 3  # --distrank-world-size=3
+        """,
+    "test_class.py": """
         import pytest, torch.distributed as dist
 
         pytestmark = pytest.mark.world_size(2)
@@ -104,18 +76,8 @@ def test_class_methods_and_module_marker(pytester: pytest.Pytester, run_pytest: 
 
             def test_size(self, world_size):
                 assert world_size == 2
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["*TestGroup::test_rank PASSED*", "*TestGroup::test_size PASSED*"])
-
-
-def test_init_process_group_false_allows_env_rendezvous(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        """
+        """,
+    "test_selfinit.py": """
         import os, pytest, torch, torch.distributed as dist
 
         @pytest.mark.world_size(2, init_process_group=False)
@@ -128,24 +90,16 @@ def test_init_process_group_false_allows_env_rendezvous(
             dist.all_reduce(t)
             assert t.item() == 1 + 2 * round
             # left initialised on purpose: the plugin destroys it after the test
-        """
-    )
-    run_pytest("-v").assert_outcomes(passed=2)
-
-
-def test_module_fixture_is_created_once_per_rank(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        test_mod="""
+        """,
+    "test_modfixture.py": """
         import pytest
 
         @pytest.fixture(scope="module")
         def resource(rank, tmp_path_factory):
-            with open(RECORD, "a") as f:
+            with open(RECORD + "-modfixture.txt", "a") as f:
                 f.write(f"setup {rank}\\n")
             yield rank
-            with open(RECORD, "a") as f:
+            with open(RECORD + "-modfixture.txt", "a") as f:
                 f.write(f"teardown {rank}\\n")
 
         @pytest.mark.world_size(2)
@@ -160,68 +114,17 @@ def test_module_fixture_is_created_once_per_rank(
         @pytest.mark.world_size(2)
         def test_after(resource, rank):
             assert resource == rank
-        """.replace("RECORD", repr(str(pytester.path / "record.txt")))
-    )
-    run_pytest().assert_outcomes(passed=5)
-    lines = sorted((pytester.path / "record.txt").read_text().splitlines())
-    assert lines == ["setup 0", "setup 1", "teardown 0", "teardown 1"]
-
-
-PID_TESTS = """
-import os, pytest
-
-@pytest.mark.world_size(2)
-@pytest.mark.parametrize("i", range(4))
-def test_pid(rank, i):
-    with open(RECORD, "a") as f:
-        f.write(f"{rank} {os.getpid()}\\n")
-"""
-
-
-def _pids(pytester: pytest.Pytester) -> list[tuple[str, str]]:
-    return [tuple(line.split()) for line in (pytester.path / "pids.txt").read_text().splitlines()]  # type: ignore[misc]
-
-
-def test_pool_is_reused_across_tests(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(PID_TESTS.replace("RECORD", repr(str(pytester.path / "pids.txt"))))
-    result = run_pytest()
-    result.assert_outcomes(passed=4)
-    pids = _pids(pytester)
-    assert len(pids) == 8
-    assert len({pid for _, pid in pids}) == 2, pids
-    result.stdout.fnmatch_lines(["*pools started: 1 at world size 2*"])
-
-
-def test_isolate_gives_fresh_processes_per_test(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(PID_TESTS.replace("RECORD", repr(str(pytester.path / "pids.txt"))))
-    result = run_pytest("--distrank-isolate")
-    result.assert_outcomes(passed=4)
-    assert len({pid for _, pid in _pids(pytester)}) == 8
-    result.stdout.fnmatch_lines(["*pools started: 4 at world size 2*"])
-
-
-def test_spawn_start_method(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(
-        """
-        import pytest, torch, torch.distributed as dist
+        """,
+    "test_reuse.py": """
+        import os, pytest
 
         @pytest.mark.world_size(2)
-        def test_sum(rank):
-            t = torch.ones(1)
-            dist.all_reduce(t)
-            assert t.item() == 2
-        """
-    )
-    result = run_pytest("--distrank-start-method=spawn", "-v")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["distrank: *start method spawn*"])
-
-
-def test_shared_tmp_path_and_dist_store(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(
-        """
+        @pytest.mark.parametrize("i", range(4))
+        def test_pid(rank, i):
+            with open(RECORD + "-reuse.txt", "a") as f:
+                f.write(f"{rank} {os.getpid()}\\n")
+        """,
+    "test_shared.py": """
         import pytest, torch.distributed as dist
 
         @pytest.mark.world_size(3)
@@ -240,23 +143,15 @@ def test_shared_tmp_path_and_dist_store(pytester: pytest.Pytester, run_pytest: R
             got = [int(dist_store.get(f"key{r}")) for r in range(world_size)]
             assert got == [r + 10 * round for r in range(world_size)]
             assert tmp_path != shared_tmp_path
-        """
-    )
-    run_pytest("-v").assert_outcomes(passed=2)
-
-
-def test_rank_environment_matches_torchrun(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    """torchrun's variables; a TCPStore (MASTER_PORT) only for pools whose tests rendezvous
-    themselves, on loopback: no pool listens on every interface (hostile review 3, D15)."""
-    pytester.makepyfile(
-        """
+        """,
+    # torchrun's variables; a TCPStore (MASTER_PORT) only for pools whose tests rendezvous
+    # themselves, on loopback: no pool listens on every interface (hostile review 3, D15).
+    "test_env.py": '''
         import os, pytest, torch.distributed as dist
 
         def wildcard_listeners():
-            \"""LISTEN sockets on 0.0.0.0 or :: that this rank holds (every rank asks: the
-            pool's processes).\"""
+            """LISTEN sockets on 0.0.0.0 or :: that this rank holds (every rank asks: the
+            pool's processes)."""
             inodes = set()
             for fd in os.listdir("/proc/self/fd"):
                 try:
@@ -295,31 +190,198 @@ def test_rank_environment_matches_torchrun(
                 assert wildcard_listeners() == []
             finally:
                 dist.destroy_process_group()
-        """
-    )
-    run_pytest().assert_outcomes(passed=2)
-
-
-def test_autoload_disabled_with_explicit_plugin(
-    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    pytester.makepyfile(
-        """
+        ''',
+    # The session runs with PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 and -p distrank: the controller
+    # and every rank have the plugin, and no plugin that only autoloading brings.
+    "test_autoload.py": """
         import pytest
 
+        def test_controller(pytestconfig):
+            assert pytestconfig.pluginmanager.hasplugin("distrank")
+            assert not pytestconfig.pluginmanager.hasplugin("timeout")
+
         @pytest.mark.world_size(2)
-        def test_it(rank):
+        def test_ranks(rank, pytestconfig):
             assert rank in (0, 1)
+            assert not pytestconfig.pluginmanager.hasplugin("timeout")
+        """,
+    # --distrank-preload=heavy,json
+    "heavy.py": "import os\nIMPORTED_IN = os.getpid()\n",
+    "test_preload.py": """
+        import os, sys, pytest
+
+        @pytest.mark.world_size(2)
+        def test_already_there(rank):
+            # imported once by the fork server, so not by this rank process
+            assert sys.modules["heavy"].IMPORTED_IN != os.getpid()
+        """,
+    # pytest.ini names test_b_by_ini; test_c_by_marker has the marker.
+    "pytest.ini": """
+        [pytest]
+        distrank_isolate_tests = *::test_b_by_ini
+        """,
+    "test_fresh.py": """
+        import os, pytest
+
+        def record(name, rank):
+            with open(RECORD + "-fresh.txt", "a") as f:
+                f.write(f"{name} {rank} {os.getpid()}\\n")
+
+        @pytest.mark.world_size(2)
+        def test_a_shared(rank):
+            record("a", rank)
+
+        @pytest.mark.world_size(2)
+        def test_b_by_ini(rank):
+            record("b", rank)
+
+        @pytest.mark.distrank_isolate
+        @pytest.mark.world_size(2)
+        def test_c_by_marker(rank):
+            record("c", rank)
+
+        @pytest.mark.world_size(2)
+        def test_d_shared_again(rank):
+            record("d", rank)
+        """,
+}
+
+
+@pytest.fixture
+def basics(shared_session: SharedSession) -> pytest.RunResult:
+    return shared_session(
+        "basics",
+        _writer("basics", BASICS),
+        "-v",
+        "--distrank-world-size=3",
+        "--distrank-preload=heavy,json",
+        env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+
+
+def test_basics_session_outcomes(basics: pytest.RunResult) -> None:
+    """Every scenario of the session passed, and the summary counts its distributed tests."""
+    basics.assert_outcomes(passed=33)
+    # A pool per world size, and one for each test that rendezvouses itself or needs fresh
+    # ranks (init_process_group=False, test_fresh.py's b and c).
+    basics.stdout.fnmatch_lines(
+        [
+            "32 distributed tests; pools started: 1 at world size 1, 4 at world size 2, "
+            "1 at world size 3, 1 at world size 4"
+        ]
+    )
+
+
+def test_all_reduce_passes_at_every_world_size(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines_random(
+        [f"test_sizes.py::test_sum[[]ws{size}[]] PASSED*" for size in (1, 2, 3, 4)]
+    )
+
+
+def test_world_size_list_makes_one_test_per_size_with_ids(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines_random(
+        [
+            "*test_ids[[]ws2-a[]] PASSED*",
+            "*test_ids[[]ws2-b[]] PASSED*",
+            "*test_ids[[]ws3-a[]] PASSED*",
+            "*test_ids[[]ws3-b[]] PASSED*",
+        ]
+    )
+
+
+def test_bare_world_size_uses_the_default_size(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(["distrank: *, default world size 3*", "*::test_default PASSED*"])
+
+
+def test_class_methods_and_module_marker(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(["*TestGroup::test_rank PASSED*", "*TestGroup::test_size PASSED*"])
+
+
+def test_init_process_group_false_allows_env_rendezvous(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(
+        ["*::test_self_init[[]1[]] PASSED*", "*::test_self_init[[]2[]] PASSED*"]
+    )
+
+
+def test_module_fixture_is_created_once_per_rank(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(
+        [f"*::test_uses[[]{i}[]] PASSED*" for i in range(3)]
+        + ["*::test_interleaved PASSED*", "test_modfixture.py::test_after PASSED*"]
+    )
+    lines = sorted(" ".join(words) for words in _records("basics", "modfixture"))
+    assert lines == ["setup 0", "setup 1", "teardown 0", "teardown 1"]
+
+
+def test_pool_is_reused_across_tests(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
+    pids = _records("basics", "reuse")
+    assert len(pids) == 8
+    assert len({pid for _, pid in pids}) == 2, pids
+
+
+def test_shared_tmp_path_and_dist_store(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(["*::test_share[[]1[]] PASSED*", "*::test_share[[]2[]] PASSED*"])
+
+
+def test_rank_environment_matches_torchrun(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(["*::test_env PASSED*", "*::test_env_init PASSED*"])
+
+
+def test_autoload_disabled_with_explicit_plugin(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(
+        ["test_autoload.py::test_controller PASSED*", "test_autoload.py::test_ranks PASSED*"]
+    )
+
+
+def test_preload_option_imports_modules_in_the_fork_server(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(
+        ["distrank: *, preload heavy,json", "*::test_already_there PASSED*"]
+    )
+
+
+def test_tests_that_need_fresh_ranks_get_a_pool_of_their_own(basics: pytest.RunResult) -> None:
+    basics.stdout.fnmatch_lines(
+        [
+            f"test_fresh.py::test_{name} PASSED*"
+            for name in ("a_shared", "b_by_ini", "c_by_marker", "d_shared_again")
+        ]
+    )
+    pids: dict[str, set[str]] = {}
+    for name, _, pid in _records("basics", "fresh"):
+        pids.setdefault(name, set()).add(pid)
+    assert all(len(ranks) == 2 for ranks in pids.values()), pids
+    # Three pools: a and d share one; b (by the ini) and c (by the marker) each start their own.
+    assert pids["a"] == pids["d"]
+    assert len(pids["a"] | pids["b"] | pids["c"]) == 6, pids
+
+
+def test_preload_of_a_bad_module_name_is_a_usage_error(
+    pytester: pytest.Pytester, run_inprocess: RunPytest
+) -> None:
+    pytester.makepyfile(heavy="import os\n")
+    bad = run_inprocess("--distrank-preload=heavy,no-such-module")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*'no-such-module' is not a module name*"])
+
+
+def test_ordinary_tests_run_in_the_controller(
+    pytester: pytest.Pytester, run_inprocess: RunPytest
+) -> None:
+    pytester.makepyfile(
+        """
+        import os
+
+        def test_plain():
+            assert "RANK" not in os.environ
         """
     )
-    run_pytest("-v").assert_outcomes(passed=1)
+    result = run_inprocess("-v")
+    result.assert_outcomes(passed=1)
+    result.stdout.no_fnmatch_line("*distributed test*")
 
 
-def test_markers_and_fixtures_are_documented(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    result = run_pytest("--markers")
+def test_markers_and_fixtures_are_documented(run_inprocess: RunPytest) -> None:
+    result = run_inprocess("--markers")
     result.stdout.fnmatch_lines(
         [
             "@pytest.mark.world_size(*sizes, backend=None, init_process_group=True):*",
@@ -327,14 +389,107 @@ def test_markers_and_fixtures_are_documented(
             "@pytest.mark.requires_gpus(n, memory=None):*",
         ]
     )
-    result = run_pytest("--fixtures")
+    result = run_inprocess("--fixtures")
     for name in ("rank", "world_size", "local_rank", "backend", "pg", "device"):
         result.stdout.fnmatch_lines([f"{name} [[]session scope[]]*"])
     result.stdout.fnmatch_lines(["dist_store*", "shared_tmp_path*"])
 
 
-def test_two_sessions_at_once_do_not_collide(pytester: pytest.Pytester) -> None:
-    """Rendezvous never guesses a port: two sessions on one machine run side by side."""
+# -- --distrank-isolate: a pool of its own for every test ---------------------------------------
+
+ISOLATE = {
+    "test_isolate.py": """
+        import os, pytest
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(4))
+        def test_pid(rank, i):
+            with open(RECORD + "-isolate.txt", "a") as f:
+                f.write(f"{rank} {os.getpid()}\\n")
+        """,
+    # Ordinary tests run in the pytest process: the first and the last one count its open fds.
+    "test_fds.py": """
+        import os, pytest
+
+        counts = []
+
+        def test_a_first():
+            counts.append(len(os.listdir("/proc/self/fd")))
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(12))
+        def test_isolated(rank, i):
+            pass
+
+        def test_z_last():
+            grown = len(os.listdir("/proc/self/fd")) - counts[0]
+            # The fork server and the last pool (still stopping) hold a few; 12 pools that
+            # leaked their pipes and sentinels would hold dozens.
+            assert grown <= 12, f"{grown} more fds open after 12 isolated pools"
+        """,
+}
+
+
+@pytest.fixture
+def isolate(shared_session: SharedSession) -> pytest.RunResult:
+    return shared_session(
+        "isolate", _writer("isolate", ISOLATE), "-v", "--distrank-isolate", "-p", "no:randomly"
+    )
+
+
+def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> None:
+    isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
+    isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
+    assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
+    # 12 + 4 tests, each in a pool of its own.
+    isolate.stdout.fnmatch_lines(["16 distributed tests; pools started: 16 at world size 2"])
+
+
+def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
+    isolate.assert_outcomes(passed=18)
+    isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
+
+
+# -- --distrank-start-method=spawn --------------------------------------------------------------
+
+
+@pytest.fixture
+def spawn(shared_session: SharedSession) -> pytest.RunResult:
+    files = {
+        "test_spawn.py": """
+            import pytest, torch, torch.distributed as dist
+
+            @pytest.mark.world_size(2)
+            def test_sum(rank):
+                t = torch.ones(1)
+                dist.all_reduce(t)
+                assert t.item() == 2
+            """
+    }
+    return shared_session("spawn", _writer("spawn", files), "--distrank-start-method=spawn", "-v")
+
+
+def test_spawn_start_method(spawn: pytest.RunResult) -> None:
+    spawn.assert_outcomes(passed=1)
+    spawn.stdout.fnmatch_lines(
+        [
+            "distrank: *start method spawn*",
+            "*::test_sum PASSED*",
+            "1 distributed test; pools started: 1 at world size 2",
+        ]
+    )
+
+
+# -- two sessions on one machine ----------------------------------------------------------------
+
+
+def test_two_sessions_at_once_do_not_collide(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rendezvous never guesses a port: two sessions on one machine run side by side. Both are
+    tagged for the process-leak check, as run_pytest's are."""
+    tag = uuid.uuid4().hex
+    monkeypatch.setenv(TAG_ENV, tag)
     pytester.makepyfile(
         """
         import os, pytest, torch, torch.distributed as dist
@@ -362,93 +517,15 @@ def test_two_sessions_at_once_do_not_collide(pytester: pytest.Pytester) -> None:
         )
         for n in range(2)
     ]
-    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    try:
+        outputs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+        leftover = wait_gone(tag, 15)
+        for pid in leftover:
+            os.kill(pid, signal.SIGKILL)
     for proc, output in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, output
         assert "10 passed" in output
-
-
-def test_preload_option_imports_modules_in_the_fork_server(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(heavy="import os\nIMPORTED_IN = os.getpid()\n")
-    pytester.makepyfile(
-        test_preload="""
-        import os, sys, pytest
-
-        @pytest.mark.world_size(2)
-        def test_already_there(rank):
-            # imported once by the fork server, so not by this rank process
-            assert sys.modules["heavy"].IMPORTED_IN != os.getpid()
-        """
-    )
-    result = run_pytest("--distrank-preload=heavy,json")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["distrank: *, preload heavy,json"])
-    bad = run_pytest("--distrank-preload=heavy,no-such-module")
-    assert bad.ret == pytest.ExitCode.USAGE_ERROR
-    bad.stderr.fnmatch_lines(["*'no-such-module' is not a module name*"])
-
-
-def test_isolated_pools_release_their_file_descriptors(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    # Ordinary tests run in the pytest process: the first and the last one count its open fds.
-    pytester.makepyfile(
-        test_fds="""
-        import os, pytest
-
-        counts = []
-
-        def test_a_first():
-            counts.append(len(os.listdir("/proc/self/fd")))
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(12))
-        def test_isolated(rank, i):
-            pass
-
-        def test_z_last():
-            grown = len(os.listdir("/proc/self/fd")) - counts[0]
-            # The fork server and the last pool (still stopping) hold a few; 12 pools that
-            # leaked their pipes and sentinels would hold dozens.
-            assert grown <= 12, f"{grown} more fds open after 12 isolated pools"
-        """
-    )
-    run_pytest("--distrank-isolate", "-p", "no:randomly").assert_outcomes(passed=14)
-
-
-def test_tests_that_need_fresh_ranks_get_a_pool_of_their_own(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makeini(
-        """
-        [pytest]
-        distrank_isolate_tests = *::test_b_by_ini
-        """
-    )
-    pytester.makepyfile(
-        """
-        import pytest
-
-        @pytest.mark.world_size(2)
-        def test_a_shared(rank):
-            pass
-
-        @pytest.mark.world_size(2)
-        def test_b_by_ini(rank):
-            pass
-
-        @pytest.mark.distrank_isolate
-        @pytest.mark.world_size(2)
-        def test_c_by_marker(rank):
-            pass
-
-        @pytest.mark.world_size(2)
-        def test_d_shared_again(rank):
-            pass
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(["4 distributed tests; pools started: 3 at world size 2"])
+    assert not leftover, f"processes outlived their pytest session: {leftover}"

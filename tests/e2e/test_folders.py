@@ -1,8 +1,11 @@
 """Folders the plugin makes or uses: the GPU lock folder, its private folder, the fork server's
 socket. Each one unusable becomes an error of the tests that need it, never of the run.
 
-Runs in the outer pytest process; every case is an end-to-end ``pytest -p distrank`` run in a
-subprocess (``run_pytest``), with an ordinary test beside the distributed ones that must still run.
+Runs in the outer pytest process. Each case has an ordinary test beside the distributed ones that
+must still run. One inner session (``folders``) runs the cases that can share it, each in a file
+of its own (a full disk, a GPU lock folder under a file, a deep TMPDIR, a basetemp emptied by
+another run); the GPU lock folder shared with another user needs a lock folder of its own, and
+a basetemp under a file starts no rank, so it runs in-process.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, SharedSession
 
 #: A GPU test, a CPU distributed test and an ordinary test.
 MIXED = """
@@ -66,21 +69,115 @@ def world_readable_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+#: Makes the plugin's folder fail once with a full disk, as tempfile.mkdtemp would.
+FULL_DISK_ONCE = """
+import errno, os, tempfile
+
+_real = tempfile.mkdtemp
+_failed = []
+
+def _mkdtemp(suffix=None, prefix=None, dir=None):
+    if prefix == "distrank-" and not _failed and "DISTRANK_RANK" not in os.environ:
+        _failed.append(dir)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(str(dir), prefix))
+    return _real(suffix, prefix, dir)
+
+tempfile.mkdtemp = _mkdtemp
+"""
+
+#: The folders session, in the order its files run: the full disk hits the first distributed
+#: test; the basetemp is emptied last, between two pool starts.
+FOLDERS = {
+    "conftest.py": FULL_DISK_ONCE,
+    "test_a_disk.py": """
+import pytest
+
+def test_plain():
+    pass
+
+@pytest.mark.world_size(2)
+def test_first(rank):
+    pass
+
+@pytest.mark.world_size(2)
+def test_second(rank):
+    pass
+""",
+    "test_c_deep.py": """
+import tempfile, pytest
+
+@pytest.mark.world_size(2)
+def test_two(rank):
+    pass
+
+def test_plain():
+    assert len(tempfile.gettempdir()) > 107
+""",
+    "test_d_locks.py": MIXED,
+    # What a second pytest run with the same --basetemp does when it starts: empty the folder.
+    "test_z_emptied.py": """
+import shutil, pytest
+
+@pytest.mark.world_size(1)
+def test_first_pool(rank):
+    pass
+
+def test_second_run_starts(tmp_path_factory):
+    base = tmp_path_factory.getbasetemp()
+    shutil.rmtree(base)
+    base.mkdir()
+
+@pytest.mark.world_size(3)
+def test_second_pool(rank):
+    pass
+""",
+}
+
+#: TMPDIR of the folders session, under its folder: longer than an AF_UNIX socket path may be.
+DEEP = Path("d" * 60) / ("e" * 60)
+
+
+def _write(folder: Path) -> None:
+    (folder / DEEP).mkdir(parents=True)
+    assert len(str(folder / DEEP)) > 107  # beyond what an AF_UNIX socket path may hold on Linux
+    (folder / "blocker").write_text("a file, not a folder")
+    for name, source in FOLDERS.items():
+        (folder / name).write_text(source)
+
+
+@pytest.fixture
+def folders(shared_session: SharedSession, fake_gpus: None) -> pytest.RunResult:
+    return shared_session(
+        "folders",
+        _write,
+        "-v",
+        "-ra",
+        "--distrank-gpu-lock-dir=blocker/locks",
+        # A long basetemp puts the fork server's socket in a short folder of its own under
+        # /tmp (forkserver.use_socket_folder): emptying the basetemp (test_z_emptied.py) would
+        # remove a socket that lay in it, and the next pool start fails with an INTERNALERROR
+        # (a bug of the plugin, reported; the old test ran under pytester's long paths too).
+        "--basetemp=" + "b" * 60,
+        env={"TMPDIR": "{folder}/" + str(DEEP)},
+    )
+
+
+def test_folders_session_totals(folders: pytest.RunResult) -> None:
+    folders.assert_outcomes(passed=9, errors=2)
+
+
 # -- the GPU lock folder (--distrank-gpu-lock-dir) ---------------------------------------------
 
 
-def test_gpu_lock_dir_under_a_file_errors_only_the_gpu_tests(
-    pytester: pytest.Pytester, run_pytest: RunPytest, fake_gpus: None
-) -> None:
-    pytester.path.joinpath("blocker").write_text("a file, not a folder")
-    pytester.makepyfile(test_locks=MIXED)
-    result = run_pytest("-ra", "--distrank-gpu-lock-dir=blocker/locks")
-    result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(
+def test_gpu_lock_dir_under_a_file_errors_only_the_gpu_tests(folders: pytest.RunResult) -> None:
+    folders.stdout.fnmatch_lines(
+        ["test_d_locks.py::test_cpu PASSED*", "test_d_locks.py::test_plain PASSED*"]
+    )
+    folders.stdout.fnmatch_lines(
         [
             "*could not use the GPU lock folder blocker/locks: *Not a directory*",
             "(--distrank-gpu-lock-dir, from --distrank-gpu-lock-dir=blocker/locks (command line))*",
-            "ERROR test_locks.py::test_gpu - could not use the GPU lock folder blocker/locks*",
+            "ERROR test_d_locks.py::test_gpu - could not use the GPU lock folder blocker/locks*",
         ]
     )
 
@@ -108,8 +205,9 @@ def test_gpu_lock_folder_is_shared_with_other_users(
 
 
 def test_basetemp_under_a_file_errors_the_distributed_tests(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+    pytester: pytest.Pytester, run_inprocess: RunPytest
 ) -> None:
+    """No rank starts (the folder comes first): in-process."""
     pytester.path.joinpath("blocker").write_text("a file, not a folder")
     pytester.makepyfile(
         test_base="""
@@ -127,7 +225,7 @@ def test_basetemp_under_a_file_errors_the_distributed_tests(
             pass
         """
     )
-    result = run_pytest("-ra", "--basetemp=blocker/bt")
+    result = run_inprocess("-ra", "--basetemp=blocker/bt")
     result.assert_outcomes(passed=1, errors=2)
     result.stdout.fnmatch_lines(
         [
@@ -140,100 +238,36 @@ def test_basetemp_under_a_file_errors_the_distributed_tests(
     assert "INTERNALERROR" not in result.stdout.str()
 
 
-#: Makes the plugin's folder fail once with a full disk, as tempfile.mkdtemp would.
-FULL_DISK_ONCE = """
-import errno, os, tempfile
-
-_real = tempfile.mkdtemp
-_failed = []
-
-def _mkdtemp(suffix=None, prefix=None, dir=None):
-    if prefix == "distrank-" and not _failed and "DISTRANK_RANK" not in os.environ:
-        _failed.append(dir)
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(str(dir), prefix))
-    return _real(suffix, prefix, dir)
-
-tempfile.mkdtemp = _mkdtemp
-"""
-
-
-def test_full_disk_errors_one_test_and_the_next_one_tries_again(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makeconftest(FULL_DISK_ONCE)
-    pytester.makepyfile(
-        test_disk="""
-        import pytest
-
-        def test_plain():
-            pass
-
-        @pytest.mark.world_size(2)
-        def test_first(rank):
-            pass
-
-        @pytest.mark.world_size(2)
-        def test_second(rank):
-            pass
-        """
+def test_full_disk_errors_one_test_and_the_next_one_tries_again(folders: pytest.RunResult) -> None:
+    folders.stdout.fnmatch_lines(
+        [
+            "test_a_disk.py::test_plain PASSED*",
+            "test_a_disk.py::test_first ERROR*",
+            "test_a_disk.py::test_second PASSED*",
+        ]
     )
-    result = run_pytest("-ra")
-    result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines(
+    folders.stdout.fnmatch_lines(
         [
             "*pytest-distrank could not make its folder under *: *No space left on device*",
-            "ERROR test_disk.py::test_first - pytest-distrank could not make its folder*",
+            "ERROR test_a_disk.py::test_first - pytest-distrank could not make its folder*",
         ]
     )
 
 
-def test_basetemp_emptied_by_another_run_is_made_again(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    # What a second pytest run with the same --basetemp does when it starts: empty the folder.
-    pytester.makepyfile(
-        test_shared="""
-        import shutil, pytest
-
-        @pytest.mark.world_size(1)
-        def test_first_pool(rank):
-            pass
-
-        def test_second_run_starts(tmp_path_factory):
-            base = tmp_path_factory.getbasetemp()
-            shutil.rmtree(base)
-            base.mkdir()
-
-        @pytest.mark.world_size(2)
-        def test_second_pool(rank):
-            pass
-        """
+def test_basetemp_emptied_by_another_run_is_made_again(folders: pytest.RunResult) -> None:
+    folders.stdout.fnmatch_lines(
+        [
+            "test_z_emptied.py::test_first_pool PASSED*",
+            "test_z_emptied.py::test_second_run_starts PASSED*",
+            "test_z_emptied.py::test_second_pool PASSED*",
+        ]
     )
-    result = run_pytest("-ra", f"--basetemp={pytester.path / 'shared-base'}")
-    result.assert_outcomes(passed=3)
 
 
 # -- the fork server's socket ------------------------------------------------------------------
 
 
-def test_deep_tmpdir_still_starts_the_fork_server(
-    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    deep = pytester.path / ("d" * 60) / ("e" * 60)
-    deep.mkdir(parents=True)
-    assert len(str(deep)) > 107  # beyond what an AF_UNIX socket path may hold on Linux
-    monkeypatch.setenv("TMPDIR", str(deep))
-    pytester.makepyfile(
-        test_deep="""
-        import tempfile, pytest
-
-        @pytest.mark.world_size(2)
-        def test_two(rank):
-            pass
-
-        def test_plain():
-            assert len(tempfile.gettempdir()) > 107
-        """
+def test_deep_tmpdir_still_starts_the_fork_server(folders: pytest.RunResult) -> None:
+    folders.stdout.fnmatch_lines(
+        ["test_c_deep.py::test_two PASSED*", "test_c_deep.py::test_plain PASSED*"]
     )
-    result = run_pytest()
-    result.assert_outcomes(passed=2)

@@ -1,15 +1,18 @@
 """End-to-end: log capture inside ranks (caplog, "Captured log" sections) works as in pytest.
 
-Ranks replace pytest's per-phase handler attachment with relays (pytest_distrank/pool/ranklogs.py);
-these tests pin down that records from propagating and non-propagating loggers, torch's
-included, still reach caplog and the report sections in every phase.
+Ranks replace pytest's per-phase handler attachment with relays
+(pytest_distrank/pool/worker/ranklogs.py); these tests pin down that records from propagating and
+non-propagating loggers, torch's included, still reach caplog and the report sections in every
+phase. One inner session (``logging``) runs both scenarios, each in a file of its own.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import SharedSession
 
 LOGS = """
 import logging, pytest
@@ -58,20 +61,7 @@ def test_fails_with_log_section(rank):
 """
 
 
-def test_log_capture_in_ranks(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(test_logs=LOGS)
-    result = run_pytest()
-    result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines(
-        ["*Captured log call*", "WARNING  mylib.quiet:test_logs.py:* quiet says hi from rank 1"]
-    )
-
-
-def test_caplog_recovers_after_a_test_clears_a_loggers_handlers(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        """
+CLEARS = """
 import logging, pytest
 
 quiet = logging.getLogger("mylib.quiet")
@@ -87,6 +77,36 @@ def test_b_still_captured(rank, caplog):
     quiet.warning("after on rank %d", rank)
     assert [r.getMessage() for r in caplog.records] == [f"after on rank {rank}"]
 """
+
+
+def _write(folder: Path) -> None:
+    (folder / "test_logs.py").write_text(LOGS)
+    (folder / "test_clears.py").write_text(CLEARS)
+
+
+@pytest.fixture
+def logging_session(shared_session: SharedSession) -> pytest.RunResult:
+    return shared_session("logging", _write, "-v")
+
+
+def test_log_capture_in_ranks(logging_session: pytest.RunResult) -> None:
+    logging_session.assert_outcomes(passed=5, failed=1)
+    logging_session.stdout.fnmatch_lines(
+        [
+            "*test_logs.py::test_caplog_sees_every_logger*PASSED*",
+            "*test_logs.py::test_later_logger_and_levels*PASSED*",
+            "*test_logs.py::test_next_phase_covers_the_later_logger*PASSED*",
+            "*test_logs.py::test_fails_with_log_section*FAILED*",
+        ]
     )
-    result = run_pytest()
-    result.assert_outcomes(passed=2)
+    logging_session.stdout.fnmatch_lines(
+        ["*Captured log call*", "WARNING  mylib.quiet:test_logs.py:* quiet says hi from rank 1"]
+    )
+
+
+def test_caplog_recovers_after_a_test_clears_a_loggers_handlers(
+    logging_session: pytest.RunResult,
+) -> None:
+    logging_session.stdout.fnmatch_lines(
+        ["*test_clears.py::test_a_clears*PASSED*", "*test_clears.py::test_b_still_captured*PASSED*"]
+    )
