@@ -7,15 +7,22 @@ NCCL_MULTI_RANK_GPU_ENABLE=1, an older NCCL falls back to gloo where allowed, or
 version. The tests run with ``init_process_group=False`` where NCCL would have to start: they
 check what each rank was given (its GPU, backend, environment), not NCCL itself, which
 ``tests/gpu/`` runs on a real GPU.
+
+Sessions that start no rank (the skips, the bad option value) run in this process
+(``run_inprocess``). The ones with ranks share a session where the machine (GPU count, NCCL
+version) is the same: the gloo fallback, what gloo cannot run there, and the CUDA memory a test
+leaves run in one (``shared_session``); NCCL 2.30's round robin in another. The texts of the
+fallback's skip are unit-tested in ``tests/unit/test_gpu_sharing_texts.py``.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, SharedSession
 
 #: Each rank writes down what it was given.
 RECORD = """
@@ -29,6 +36,46 @@ def test_given(rank, backend, device):
         os.environ["CUDA_VISIBLE_DEVICES"],
         os.environ.get("NCCL_MULTI_RANK_GPU_ENABLE", "-"),
     ]))
+"""
+
+#: An op gloo cannot run on CUDA tensors, in the fallback's pool of 4 ranks on 2 GPUs: the pool of
+#: RECORD (the same marker; the op's error is the one ProcessGroupGloo raises). A second pool
+#: needing the same GPUs would wait for the first one's lease, which a finished pool keeps until
+#: the next pool of the session stops.
+ALLTOALL = """
+import pytest
+
+@pytest.mark.world_size(4, backend="nccl", init_process_group=False)
+def test_alltoall(backend):
+    assert backend == "gloo"
+    # What ProcessGroupGloo raises for an op it cannot run on CUDA tensors.
+    raise RuntimeError("ProcessGroupGloo::alltoall_base: unsupported device type cuda")
+"""
+
+MEMORY = """
+import os, pathlib, pytest
+
+def hold(mib):  # what torch.cuda.memory_allocated() would say after the test
+    pathlib.Path(os.environ["DISTRANK_FAKE_CUDA_ALLOCATED_FILE"]).write_text(
+        str(mib << 20)
+    )
+
+@pytest.mark.world_size(1)
+def test_a_model(rank):
+    hold(100)
+
+@pytest.mark.world_size(1)
+def test_b_leaks_a_little(rank):
+    hold(164)
+
+@pytest.mark.world_size(1)
+def test_c_leaks_a_lot(rank):
+    pathlib.Path("pid-c").write_text(str(os.getpid()))
+    hold(1400)
+
+@pytest.mark.world_size(1)
+def test_d_next(rank):
+    assert pathlib.Path("pid-c").read_text() != str(os.getpid())
 """
 
 
@@ -45,14 +92,17 @@ def given(folder: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(folder.glob("rank*"))}
 
 
+# -- decided before any rank starts: in this process -------------------------------------------
+
+
 def test_fewer_gpus_than_ranks_skip_naming_the_option(
     pytester: pytest.Pytester,
-    run_pytest: RunPytest,
+    run_inprocess: RunPytest,
     fake_gpus: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     machine(pytester, monkeypatch, gpus=2, nccl="2.30.1")
-    result = run_pytest("-rs")
+    result = run_inprocess("-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(
         [
@@ -61,6 +111,48 @@ def test_fewer_gpus_than_ranks_skip_naming_the_option(
         ]
     )
     assert given(pytester.path) == {}
+
+
+def test_older_nccl_skips_naming_its_version_and_the_fallback(
+    pytester: pytest.Pytester,
+    run_inprocess: RunPytest,
+    fake_gpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    machine(pytester, monkeypatch, gpus=1, nccl="2.21.5")
+    monkeypatch.setenv("DISTRANK_GPU_OVERSUBSCRIBE", "1")
+    result = run_inprocess("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        [
+            "distrank: * GPU oversubscription on (DISTRANK_GPU_OVERSUBSCRIBE=1 (environment)): "
+            "NCCL 2.21.5 cannot put several ranks on one GPU; tests with fewer GPUs than ranks "
+            "skip",
+            "SKIPPED [[]1[]] *: backend 'nccl' needs 4 GPUs (one per rank), 1 visible; NCCL 2.21.5 "
+            "cannot run several ranks on one GPU (NCCL 2.30 can, with "
+            "NCCL_MULTI_RANK_GPU_ENABLE=1); --distrank-gpu-fallback=gloo runs the test with gloo "
+            "on the same CUDA tensors",
+        ]
+    )
+    assert given(pytester.path) == {}
+
+
+def test_a_bad_fallback_value_names_the_option(
+    pytester: pytest.Pytester, run_inprocess: RunPytest
+) -> None:
+    pytester.makepyfile(test_given=RECORD)
+    result = run_inprocess("--distrank-gpu-fallback=mpi")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        [
+            "*invalid value 'mpi' for --distrank-gpu-fallback (ini: distrank_gpu_fallback, env: "
+            "DISTRANK_GPU_FALLBACK), from --distrank-gpu-fallback=mpi (command line):",
+            "*expected one of none, gloo",
+        ]
+    )
+
+
+# -- ranks on shared GPUs ------------------------------------------------------------------------
 
 
 def test_nccl_2_30_puts_ranks_round_robin_with_the_switch(
@@ -86,40 +178,55 @@ def test_nccl_2_30_puts_ranks_round_robin_with_the_switch(
     }
 
 
-def test_older_nccl_skips_naming_its_version_and_the_fallback(
-    pytester: pytest.Pytester,
-    run_pytest: RunPytest,
-    fake_gpus: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    machine(pytester, monkeypatch, gpus=1, nccl="2.21.5")
-    monkeypatch.setenv("DISTRANK_GPU_OVERSUBSCRIBE", "1")
-    result = run_pytest("-rs")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(
-        [
-            "distrank: * GPU oversubscription on (DISTRANK_GPU_OVERSUBSCRIBE=1 (environment)): "
-            "NCCL 2.21.5 cannot put several ranks on one GPU; tests with fewer GPUs than ranks "
-            "skip",
-            "SKIPPED [[]1[]] *: backend 'nccl' needs 4 GPUs (one per rank), 1 visible; NCCL 2.21.5 "
-            "cannot run several ranks on one GPU (NCCL 2.30 can, with "
-            "NCCL_MULTI_RANK_GPU_ENABLE=1); --distrank-gpu-fallback=gloo runs the test with gloo "
-            "on the same CUDA tensors",
-        ]
+#: The folder the fallback session ran in (its first test's).
+_FALLBACK_FOLDER: list[Path] = []
+
+
+def _write_fallback(folder: Path) -> None:
+    _FALLBACK_FOLDER.append(folder)
+    for name, text in (
+        ("test_given.py", RECORD),
+        ("test_alltoall.py", ALLTOALL),
+        ("test_memory.py", MEMORY),
+    ):
+        (folder / name).write_text(textwrap.dedent(text).lstrip("\n"))
+
+
+@pytest.fixture
+def fallback(shared_session: SharedSession, fake_gpus: Path) -> tuple[pytest.RunResult, Path]:
+    """NCCL 2.21.5 on 2 fake GPUs with the gloo fallback, and a CUDA memory limit: gloo's
+    refusal and the recording test in one pool of 4 ranks, the memory tests in pools of one."""
+    result = shared_session(
+        "gpu-fallback",
+        _write_fallback,
+        "-v",
+        "-rs",
+        "--distrank-gpu-oversubscribe",
+        "--distrank-gpu-fallback=gloo",
+        "--distrank-cuda-growth=1GiB",
+        env={
+            "DISTRANK_FAKE_GPU_COUNT": "2",
+            "DISTRANK_FAKE_NCCL_VERSION": "2.21.5",
+            "DISTRANK_FAKE_CUDA_ALLOCATED_FILE": "{folder}/allocated",
+        },
     )
+    return result, _FALLBACK_FOLDER[0]
+
+
+def test_the_fallback_session_runs_every_test_once(
+    fallback: tuple[pytest.RunResult, Path],
+) -> None:
+    result, _ = fallback
+    result.assert_outcomes(passed=5, skipped=1)
 
 
 def test_older_nccl_falls_back_to_gloo_on_the_shared_gpus(
-    pytester: pytest.Pytester,
-    run_pytest: RunPytest,
-    fake_gpus: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    fallback: tuple[pytest.RunResult, Path],
 ) -> None:
-    machine(pytester, monkeypatch, gpus=2, nccl="2.21.5")
-    result = run_pytest("--distrank-gpu-oversubscribe", "--distrank-gpu-fallback=gloo")
-    result.assert_outcomes(passed=1)
+    result, folder = fallback
     result.stdout.fnmatch_lines(["*shared GPUs run gloo on CUDA tensors"])
-    assert given(pytester.path) == {
+    result.stdout.fnmatch_lines(["*test_given.py::test_given PASSED*"])
+    assert given(folder) == {
         "rank0": "gloo cuda:0 0,1 -",
         "rank1": "gloo cuda:1 0,1 -",
         "rank2": "gloo cuda:0 0,1 -",
@@ -127,86 +234,25 @@ def test_older_nccl_falls_back_to_gloo_on_the_shared_gpus(
     }
 
 
-def test_a_bad_fallback_value_names_the_option(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(test_given=RECORD)
-    result = run_pytest("--distrank-gpu-fallback=mpi")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(
-        [
-            "*invalid value 'mpi' for --distrank-gpu-fallback (ini: distrank_gpu_fallback, env: "
-            "DISTRANK_GPU_FALLBACK), from --distrank-gpu-fallback=mpi (command line):",
-            "*expected one of none, gloo",
-        ]
-    )
-
-
 def test_what_gloo_cannot_run_on_cuda_is_a_skip_naming_the_op(
-    pytester: pytest.Pytester,
-    run_pytest: RunPytest,
-    fake_gpus: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    fallback: tuple[pytest.RunResult, Path],
 ) -> None:
-    machine(pytester, monkeypatch, gpus=1, nccl="2.21.5")
-    pytester.makepyfile(
-        test_alltoall="""
-        import pytest
-
-        @pytest.mark.world_size(2, backend="nccl")
-        def test_alltoall(backend):
-            assert backend == "gloo"
-            # What ProcessGroupGloo raises for an op it cannot run on CUDA tensors.
-            raise RuntimeError("ProcessGroupGloo::alltoall_base: unsupported device type cuda")
-        """
-    )
-    result = run_pytest(
-        "-rs", "--distrank-gpu-oversubscribe", "--distrank-gpu-fallback=gloo", "test_alltoall.py"
-    )
-    result.assert_outcomes(skipped=1)
+    result, _ = fallback
     result.stdout.fnmatch_lines(
         [
             "SKIPPED [[]1[]] test_alltoall.py:7: gloo cannot run alltoall_base on CUDA tensors; "
-            "this NCCL test ran with gloo (2 ranks on 1 GPU, --distrank-gpu-fallback=gloo). It "
+            "this NCCL test ran with gloo (4 ranks on 2 GPUs, --distrank-gpu-fallback=gloo). It "
             "needs NCCL >= 2.30 or one GPU per rank."
         ]
     )
 
 
 def test_cuda_memory_a_test_leaves_is_named_and_past_the_limit_replaces_the_pool(
-    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+    fallback: tuple[pytest.RunResult, Path],
 ) -> None:
-    allocated = pytester.path / "allocated"
-    monkeypatch.setenv("DISTRANK_FAKE_CUDA_ALLOCATED_FILE", str(allocated))
-    pytester.makepyfile(
-        test_memory="""
-        import os, pathlib, pytest
-
-        def hold(mib):  # what torch.cuda.memory_allocated() would say after the test
-            pathlib.Path(os.environ["DISTRANK_FAKE_CUDA_ALLOCATED_FILE"]).write_text(
-                str(mib << 20)
-            )
-
-        @pytest.mark.world_size(1)
-        def test_a_model(rank):
-            hold(100)
-
-        @pytest.mark.world_size(1)
-        def test_b_leaks_a_little(rank):
-            hold(164)
-
-        @pytest.mark.world_size(1)
-        def test_c_leaks_a_lot(rank):
-            pathlib.Path("pid-c").write_text(str(os.getpid()))
-            hold(1400)
-
-        @pytest.mark.world_size(1)
-        def test_d_next(rank):
-            assert pathlib.Path("pid-c").read_text() != str(os.getpid())
-        """
-    )
-    result = run_pytest("--distrank-cuda-growth=1GiB")
-    result.assert_outcomes(passed=4)
+    result, _ = fallback
+    names = ("a_model", "b_leaks_a_little", "c_leaks_a_lot", "d_next")
+    result.stdout.fnmatch_lines([f"*test_memory.py::test_{name} PASSED*" for name in names])
     result.stdout.fnmatch_lines(
         [
             "pool killed after a fault: world_size=1, backend=gloo: "
