@@ -187,7 +187,12 @@ def outcomes(shared_session: SharedSession) -> pytest.RunResult:
 
 @pytest.fixture
 def junit(outcomes: pytest.RunResult) -> ET.Element:
-    return ET.parse(_RAN_IN[0] / "out.xml").getroot()
+    report = _RAN_IN[0] / "out.xml"
+    if not report.is_file():  # the session broke: say so with its output, not a parse error
+        pytest.fail(
+            f"the shared inner session 'outcomes' wrote no {report.name}:\n{outcomes.stdout}"
+        )
+    return ET.parse(report).getroot()
 
 
 def _cases(root: ET.Element, module: str) -> dict[str, ET.Element]:

@@ -89,7 +89,10 @@ def speed(shared_session: SharedSession) -> pytest.RunResult:
 
 @pytest.fixture
 def stats(speed: pytest.RunResult) -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((_RAN_IN[0] / "stats.json").read_text())
+    path = _RAN_IN[0] / "stats.json"
+    if not path.is_file():  # the session broke: say so with its output
+        pytest.fail(f"the shared inner session 'speed' wrote no {path.name}:\n{speed.stdout}")
+    data: dict[str, Any] = json.loads(path.read_text())
     return data
 
 
