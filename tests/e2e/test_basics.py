@@ -50,7 +50,8 @@ BASICS = {
         import pytest, torch, torch.distributed as dist
 
         @pytest.mark.world_size(1, 2, 3, 4)
-        def test_sum(rank, world_size, pg, device):
+        def test_sum(request, rank, world_size, pg, device):
+            assert request.node.name == f"test_sum[ws{world_size}]"
             assert dist.get_rank() == rank and dist.get_world_size() == world_size
             t = torch.ones(1, device=device) * rank
             dist.all_reduce(t, group=pg)

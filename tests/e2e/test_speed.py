@@ -108,8 +108,10 @@ def test_one_pool_start_serves_many_tests(stats: dict[str, Any]) -> None:
     # CPU per test (bench_overhead.py's columns): the controller's per test, each rank's in all.
     assert len(stats["controller_cpu"]) == 33
     assert all(cpu > 0 for cpu in stats["controller_cpu"])
-    # The ws2 pool's two ranks each served its 32 tests (the ws3 pool's are lost: POOL_FILES).
-    assert [tests for _, tests in stats["rank_cpu"]] == [32, 32]
+    # The ws2 pool's two ranks each served its 32 tests; the ws3 pool's three are lost while
+    # pool.finish_stop skips ranks that exited (POOL_FILES), and counted once it does not.
+    served = sorted(tests for _, tests in stats["rank_cpu"])
+    assert served in ([32, 32], [1, 1, 1, 32, 32]), served
     assert all(cpu > 0 for cpu, _ in stats["rank_cpu"])
     assert len(stats["start_spread"]) == 33
     assert len(stats["ended"]) == 33
