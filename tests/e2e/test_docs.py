@@ -17,7 +17,13 @@ comment (invisible on GitHub) that says what to do with the block:
     ``test_a.py`` (e.g. a second conftest.py beside the same test file);
     ``group=NAME`` run in one pytest session with the other blocks (of any page) of group NAME,
     to save a session start (~3 s); the outcomes are still checked per block, from the
-    ``--junitxml`` report, and all blocks of a group must have the same ``args``.
+    ``--junitxml`` report, and all blocks of a group must have the same ``args``. A group's
+    blocks share one folder, so a group holds at most one ``conftest.py`` (checked: no file is
+    written by two of its blocks), and what that conftest adds (fixtures, hooks) reaches every
+    file of the group. The pages' groups: one per ``conftest.py`` that leaves the other examples
+    alone (``fixtures``, ``reference``, ``failures``, ``hooks``), each with the examples without
+    a conftest whose args it can take; the two conftests that break every pool's start run
+    alone.
 ``<!-- test: conftest -->`` (or ``<!-- test: file=helper.py -->``, a file without outcomes)
     The block is a support file, written beside the next test-file block of the same page.
 ``<!-- test: compile -->``
@@ -431,14 +437,20 @@ def _run(block: Block, request: pytest.FixtureRequest) -> RunOutcome:
         for name, source in member.files.items():
             (pytester.path / name).write_text(source.code)
     assert block.directive is not None
-    result = run_pytest(*block.directive.args, f"--junitxml={pytester.path / JUNIT}")
-    outcome = RunOutcome({}, {}, result.outlines)
+    _RUNS[key] = outcome = RunOutcome({}, {}, [])
+    try:
+        result = run_pytest(*block.directive.args, f"--junitxml={pytester.path / JUNIT}")
+    except Exception as exc:  # a timeout: every block of the session fails with it, once
+        outcome.error = f"the session of {key} did not finish: {exc!r}"
+        return outcome
+    outcome.lines = result.outlines
     try:
         outcome.totals = result.parseoutcomes()
         outcome.by_file = _junit_outcomes(pytester.path / JUNIT)
     except (ValueError, OSError, ET.ParseError) as exc:
-        outcome.error = f"no outcomes ({exc}); the run's output:\n" + "\n".join(result.outlines)
-    _RUNS[key] = outcome
+        outcome.error = f"the session of {key} gave no outcomes ({exc}); its output:\n" + (
+            "\n".join(result.outlines + result.errlines)
+        )
     return outcome
 
 
