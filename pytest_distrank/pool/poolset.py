@@ -192,9 +192,13 @@ class PoolSet:
         )
 
     def _live_workdir(self) -> Path:
-        """:attr:`workdir`, made again if it vanished (another run emptied a shared basetemp)."""
+        """:attr:`workdir`, made again if it vanished (another run emptied a shared basetemp);
+        the fork server's socket went with it, so a new server starts in the new folder."""
         if self._workdir is not None and not self._workdir.is_dir():
             self._workdir = None
+            if self._context is not None and self.settings.start_method.value == "forkserver":
+                self.stop_fork_server()
+                self._ready_fork_server = 0
         return self.workdir
 
     @property

@@ -154,9 +154,8 @@ def folders(shared_session: SharedSession, fake_gpus: None) -> pytest.RunResult:
         "-ra",
         "--distrank-gpu-lock-dir=blocker/locks",
         # A long basetemp puts the fork server's socket in a short folder of its own under
-        # /tmp (forkserver.use_socket_folder): emptying the basetemp (test_z_emptied.py) would
-        # remove a socket that lay in it, and the next pool start fails with an INTERNALERROR
-        # (a bug of the plugin, reported; the old test ran under pytester's long paths too).
+        # /tmp (forkserver.use_socket_folder); the socket inside an emptied basetemp is
+        # test_an_emptied_basetemp_takes_the_fork_servers_socket_with_it.
         "--basetemp=" + "b" * 60,
         env={"TMPDIR": "{folder}/" + str(DEEP)},
     )
@@ -265,6 +264,23 @@ def test_basetemp_emptied_by_another_run_is_made_again(folders: pytest.RunResult
 
 
 # -- the fork server's socket ------------------------------------------------------------------
+
+
+def test_an_emptied_basetemp_takes_the_fork_servers_socket_with_it(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """Under a short basetemp the fork server's socket lies in the session's folder; another run
+    that empties the basetemp removes it, and the next pool start must start a new server (it
+    was an INTERNALERROR: FileNotFoundError connecting to the old one's socket)."""
+    pytester.makepyfile(test_z_emptied=FOLDERS["test_z_emptied.py"])
+    short = Path(tempfile.mkdtemp(prefix="dr-bt-", dir="/tmp"))  # a socket path fits in it
+    try:
+        result = run_pytest("-v", f"--basetemp={short / 'bt'}")
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    result.assert_outcomes(passed=3)
+    assert "INTERNALERROR" not in result.stdout.str()
+
 
 
 def test_deep_tmpdir_still_starts_the_fork_server(folders: pytest.RunResult) -> None:
