@@ -3,20 +3,35 @@
 Each inner file subclasses ``MultiProcessTestCase`` or ``MultiProcContinuousTest`` from
 ``torch.testing._internal.common_distributed`` as PyTorch's own suites do; the plugin runs each
 test method on a pool of the class's world size instead of spawning fresh interpreters.
+
+Every scenario is a file of its own in one inner session (``suites``); each test below checks its
+scenario's lines. Each inner test notes which pool ran it (``note``: the rank's
+``PYTEST_XDIST_WORKER``, ``distrank-pool<id>-rank<r>``, and its pid), so that a warm pool, a new
+pool after a fault and fresh processes are told apart per class. ``--distrank-suites=own`` needs
+a session of its own; the skips and errors decided before any rank starts run in-process.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, SharedSession
 
-#: A two-rank MultiProcessTestCase over a FileStore, as PyTorch's c10d tests write it.
+#: A two-rank MultiProcessTestCase over a FileStore, as PyTorch's c10d tests write it, and
+#: ``note(test)``: the file ``pool-<Class>.<method>-<rank>`` holds the pool and pid that ran it.
 PLAIN = """
 import os, sys, threading, time, unittest
 import torch
 import torch.distributed as dist
 from torch.testing._internal.common_distributed import MultiProcessTestCase, TEST_SKIPS
+
+
+def note(test):
+    name = f"pool-{type(test).__name__}.{test._testMethodName}-{test.rank}"
+    with open(name, "w") as f:
+        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER')} {os.getpid()}")
 
 
 class Base(MultiProcessTestCase):
@@ -52,44 +67,27 @@ class ContinuousBase(MultiProcContinuousTest):
         return "cpu"
 """
 
-
-def test_a_file_store_test_case_runs_on_one_warm_pool(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+#: The scenarios of the shared session, one file each (``test_<name>.py``).
+SCENARIOS = {
+    "plain": PLAIN
+    + """
 class TestPlain(Base):
     def test_all_reduce(self):
+        note(self)
         self.init()
         t = torch.ones(1) * (self.rank + 1)
         dist.all_reduce(t)
         self.assertEqual(t.item(), 3)
 
     def test_same_processes_again(self):
+        note(self)
         self.init()
         pids = [None, None]
         dist.all_gather_object(pids, os.getpid())
         self.assertEqual(len(set(pids)), 2)
-"""
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(
-        [
-            "*TestPlain::test_all_reduce PASSED*",
-            "*TestPlain::test_same_processes_again PASSED*",
-            "2 distributed tests; pools started: 1 at world size 2",
-        ]
-    )
-
-
-def test_an_error_on_one_rank_shows_its_traceback(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+""",
+    "error": PLAIN
+    + """
 class TestError(Base):
     def test_rank_1_disagrees(self):
         self.init()
@@ -99,29 +97,9 @@ class TestError(Base):
     def test_next_one_is_fine(self):
         self.init()
         dist.barrier()
-"""
-    )
-    result = run_pytest()
-    result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "distrank: 1 of 2 ranks failed; root cause: rank 1/2",
-            "*AssertionError: Scalars are not equal!",
-            "*Traceback (most recent call last):*",
-            '*self.assertEqual(self.rank, 0, "rank 1 disagrees")*',
-            "*rank 1 disagrees*",
-            "FAILED *::test_rank_1_disagrees - [[]rank 1/2[]] Failed: AssertionError: Scalars*",
-        ]
-    )
-    assert "Caught exception" not in result.stdout.str()
-
-
-def test_skips_by_exit_code_skiptest_and_decorators_say_why(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+""",
+    "skips": PLAIN
+    + """
 from torch.testing._internal.common_distributed import skip_if_lt_x_gpu
 
 
@@ -139,26 +117,9 @@ class TestSkips(Base):
     @unittest.skip("not today")
     def test_unittest_skip(self):
         pass
-"""
-    )
-    result = run_pytest("-rs")
-    result.assert_outcomes(skipped=4)
-    result.stdout.fnmatch_lines_random(
-        [
-            "SKIPPED [[]1[]] *.py:*: Need at least 2 CUDA devices",
-            "SKIPPED [[]1[]] *.py:*: Need at least 2 CUDA devices",
-            "SKIPPED [[]1[]] *.py:*: no widget on this rank",
-            "SKIPPED [[]1[]] *.py: not today",
-        ]
-    )
-
-
-def test_the_parents_return_code_rules_apply(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+""",
+    "codes": PLAIN
+    + """
 import functools
 
 
@@ -187,25 +148,9 @@ class TestCodes(Base):
     @decorated
     def test_exits_4(self):
         sys.exit(4)
-"""
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=2, failed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*test_any_code PASSED*",
-            "*test_exits_3 PASSED*",
-            "*rank 0 exited with code 4, expected 0*",
-        ]
-    )
-
-
-def test_expected_failures_follow_unittest(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+""",
+    "expected": PLAIN
+    + """
 class TestExpected(Base):
     @unittest.expectedFailure
     def test_known_bug(self):
@@ -214,19 +159,9 @@ class TestExpected(Base):
     @unittest.expectedFailure
     def test_fixed_bug(self):
         pass
-"""
-    )
-    result = run_pytest("-rxX")
-    result.assert_outcomes(xfailed=1, failed=1)
-    result.stdout.fnmatch_lines(["*unexpected success on rank 0*"])
-
-
-def test_an_overridden_run_initialises_the_group(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+""",
+    "own_run": PLAIN
+    + """
 class TestOwnRun(Base):
     @classmethod
     def _run(cls, rank, test_name, file_name, pipe, **kwargs):
@@ -243,83 +178,51 @@ class TestOwnRun(Base):
         t = torch.ones(1)
         dist.all_reduce(t)
         self.assertEqual(t.item(), 2)
-"""
-    )
-    result = run_pytest()
-    result.assert_outcomes(passed=1)
+""",
+    "with_comms": """
+import torch
+from torch.distributed.tensor import DTensor, Shard
+from torch.testing._internal.distributed._tensor.common_dtensor import (
+    DTensorTestBase,
+    with_comms,
+)
 
 
-def test_with_comms_dtensor_tests_run(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(
-        """
-        import torch
-        from torch.distributed.tensor import DTensor, Shard
-        from torch.testing._internal.distributed._tensor.common_dtensor import (
-            DTensorTestBase,
-            with_comms,
-        )
+class TestShard(DTensorTestBase):
+    @property
+    def world_size(self):
+        return 2
 
-
-        class TestShard(DTensorTestBase):
-            @property
-            def world_size(self):
-                return 2
-
-            @with_comms
-            def test_shard_and_gather(self):
-                mesh = self.build_device_mesh()
-                full = torch.arange(8.0).reshape(4, 2)
-                dt = DTensor.from_local(full.chunk(2)[self.rank], mesh, [Shard(0)])
-                self.assertEqual(dt.full_tensor(), full)
-        """
-    )
-    result = run_pytest()
-    result.assert_outcomes(passed=1)
-
-
-def test_a_continuous_class_goes_on_after_a_failure(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        CONTINUOUS
-        + """
+    @with_comms
+    def test_shard_and_gather(self):
+        mesh = self.build_device_mesh()
+        full = torch.arange(8.0).reshape(4, 2)
+        dt = DTensor.from_local(full.chunk(2)[self.rank], mesh, [Shard(0)])
+        self.assertEqual(dt.full_tensor(), full)
+""",
+    "continuous": PLAIN
+    + CONTINUOUS
+    + """
 class TestContinuous(ContinuousBase):
     def test_a_fails_on_rank_1(self):
+        note(self)
         t = torch.ones(1)
         dist.all_reduce(t)
         self.assertEqual(self.rank, 0)
 
     def test_b_runs_after_it(self):
+        note(self)
         t = torch.ones(1)
         dist.all_reduce(t)
         self.assertEqual(t.item(), 2)
-"""
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(failed=1, passed=1)
-    result.stdout.fnmatch_lines(
-        [
-            "*test_a_fails_on_rank_1 FAILED*",
-            "*test_b_runs_after_it PASSED*",
-            "2 distributed tests; pools started: 2 at world size 2",
-            "pool killed after a fault: *::TestContinuous::test_a_fails_on_rank_1 failed on rank "
-            "1 in MultiProcContinuousTest class TestContinuous: the class's process group may be "
-            "out of step; its next test gets a new pool (and _init_pg)",
-        ]
-    )
-
-
-def test_set_up_class_state_reaches_the_test_only_where_the_harness_child_has_it(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    """The harness runs ``setUpClass`` in its parent: a spawned child (``_spawn_processes``,
-    a continuous worker) never sees what it set, a forked one does, and what a child changes
-    in the class dies with it. Outcomes checked with ``-p no:distrank`` on torch 2.13 (whose
-    harness has no ``_fork_processes`` of its own: the class brings it, as torch < 2.9 had)."""
-    pytester.makepyfile(
-        PLAIN
-        + CONTINUOUS
-        + """
+""",
+    # The harness runs setUpClass in its parent: a spawned child (_spawn_processes, a
+    # continuous worker) never sees what it set, a forked one does, and what a child changes in
+    # the class dies with it. Outcomes checked with -p no:distrank on torch 2.13 (whose harness
+    # has no _fork_processes of its own: the class brings it, as torch < 2.9 had).
+    "class_state": PLAIN
+    + CONTINUOUS
+    + """
 class TestSpawned(Base):
     shared = None
 
@@ -352,7 +255,7 @@ class TestForked(TestSpawned):
         self.assertEqual(self.shared, "from setUpClass")
 
 
-class TestContinuous(ContinuousBase):
+class TestContinuousState(ContinuousBase):
     shared = None
 
     @classmethod
@@ -362,59 +265,35 @@ class TestContinuous(ContinuousBase):
 
     def test_sees_class_state(self):
         self.assertEqual(self.shared, "from setUpClass")
-"""
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(failed=2, passed=3)
-    result.stdout.fnmatch_lines_random(
-        [
-            "*TestSpawned::test_sees_class_state FAILED*",
-            "*TestForked::test_sees_class_state PASSED*",
-            "*TestForked::test_a_changes_the_class PASSED*",
-            "*TestForked::test_b_sees_the_parents_class PASSED*",
-            "*TestContinuous::test_sees_class_state FAILED*",
-            "*None mismatch: None is not from setUpClass*",
-        ]
-    )
-
-
-def test_leaked_threads_and_environment_replace_the_pool(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+""",
+    "leaks": PLAIN
+    + """
 class TestLeaks(Base):
     def test_a_leaks_a_thread(self):
+        note(self)
         threading.Thread(target=time.sleep, args=(60,), name="leaky", daemon=True).start()
 
     def test_b_sets_a_variable(self):
+        note(self)
         os.environ["DISTRANK_LEAKED"] = "1"
 
     def test_c_sees_a_clean_process(self):
+        note(self)
         self.assertNotIn("DISTRANK_LEAKED", os.environ)
         self.assertNotIn("leaky", [t.name for t in threading.enumerate()])
-"""
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(
-        [
-            "3 distributed tests; pools started: 3 at world size 2",
-            "pool killed after a fault: *::TestLeaks::test_a_leaks_a_thread left 1 thread "
-            "running on rank * ('leaky')",
-            "pool killed after a fault: *::TestLeaks::test_b_sets_a_variable changed "
-            "environment variable(s) DISTRANK_LEAKED on rank *",
-        ]
-    )
+""",
+    "own": PLAIN
+    + """
+class TestOwn(Base):
+    distrank_suites = "own"
 
-
-def test_a_class_world_size_of_zero_is_a_skip(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
+    def test_spawned(self):
+        note(self)
+        self.init()
+        dist.barrier()
+""",
+    "gpus": PLAIN
+    + """
 class TestGpus(Base):
     @property
     def world_size(self):
@@ -422,73 +301,267 @@ class TestGpus(Base):
 
     def test_needs_gpus(self):
         pass
-"""
-    )
-    result = run_pytest("-rs")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(
-        ["SKIPPED *TestGpus.world_size is 0 on this machine (it often counts GPUs*"]
-    )
-    assert "distributed test" not in result.stdout.str()
-
-
-def test_a_world_size_marker_on_such_a_class_is_an_error(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        "import pytest\n"
-        + PLAIN
-        + """
+""",
+    "marked": "import pytest\n"
+    + PLAIN
+    + """
 @pytest.mark.world_size(2)
 class TestMarked(Base):
     def test_x(self):
         pass
-"""
+""",
+    "fresh": PLAIN
+    + """
+class TestFresh(Base):
+    distrank_isolate = True
+
+    def test_one(self):
+        note(self)
+        self.init()
+
+    def test_two(self):
+        note(self)
+        self.init()
+""",
+}
+
+#: Where each shared session ran (its files, the ranks' notes), by name.
+_FOLDERS: dict[str, Path] = {}
+
+
+def _write(folder: Path) -> None:
+    _FOLDERS["suites"] = folder
+    for name, source in SCENARIOS.items():
+        (folder / f"test_{name}.py").write_text(source)
+
+
+@pytest.fixture
+def suites(shared_session: SharedSession) -> pytest.RunResult:
+    """The shared session: every scenario of :data:`SCENARIOS`, ``-v -rA``."""
+    return shared_session("suites", _write, "-v", "-rA")
+
+
+def _pools(test: str) -> list[tuple[str, str]]:
+    """``(pool, pid)`` of each rank (rank 0 first) that ran ``Class.method`` (its notes)."""
+    notes = [(_FOLDERS["suites"] / f"pool-{test}-{rank}").read_text() for rank in (0, 1)]
+    return [(pool, pid) for pool, pid in (note.split() for note in notes)]
+
+
+def failure_section(lines: list[str], title: str) -> pytest.LineMatcher:
+    """The lines of the report section ``____ title ____`` (a failure's, an error's) in the
+    output ``lines`` of a session."""
+    start = next(
+        (i for i, line in enumerate(lines) if line.strip("_ ") == title and line[:1] == "_"),
+        None,
     )
-    result = run_pytest()
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(
-        ["*@pytest.mark.world_size on TestMarked, a MultiProcessTestCase class*Remove the marker*"]
+    assert start is not None, f"no section {title!r} in:\n" + "\n".join(lines)
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith(("____", "===="))),
+        len(lines),
+    )
+    return pytest.LineMatcher(lines[start:end])
+
+
+def test_a_file_store_test_case_runs_on_one_warm_pool(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_plain.py::TestPlain::test_all_reduce PASSED*",
+            "test_plain.py::TestPlain::test_same_processes_again PASSED*",
+        ]
+    )
+    first = _pools("TestPlain.test_all_reduce")
+    second = _pools("TestPlain.test_same_processes_again")
+    assert first == second, (first, second)  # the same pool, the same processes
+    assert [pool.rsplit("-", 1)[1] for pool, _ in first] == ["rank0", "rank1"], first
+
+
+def test_the_summary_counts_distributed_tests_and_pools(suites: pytest.RunResult) -> None:
+    """Every test method taken over is a distributed test (not ``TestOwn``'s, nor one that a
+    unittest decorator skips before any process); pools: the warm one, a new one after each fault
+    (two failures in continuous classes, two leaks) and one per test of ``TestFresh``."""
+    suites.stdout.fnmatch_lines(["26 distributed tests; pools started: 7 at world size 2"])
+
+
+def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_error.py::TestError::test_rank_1_disagrees FAILED*",
+            "test_error.py::TestError::test_next_one_is_fine PASSED*",
+        ]
+    )
+    failure_section(suites.stdout.lines, "TestError.test_rank_1_disagrees").fnmatch_lines(
+        [
+            "distrank: 1 of 2 ranks failed; root cause: rank 1/2",
+            "*AssertionError: Scalars are not equal!",
+            "*Traceback (most recent call last):*",
+            '*self.assertEqual(self.rank, 0, "rank 1 disagrees")*',
+            "*rank 1 disagrees*",
+        ]
+    )
+    suites.stdout.fnmatch_lines(
+        [
+            "FAILED test_error.py::TestError::test_rank_1_disagrees - [[]rank 1/2[]] Failed: "
+            "AssertionError: Scalars*"
+        ]
+    )
+    assert "Caught exception" not in suites.stdout.str()
+
+
+def test_skips_by_exit_code_skiptest_and_decorators_say_why(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            f"test_skips.py::TestSkips::{name} SKIPPED*"
+            for name in ("test_exit_code", "test_decorated", "test_skiptest_inside")
+        ]
+        + [
+            "test_skips.py::TestSkips::test_unittest_skip SKIPPED*",
+            "SKIPPED [[]1[]] test_skips.py:*: no widget on this rank",
+            "SKIPPED [[]1[]] test_skips.py: not today",
+        ]
+    )
+    cuda = [
+        line
+        for line in suites.stdout.lines
+        if line.startswith("SKIPPED [1] test_skips.py:")
+        and line.endswith(": Need at least 2 CUDA devices")
+    ]
+    assert len(cuda) == 2, cuda  # the exit code's and the decorator's
+
+
+def test_the_parents_return_code_rules_apply(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_codes.py::TestCodes::test_any_code PASSED*",
+            "test_codes.py::TestCodes::test_exits_3 PASSED*",
+            "test_codes.py::TestCodes::test_exits_4 FAILED*",
+        ]
+    )
+    failure_section(suites.stdout.lines, "TestCodes.test_exits_4").fnmatch_lines(
+        ["*rank 0 exited with code 4, expected 0*"]
     )
 
 
-@pytest.mark.parametrize("how", ["option", "class attribute"])
-def test_opting_out_leaves_the_class_to_its_own_harness(
-    pytester: pytest.Pytester, run_pytest: RunPytest, how: str
+def test_expected_failures_follow_unittest(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_expected.py::TestExpected::test_known_bug XFAIL*",
+            "test_expected.py::TestExpected::test_fixed_bug FAILED*",
+        ]
+    )
+    failure_section(suites.stdout.lines, "TestExpected.test_fixed_bug").fnmatch_lines(
+        ["*unexpected success on rank 0*"]
+    )
+
+
+def test_an_overridden_run_initialises_the_group(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines(["test_own_run.py::TestOwnRun::test_group_is_ready PASSED*"])
+
+
+def test_with_comms_dtensor_tests_run(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines(["test_with_comms.py::TestShard::test_shard_and_gather PASSED*"])
+
+
+def test_a_continuous_class_goes_on_after_a_failure(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_continuous.py::TestContinuous::test_a_fails_on_rank_1 FAILED*",
+            "test_continuous.py::TestContinuous::test_b_runs_after_it PASSED*",
+            "pool killed after a fault: *: test_continuous.py::TestContinuous::"
+            "test_a_fails_on_rank_1 failed on rank 1 in MultiProcContinuousTest class "
+            "TestContinuous: the class's process group may be out of step; its next test gets a "
+            "new pool (and _init_pg)",
+        ]
+    )
+    failed = _pools("TestContinuous.test_a_fails_on_rank_1")
+    after = _pools("TestContinuous.test_b_runs_after_it")
+    assert failed[0][0] != after[0][0], (failed, after)  # a new pool
+
+
+def test_set_up_class_state_reaches_the_test_only_where_the_harness_child_has_it(
+    suites: pytest.RunResult,
 ) -> None:
-    attribute = "    distrank_suites = 'own'\n" if how == "class attribute" else ""
+    """See the ``class_state`` scenario: a spawned or continuous child does not see what
+    setUpClass set in the parent, a forked one does, and a child's change dies with it."""
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_class_state.py::TestSpawned::test_sees_class_state FAILED*",
+            "test_class_state.py::TestForked::test_sees_class_state PASSED*",
+            "test_class_state.py::TestForked::test_a_changes_the_class PASSED*",
+            "test_class_state.py::TestForked::test_b_sees_the_parents_class PASSED*",
+            "test_class_state.py::TestContinuousState::test_sees_class_state FAILED*",
+        ]
+    )
+    for title in ("TestSpawned.test_sees_class_state", "TestContinuousState.test_sees_class_state"):
+        failure_section(suites.stdout.lines, title).fnmatch_lines(
+            ["*None mismatch: None is not from setUpClass*"]
+        )
+
+
+def test_leaked_threads_and_environment_replace_the_pool(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_leaks.py::TestLeaks::test_a_leaks_a_thread PASSED*",
+            "test_leaks.py::TestLeaks::test_b_sets_a_variable PASSED*",
+            "test_leaks.py::TestLeaks::test_c_sees_a_clean_process PASSED*",
+            "pool killed after a fault: *: test_leaks.py::TestLeaks::test_a_leaks_a_thread left "
+            "1 thread running on rank * ('leaky')",
+            "pool killed after a fault: *: test_leaks.py::TestLeaks::test_b_sets_a_variable "
+            "changed environment variable(s) DISTRANK_LEAKED on rank *",
+        ]
+    )
+    names = ("test_a_leaks_a_thread", "test_b_sets_a_variable", "test_c_sees_a_clean_process")
+    pools = [_pools(f"TestLeaks.{name}")[0][0] for name in names]
+    assert len(set(pools)) == 3, pools  # a new pool after each leak
+
+
+def test_the_class_attribute_leaves_the_class_to_its_own_harness(
+    suites: pytest.RunResult,
+) -> None:
+    suites.stdout.fnmatch_lines(["test_own.py::TestOwn::test_spawned PASSED*"])
+    # Its harness spawned the ranks: no pool's worker id in their environment.
+    assert [pool for pool, _ in _pools("TestOwn.test_spawned")] == ["None", "None"]
+
+
+def test_a_class_that_needs_fresh_processes_gets_them(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        ["test_fresh.py::TestFresh::test_one PASSED*", "test_fresh.py::TestFresh::test_two PASSED*"]
+    )
+    one, two = _pools("TestFresh.test_one"), _pools("TestFresh.test_two")
+    assert one[0][0] != two[0][0] and one[0][1] != two[0][1], (one, two)
+
+
+def test_the_option_leaves_every_class_to_its_own_harness(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
     pytester.makepyfile(
         PLAIN
-        + f"""
+        + """
 class TestOwn(Base):
-{attribute}
     def test_spawned(self):
         self.init()
         dist.barrier()
 """
     )
-    args = ["--distrank-suites=own"] if how == "option" else []
-    result = run_pytest("-v", *args)
+    result = run_pytest("-v", "--distrank-suites=own")
     result.assert_outcomes(passed=1)
     assert "distributed test" not in result.stdout.str()
 
 
-def test_a_class_that_needs_fresh_processes_gets_them(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        PLAIN
-        + """
-class TestFresh(Base):
-    distrank_isolate = True
-
-    def test_one(self):
-        self.init()
-
-    def test_two(self):
-        self.init()
-"""
+def test_a_class_world_size_of_zero_is_a_skip(suites: pytest.RunResult) -> None:
+    """Decided at collection: no pool starts for it, and it is not counted as a distributed
+    test (the summary's count, checked above)."""
+    suites.stdout.fnmatch_lines(
+        [
+            "test_gpus.py::TestGpus::test_needs_gpus SKIPPED*",
+            "SKIPPED [[]1[]] test_gpus.py:*TestGpus.world_size is 0 on this machine (it often "
+            "counts GPUs*",
+        ]
     )
-    result = run_pytest()
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(["2 distributed tests; pools started: 2 at world size 2"])
+
+
+def test_a_world_size_marker_on_such_a_class_is_an_error(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines(["test_marked.py::TestMarked::test_x ERROR*"])
+    failure_section(suites.stdout.lines, "ERROR at setup of TestMarked.test_x").fnmatch_lines(
+        ["*@pytest.mark.world_size on TestMarked, a MultiProcessTestCase class*Remove the marker*"]
+    )
+    assert suites.ret != 0

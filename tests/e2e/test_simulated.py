@@ -1,99 +1,220 @@
 """End-to-end: ``@pytest.mark.simulate("fake", N)`` runs a test again in a simulated world of N
-ranks, in one process, beside its real world sizes (ids ``ws<N>-fake``)."""
+ranks, in one process, beside its real world sizes (ids ``ws<N>-fake``).
+
+Every scenario is a file of its own in one inner session (``simulated``; ``--distrank-world-size=3``
+is read by ``test_bare.py`` alone); each test below checks its scenario's lines, a failure's
+explanation within that failure's section. The markers that cannot be honoured start no rank:
+their session runs in-process.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, SharedSession
+from .test_existing_suites import failure_section
+
+#: A DTensor test with a numeric result: run for real at ws4 and in local mode at ws4 and ws64.
+DTENSOR_TEST = """
+import pytest, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+OFFSET = {offset}
+
+@pytest.fixture
+def scaled(rank):
+    return torch.ones(2) * (rank + 1)  # a function-scoped fixture: each rank's own value
+
+@pytest.mark.world_size(4)
+@pytest.mark.simulate("local", 4, 64)
+def test_sharded_sum(world_size, device, scaled):
+    mesh = init_device_mesh(device.type, (world_size,))
+    x = torch.arange(world_size * 4, dtype=torch.float32).reshape(world_size * 2, 2)
+    sharded = distribute_tensor(x, mesh, [Shard(0)])
+    assert sharded.to_local().shape == (2, 2)
+    assert sharded.sum().full_tensor().item() == sum(range(world_size * 4)) + OFFSET
+    ones = distribute_tensor(torch.ones(2, 3), mesh, [Replicate()])
+    torch.testing.assert_close((sharded @ ones).full_tensor(), x @ torch.ones(2, 3))
+    dist.all_reduce(scaled)
+    assert scaled.tolist() == [world_size * (world_size + 1) // 2] * 2
+"""
 
 
-def test_fake_world_ids_run_beside_the_real_ones(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        test_plan="""
-        import os, pytest, torch.distributed as dist
+#: The scenarios of the shared session, one file each (``test_<name>.py``).
+SCENARIOS = {
+    "plan": """
+import os, pytest, torch.distributed as dist
 
-        @pytest.mark.world_size(2)
-        @pytest.mark.simulate("fake", 1024)
-        def test_world(rank, world_size, pg, device):
-            assert dist.get_world_size() == world_size
-            assert dist.get_rank() == rank
-            assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), str(world_size))
-            assert device.type == "cpu"
-            with open(f"seen-{world_size}-{rank}-{dist.get_backend()}", "w"):
-                pass
-        """
+@pytest.mark.world_size(2)
+@pytest.mark.simulate("fake", 1024)
+def test_world(rank, world_size, pg, device):
+    assert dist.get_world_size() == world_size
+    assert dist.get_rank() == rank
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), str(world_size))
+    assert device.type == "cpu"
+    with open(f"seen-plan-{world_size}-{rank}-{dist.get_backend()}", "w"):
+        pass
+""",
+    "ranks": """
+import pytest
+
+@pytest.mark.simulate("fake", 64, 1024, ranks=(0, 63))
+def test_rank(rank, world_size):
+    with open(f"seen-ranks-{world_size}-{rank}", "w"):
+        pass
+""",
+    "sum": """
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.world_size(2)
+@pytest.mark.simulate("fake", 1024)
+def test_sum(rank, world_size, pg):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == world_size
+""",
+    "bare": """
+import pytest
+
+@pytest.mark.world_size()
+@pytest.mark.simulate("fake", 256)
+def test_sizes(world_size):
+    pass
+""",
+    "meta": """
+import pytest, torch
+
+@pytest.mark.simulate("fake", 8192, device="meta")
+def test_huge(device, world_size):
+    assert device.type == "meta"
+    weights = torch.empty(world_size, 1 << 30, device=device)  # 32 TiB, never allocated
+    assert weights.shape == (8192, 1 << 30)
+""",
+    "dtensor_passes": DTENSOR_TEST.format(offset=0),
+    "dtensor_fails": DTENSOR_TEST.format(offset=1),
+    "local": """
+import pytest, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+pytestmark = pytest.mark.simulate("local", 4)
+
+def test_reduce(rank):
+    t = torch.ones(1) * rank
+    dist.reduce(t, dst=0)
+
+def test_pair_sum(rank):
+    pair = dist.new_group([0, 1])  # ranks 2 and 3 are not members
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t, group=pair)
+    dist.all_reduce(t)
+    assert t.item() == 20  # what LocalTensor computed; a real world gives 13
+
+def test_without_rank_0(rank):
+    trio = dist.new_group([1, 2, 3])
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t, group=trio)
+
+def test_world_and_mesh_dimensions(rank, world_size):
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t, group=dist.new_group(list(range(world_size))))
+    assert t.item() == 10
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    u = torch.ones(1) * (rank + 1)
+    dist.all_reduce(u, group=mesh.get_group("tp"))  # rows: 1+2, 3+4
+    dist.all_reduce(u, group=mesh.get_group("dp"))  # then columns: 3+7
+    assert u.item() == 10
+    dist.barrier(group=dist.new_group([1, 2]))  # moves no data: let through
+""",
+    "branch": """
+import pytest
+
+@pytest.mark.simulate("local", 4)
+def test_branch(rank):
+    if rank > 0:
+        pass
+""",
+}
+
+#: Where the shared session ran (its files, what the tests wrote).
+_FOLDERS: dict[str, Path] = {}
+
+
+def _write(folder: Path) -> None:
+    _FOLDERS["simulated"] = folder
+    for name, source in SCENARIOS.items():
+        (folder / f"test_{name}.py").write_text(source)
+
+
+@pytest.fixture
+def simulated(shared_session: SharedSession) -> pytest.RunResult:
+    return shared_session(
+        "simulated", _write, "-v", "-rA", "--distrank-world-size=3", "-p", "no:warnings"
     )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(
+
+
+def _seen(prefix: str) -> list[str]:
+    return sorted(p.name for p in _FOLDERS["simulated"].glob(f"seen-{prefix}-*"))
+
+
+def test_fake_world_ids_run_beside_the_real_ones(simulated: pytest.RunResult) -> None:
+    simulated.stdout.fnmatch_lines(
         [
-            "*::test_world[[]ws2[]] PASSED*",
-            "*::test_world[[]ws1024-fake[]] PASSED*",
-            "2 distributed tests; pools started: 1 at world size 2, "
-            "1 at world size 1024 simulated (fake)",
+            "test_plan.py::test_world[[]ws2[]] PASSED*",
+            "test_plan.py::test_world[[]ws1024-fake[]] PASSED*",
         ]
     )
-    seen = sorted(p.name for p in pytester.path.glob("seen-*"))
-    assert seen == ["seen-1024-0-fake", "seen-2-0-gloo", "seen-2-1-gloo"]
+    assert _seen("plan") == ["seen-plan-1024-0-fake", "seen-plan-2-0-gloo", "seen-plan-2-1-gloo"]
 
 
-def test_each_simulated_rank_is_a_test_of_its_own(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        test_ranks="""
-        import pytest
-
-        @pytest.mark.simulate("fake", 64, 1024, ranks=(0, 63))
-        def test_rank(rank, world_size):
-            with open(f"seen-{world_size}-{rank}", "w"):
-                pass
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=4)
-    result.stdout.fnmatch_lines(
+def test_the_summary_counts_simulated_worlds_as_pools(simulated: pytest.RunResult) -> None:
+    """Simulated worlds are counted as pools of their size and mode, after the real sizes'."""
+    simulated.stdout.fnmatch_lines(
         [
-            "*::test_rank[[]ws64-fake-r0[]] PASSED*",
-            "*::test_rank[[]ws64-fake-r63[]] PASSED*",
-            "*::test_rank[[]ws1024-fake-r0[]] PASSED*",
-            "*::test_rank[[]ws1024-fake-r63[]] PASSED*",
+            "22 distributed tests; pools started: 1 at world size 2, 1 at world size 3, 1 at "
+            "world size 4, 2 at world size 64 simulated (fake), 1 at world size 256 simulated "
+            "(fake), 3 at world size 1024 simulated (fake), 1 at world size 8192 simulated (fake), "
+            "1 at world size 4 simulated (local), 1 at world size 64 simulated (local)"
         ]
     )
-    seen = sorted(p.name for p in pytester.path.glob("seen-*"))
-    assert seen == ["seen-1024-0", "seen-1024-63", "seen-64-0", "seen-64-63"]
+
+
+def test_each_simulated_rank_is_a_test_of_its_own(simulated: pytest.RunResult) -> None:
+    simulated.stdout.fnmatch_lines_random(
+        [
+            "test_ranks.py::test_rank[[]ws64-fake-r0[]] PASSED*",
+            "test_ranks.py::test_rank[[]ws64-fake-r63[]] PASSED*",
+            "test_ranks.py::test_rank[[]ws1024-fake-r0[]] PASSED*",
+            "test_ranks.py::test_rank[[]ws1024-fake-r63[]] PASSED*",
+        ]
+    )
+    assert _seen("ranks") == [
+        "seen-ranks-1024-0",
+        "seen-ranks-1024-63",
+        "seen-ranks-64-0",
+        "seen-ranks-64-63",
+    ]
 
 
 def test_a_value_only_real_collectives_give_fails_saying_fake_moves_no_data(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+    simulated: pytest.RunResult,
 ) -> None:
-    pytester.makepyfile(
-        test_sum="""
-        import pytest, torch, torch.distributed as dist
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.simulate("fake", 1024)
-        def test_sum(rank, world_size, pg):
-            t = torch.ones(1)
-            dist.all_reduce(t)
-            assert t.item() == world_size
-        """
-    )
-    result = run_pytest("-v", "-rf")
-    result.assert_outcomes(passed=1, failed=1)
-    result.stdout.fnmatch_lines(
+    simulated.stdout.fnmatch_lines_random(
         [
-            "*::test_sum[[]ws2[]] PASSED*",
-            "*::test_sum[[]ws1024-fake[]] FAILED*",
+            "test_sum.py::test_sum[[]ws2[]] PASSED*",
+            "test_sum.py::test_sum[[]ws1024-fake[]] FAILED*",
+            "FAILED test_sum.py::test_sum[[]ws1024-fake[]] - "
+            "[[]simulated rank 0/1024[]] assert 1.0 == 1024",
+        ]
+    )
+    failure_section(simulated.stdout.lines, "test_sum[ws1024-fake]").fnmatch_lines(
+        [
             "E       assert 1.0 == 1024",
             "*distrank: simulated world*",
             "world size 1024 simulated (fake, as rank 0), in one process. Fake mode moves no "
             "data: every collective returns at once with this rank's own input*",
-            "FAILED test_sum.py::test_sum[[]ws1024-fake[]] - "
-            "[[]simulated rank 0/1024[]] assert 1.0 == 1024",
         ]
     )
 
@@ -149,10 +270,10 @@ def test_plain():
 
 
 def test_a_bad_marker_errors_that_test_alone_naming_it(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+    pytester: pytest.Pytester, run_inprocess: RunPytest
 ) -> None:
     pytester.makepyfile(test_bad=BAD_MARKERS)
-    result = run_pytest("-rE")
+    result = run_inprocess("-rE")
     result.assert_outcomes(passed=1, errors=10)
     result.stdout.fnmatch_lines_random(
         [
@@ -180,91 +301,34 @@ def test_a_bad_marker_errors_that_test_alone_naming_it(
 
 
 def test_a_bare_world_size_beside_simulate_takes_the_default_size(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+    simulated: pytest.RunResult,
 ) -> None:
-    pytester.makepyfile(
-        test_bare="""
-        import pytest
-
-        @pytest.mark.world_size()
-        @pytest.mark.simulate("fake", 256)
-        def test_sizes(world_size):
-            pass
-        """
-    )
-    result = run_pytest("-v", "--distrank-world-size=3")
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(
-        ["*::test_sizes[[]ws3[]] PASSED*", "*::test_sizes[[]ws256-fake[]] PASSED*"]
-    )
-
-
-def test_meta_device_in_a_fake_world(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
-    pytester.makepyfile(
-        test_meta="""
-        import pytest, torch
-
-        @pytest.mark.simulate("fake", 8192, device="meta")
-        def test_huge(device, world_size):
-            assert device.type == "meta"
-            weights = torch.empty(world_size, 1 << 30, device=device)  # 32 TiB, never allocated
-            assert weights.shape == (8192, 1 << 30)
-        """
-    )
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*::test_huge[[]ws8192-fake[]] PASSED*"])
-
-
-#: A DTensor test with a numeric result: run for real at ws4 and in local mode at ws4 and ws64.
-DTENSOR_TEST = """
-import pytest, torch, torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import Replicate, Shard, distribute_tensor
-
-OFFSET = {offset}
-
-@pytest.fixture
-def scaled(rank):
-    return torch.ones(2) * (rank + 1)  # a function-scoped fixture: each rank's own value
-
-@pytest.mark.world_size(4)
-@pytest.mark.simulate("local", 4, 64)
-def test_sharded_sum(world_size, device, scaled):
-    mesh = init_device_mesh(device.type, (world_size,))
-    x = torch.arange(world_size * 4, dtype=torch.float32).reshape(world_size * 2, 2)
-    sharded = distribute_tensor(x, mesh, [Shard(0)])
-    assert sharded.to_local().shape == (2, 2)
-    assert sharded.sum().full_tensor().item() == sum(range(world_size * 4)) + OFFSET
-    ones = distribute_tensor(torch.ones(2, 3), mesh, [Replicate()])
-    torch.testing.assert_close((sharded @ ones).full_tensor(), x @ torch.ones(2, 3))
-    dist.all_reduce(scaled)
-    assert scaled.tolist() == [world_size * (world_size + 1) // 2] * 2
-"""
-
-
-def test_local_mode_passes_the_numeric_test_the_real_run_passes(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(test_dtensor=DTENSOR_TEST.format(offset=0))
-    result = run_pytest("-v")
-    result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(
+    simulated.stdout.fnmatch_lines_random(
         [
-            "*::test_sharded_sum[[]ws4[]] PASSED*",
-            "*::test_sharded_sum[[]ws4-local[]] PASSED*",
-            "*::test_sharded_sum[[]ws64-local[]] PASSED*",
+            "test_bare.py::test_sizes[[]ws3[]] PASSED*",
+            "test_bare.py::test_sizes[[]ws256-fake[]] PASSED*",
         ]
     )
 
 
-def test_local_mode_fails_when_the_expected_value_changes(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+def test_meta_device_in_a_fake_world(simulated: pytest.RunResult) -> None:
+    simulated.stdout.fnmatch_lines(["test_meta.py::test_huge[[]ws8192-fake[]] PASSED*"])
+
+
+def test_local_mode_passes_the_numeric_test_the_real_run_passes(
+    simulated: pytest.RunResult,
 ) -> None:
-    pytester.makepyfile(test_dtensor=DTENSOR_TEST.format(offset=1))
-    result = run_pytest("-v", "-rf")
-    result.assert_outcomes(failed=3)
-    result.stdout.fnmatch_lines(
+    simulated.stdout.fnmatch_lines_random(
+        [
+            "test_dtensor_passes.py::test_sharded_sum[[]ws4[]] PASSED*",
+            "test_dtensor_passes.py::test_sharded_sum[[]ws4-local[]] PASSED*",
+            "test_dtensor_passes.py::test_sharded_sum[[]ws64-local[]] PASSED*",
+        ]
+    )
+
+
+def test_local_mode_fails_when_the_expected_value_changes(simulated: pytest.RunResult) -> None:
+    failure_section(simulated.stdout.lines, "test_sharded_sum[ws64-local]").fnmatch_lines(
         [
             "*distrank: ranks 0-63 of 64 (local) failed*",
             "E       AssertionError: assert 32640.0 == (32640 + 1)",
@@ -273,70 +337,32 @@ def test_local_mode_fails_when_the_expected_value_changes(
             "runs the test once under LocalTensorMode*the numbers are those of a real run*",
         ]
     )
-    result.stdout.fnmatch_lines(
+    simulated.stdout.fnmatch_lines(
         [
-            "FAILED test_dtensor.py::test_sharded_sum[[]ws4[]] - [[]rank ?/4[]] *assert 120.0 *",
-            "FAILED test_dtensor.py::test_sharded_sum[[]ws4-local[]] - "
+            "FAILED test_dtensor_fails.py::test_sharded_sum[[]ws4[]] - [[]rank ?/4[]] "
+            "*assert 120.0 *",
+            "FAILED test_dtensor_fails.py::test_sharded_sum[[]ws4-local[]] - "
             "[[]ranks 0-3 of 4 (local)[]] *assert 120.0 == (120 + 1)",
-            "FAILED test_dtensor.py::test_sharded_sum[[]ws64-local[]] - "
+            "FAILED test_dtensor_fails.py::test_sharded_sum[[]ws64-local[]] - "
             "[[]ranks 0-63 of 64 (local)[]] *assert 32640.0 == (32640 + 1)",
         ]
     )
 
 
-def test_what_local_mode_cannot_compute_fails_saying_why(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
+def test_what_local_mode_cannot_compute_fails_saying_why(simulated: pytest.RunResult) -> None:
     """An op LocalTensor lacks, and a collective on a group that is neither the world nor a
     DeviceMesh dimension (D5: a real world of 4 gives 13 for test_pair_sum's value, LocalTensor
     20, so asserting 20 passed), fail saying why; the next tests (the world, mesh dimensions,
     a barrier on a group without rank 0) compute exactly in the same pool."""
-    pytester.makepyfile(
-        test_local="""
-        import pytest, torch, torch.distributed as dist
-        from torch.distributed.device_mesh import init_device_mesh
-
-        pytestmark = pytest.mark.simulate("local", 4)
-
-        def test_reduce(rank):
-            t = torch.ones(1) * rank
-            dist.reduce(t, dst=0)
-
-        def test_pair_sum(rank):
-            pair = dist.new_group([0, 1])  # ranks 2 and 3 are not members
-            t = torch.ones(1) * (rank + 1)
-            dist.all_reduce(t, group=pair)
-            dist.all_reduce(t)
-            assert t.item() == 20  # what LocalTensor computed; a real world gives 13
-
-        def test_without_rank_0(rank):
-            trio = dist.new_group([1, 2, 3])
-            t = torch.ones(1) * (rank + 1)
-            dist.all_reduce(t, group=trio)
-
-        def test_world_and_mesh_dimensions(rank, world_size):
-            t = torch.ones(1) * (rank + 1)
-            dist.all_reduce(t, group=dist.new_group(list(range(world_size))))
-            assert t.item() == 10
-            mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-            u = torch.ones(1) * (rank + 1)
-            dist.all_reduce(u, group=mesh.get_group("tp"))  # rows: 1+2, 3+4
-            dist.all_reduce(u, group=mesh.get_group("dp"))  # then columns: 3+7
-            assert u.item() == 10
-            dist.barrier(group=dist.new_group([1, 2]))  # moves no data: let through
-        """
-    )
-    result = run_pytest("-v", "-rf", "-p", "no:warnings")
-    result.assert_outcomes(passed=1, failed=3)
-    result.stdout.fnmatch_lines(
+    simulated.stdout.fnmatch_lines(
         [
-            "*::test_reduce[[]ws4-local[]] FAILED*",
-            "*::test_pair_sum[[]ws4-local[]] FAILED*",
-            "*::test_without_rank_0[[]ws4-local[]] FAILED*",
-            "*::test_world_and_mesh_dimensions[[]ws4-local[]] PASSED*",
+            "test_local.py::test_reduce[[]ws4-local[]] FAILED*",
+            "test_local.py::test_pair_sum[[]ws4-local[]] FAILED*",
+            "test_local.py::test_without_rank_0[[]ws4-local[]] FAILED*",
+            "test_local.py::test_world_and_mesh_dimensions[[]ws4-local[]] PASSED*",
         ]
     )
-    result.stdout.fnmatch_lines(
+    failure_section(simulated.stdout.lines, "test_reduce[ws4-local]").fnmatch_lines(
         [
             "E*NotImplementedError: c10d.reduce_.default not implemented",
             "*distrank: simulated world*",
@@ -345,7 +371,8 @@ def test_what_local_mode_cannot_compute_fails_saying_why(
             "local mode*Drop 'local' from the test's simulate marker*",
         ]
     )
-    result.stdout.fnmatch_lines(
+    pair_sum = failure_section(simulated.stdout.lines, "test_pair_sum[ws4-local]")
+    pair_sum.fnmatch_lines(
         [
             "E*LocalModeRefusal: all_reduce on the group of ranks 0, 1, which is not a DeviceMesh "
             "dimension: local mode cannot compute it exactly. In a real world ranks 2, 3 are not "
@@ -355,28 +382,15 @@ def test_what_local_mode_cannot_compute_fails_saying_why(
             "refused a collective it cannot compute exactly*",
         ]
     )
-    result.stdout.fnmatch_lines(
+    pair_sum.no_fnmatch_line("*assert 13*20*")
+    failure_section(simulated.stdout.lines, "test_without_rank_0[ws4-local]").fnmatch_lines(
         ["E*LocalModeRefusal: all_reduce on a group without rank 0: local mode cannot*"]
     )
-    result.stdout.no_fnmatch_line("*assert 13*20*")
 
 
-def test_rank_used_as_one_number_in_local_mode_is_explained(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makepyfile(
-        test_branch="""
-        import pytest
-
-        @pytest.mark.simulate("local", 4)
-        def test_branch(rank):
-            if rank > 0:
-                pass
-        """
-    )
-    result = run_pytest("-rf")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(
+def test_rank_used_as_one_number_in_local_mode_is_explained(simulated: pytest.RunResult) -> None:
+    simulated.stdout.fnmatch_lines(["test_branch.py::test_branch[[]ws4-local[]] FAILED*"])
+    failure_section(simulated.stdout.lines, "test_branch[ws4-local]").fnmatch_lines(
         [
             ">       if rank > 0:",
             "*distrank: simulated world*",
