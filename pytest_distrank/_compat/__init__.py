@@ -14,7 +14,7 @@ docstring says why the private access is needed and what breaks if it changes; t
 (``from .. import _compat``), never from the modules below:
 
 - ``pytest_internals``: running a test and its fixtures, temporary folders, the terminal,
-  junitxml, logging, assertion rewriting, the option parser (and argparse's table);
+  junitxml, logging, assertion rewriting;
 - ``mp_internals``: multiprocessing's fork server;
 - ``torch_internals``: rendezvous handlers, the flight recorder, process groups, the fake store,
   LocalTensor, dispatch modes;
@@ -76,7 +76,6 @@ from .plugins import (
     take_suite_rerun,
 )
 from .pytest_internals import (
-    argparse_parser,
     can_redirect_terminal,
     default_plugin_modules,
     drop_junit_xml,
@@ -85,8 +84,6 @@ from .pytest_internals import (
     fixture_info,
     forget_setup_stack,
     getbasetemp,
-    option_actions,
-    option_groups,
     redirect_terminal,
     replace_catching_logs,
     request_item,
@@ -128,7 +125,6 @@ __all__ = [
     "ReprEntryNative",
     "ReprFileLocation",
     "ReprTracebackNative",
-    "argparse_parser",
     "can_redirect_terminal",
     "close_fork_server_alive_fd",
     "count_execution",
@@ -160,8 +156,6 @@ __all__ = [
     "mark_rerun",
     "mesh_dim_groups",
     "mp_process_config",
-    "option_actions",
-    "option_groups",
     "print_stacks_on_fatal_signal",
     "process_groups",
     "pytest_cov_settings",

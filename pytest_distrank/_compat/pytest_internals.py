@@ -1,5 +1,5 @@
-"""Private pytest (and argparse) access: running a test and its fixtures, the session's
-temporary folders, the terminal, junitxml, logging, assertion rewriting, the option parser.
+"""Private pytest access: running a test and its fixtures, the session's temporary folders, the
+terminal, junitxml, logging, assertion rewriting.
 
 Imported in every process of both modes, through :mod:`pytest_distrank._compat` (the rule and
 the other private access are described there).
@@ -7,7 +7,6 @@ the other private access are described there).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
 import types
@@ -218,26 +217,3 @@ def share_rewritten_modules(folder: str) -> Callable[[], None] | None:
     rewrite.get_cache_dir = cache_dir
     rewrite._rewrite_test = rewrite_and_keep
     return undo
-
-
-def argparse_parser(config: pytest.Config) -> argparse.ArgumentParser:
-    """The controller's argparse parser, with every option it knows (``config._parser``); if it
-    changes, rank command lines cannot be built and no pool starts."""
-    parser = config._parser
-    build = getattr(parser, "_getparser", None)  # pytest 8 builds one per parse
-    if build is not None:
-        built: argparse.ArgumentParser = build()
-        return built
-    return parser.optparser  # pytest >= 9: one parser, options added to it as they come
-
-
-def option_groups(config: pytest.Config) -> list[Any]:
-    """pytest's option groups (``config._parser._groups``), to strip whole groups from rank
-    command lines; if renamed, no pool starts."""
-    return list(config._parser._groups)
-
-
-def option_actions(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
-    """argparse's table of option strings to actions (CPython private); without it the controller's
-    arguments cannot be read for the ranks."""
-    return dict(parser._option_string_actions)

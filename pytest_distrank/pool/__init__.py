@@ -16,7 +16,8 @@ The processes of pool mode and the modules that run in each:
   (the rank's pytest session and serve loop, its process, group, logs, GPU, debugger, harness
   classes, simulated worlds; the fork server's heap freeze).
 - **Both**: ``protocol``, the typed messages between them (standard library only),
-  ``workerinput`` (plugins' configure-time values, as pytest-xdist hands them to its workers) and
+  ``workerinput`` (plugins' configure-time values, as pytest-xdist hands them to its workers, and
+  the options a rank owns, set after it parsed the controller's command line) and
   ``suites`` (which classes of PyTorch's own harness run on pools: the controller and the ranks
   collect alike).
 

@@ -1,49 +1,46 @@
 """The command line of a rank's own pytest session, built by the controller.
 
-Runs in the controller. A rank re-reads the user's command line, as a pytest-xdist worker does
-(xdist sends ``config.invocation_params.args`` and overrides what the worker must own): the
-controller's ini ``addopts``, ``PYTEST_ADDOPTS`` and ``invocation_params.args``, in pytest's order,
-so that options a conftest.py adds, ``--runxfail``, ``--setup-plan``, ``-p`` plugins and ``-W``
-filters reach every rank. From that list the controller strips what a rank must not take:
+Runs in the controller. A rank's pytest parses the controller's own command line again, as a
+pytest-xdist worker does (xdist sends ``config.invocation_params.args`` and, once the worker's
+pytest has parsed them, sets what the worker owns in ``config.option``): pytest itself reads every
+option, from the controller's invocation folder, with the controller's ini file (and its
+``addopts``, read again there) and ``PYTEST_ADDOPTS`` (passed ahead of the invocation arguments,
+where pytest puts it: the ranks' environment leaves the variable out). So ``--runxfail``, ``-s``,
+``-p`` plugins, ``-W`` filters, ``@file`` arguments and the options a conftest.py adds mean in
+every rank what they mean in the controller.
 
-- test selection and positional arguments (files, node ids, ``-k``, ``-m``, ``--lf``,
-  ``--deselect`` ...): a rank collects the files of its pool and serves the node ids the
-  controller planned;
-- what a rank owns or must not do: ``-x``/``--maxfail``, ``--junitxml``, ``--pdb``/``--trace``,
-  the cache and stepwise, ``--basetemp``, ``--rootdir``, ``-c``, ``--log-file``, ``--co`` and the
-  other modes that run no test, the session deadline, and every option of pytest-xdist,
-  pytest-cov (worker/main.py measures ranks itself), pytest-rerunfailures and this plugin;
+What a rank owns is set where pytest reads it (:class:`~protocol.RankCommandLine`):
 
-then adds its own: the pool's files first, the plugin under the name the controller loaded it by
-(``-p distrank`` when the entry point loaded it, as pytest refuses a second name for a registered
-plugin; ``-p pytest_distrank.plugin`` when a checkout on PYTHONPATH did), no cache provider, the
-controller's rootdir and ini file (so node ids match), a basetemp per rank, ``--verbosity`` as the
-controller ended up with it (an int: a conftest may set ``config.option.verbose = True``), ``-o
-addopts=`` (the ini's addopts were forwarded, filtered, above) and, last so that it wins over the
-user's ``-W error``, the filter for the one warning the fork server causes.
-
-How options are recognised: the walk below reads each argument with the controller's own argparse
-parser (:func:`_compat.argparse_parser`), which knows every option pytest, the plugins and the
-initial conftests added, with its ``dest`` and ``nargs``. So ``--opt=v``, ``--opt v``, ``-n2``,
-``-n 2`` and clusters such as ``-xvs`` read as argparse read them, and a conftest's option is
-forwarded with its value instead of its value being taken for a file. Re-parsing into a namespace
-would lose the order and the spelling; a hand-written list of flags would miss every option nobody
-listed.
+- before parsing, as arguments after the controller's (before its ``--``, if any): the plugin,
+  under the name the controller loaded it by (``-p distrank`` when the entry point loaded it, as
+  pytest refuses a second name for a registered plugin; ``-p pytest_distrank.plugin`` when a
+  checkout on PYTHONPATH did), after any ``-p no:distrank`` of the ini's ``addopts``; the
+  controller's rootdir and ini file, so that node ids match; ``-o log_file=`` (an ini
+  ``log_file`` would be truncated by every rank); ``--capture=no`` for the rank whose output is
+  shown live; and last, so that it wins over the user's ``-W error``, the filter for the one
+  warning the fork server causes;
+- right after parsing, before any plugin's ``pytest_configure`` (``workerinput.WorkerInput``,
+  where the rank gets ``config.workerinput``): ``config.args`` becomes the pool's files (the
+  controller's positional arguments chose its initial conftests, as in the controller, and
+  nothing else); :data:`NEUTRAL_OPTIONS` (selection, and what the controller owns); a basetemp per
+  rank; the controller's verbosity as an int (a conftest may set ``config.option.verbose =
+  True``); ``--continue-on-collection-errors``; the cache provider and stepwise blocked (a ``-p
+  no:cacheprovider`` before parsing would make ``--lf`` an unknown option);
+- every option of :data:`RESET_GROUPS` back to its default, both before the initial conftests load
+  (pytest-cov starts measuring there) and after parsing.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
-import re
 import shlex
-from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .. import _compat
+from .protocol import RankCommandLine
 
 #: The fork server imported the plugin before the rank's pytest session could mark it for
 #: assertion rewriting; that warning must not become an error under filterwarnings=error or -W
@@ -52,79 +49,61 @@ REWRITE_WARNING_FILTER = (
     "ignore:Module already imported so cannot be rewritten:pytest.PytestAssertRewriteWarning"
 )
 
-#: Options (by ``dest``) dropped from the controller's command line, with their values.
-STRIPPED_DESTS = frozenset(
-    {
-        # Selection: the controller selected; a rank serves the node ids it planned.
-        "keyword", "markexpr", "deselect", "ignore", "ignore_glob", "pyargs",
-        "lf", "failedfirst", "newfirst", "last_failed_no_failures",
-        "stepwise", "stepwise_skip", "stepwise_reset",
-        # What a rank owns (the controller decides, reports, debugs), sets itself or must not do.
-        "maxfail", "xmlpath", "junitprefix", "usepdb", "usepdb_cls", "trace",
-        "cacheshow", "cacheclear", "basetemp", "rootdir", "inifilename", "verbose",
-        "continue_on_collection_errors", "debug", "log_file", "pastebin", "session_timeout",
-        # Modes that run no test: the controller runs none in them either.
-        "collectonly", "help", "version", "markers", "showfixtures", "show_fixtures_per_test",
-    }
-)  # fmt: skip
+#: pytest's own options (by ``dest``) that must not act in a rank, with the value that makes each
+#: inert (pytest's default).
+NEUTRAL_OPTIONS: dict[str, Any] = {
+    # Selection: the controller selected; a rank collects its pool's files and serves the node
+    # ids the controller planned.
+    "keyword": "", "markexpr": "", "deselect": None, "ignore": None, "ignore_glob": None,
+    "pyargs": False, "lf": False, "failedfirst": False, "newfirst": False,
+    "last_failed_no_failures": "all",
+    "stepwise": False, "stepwise_skip": False, "stepwise_reset": False,
+    # What the controller owns (it decides, reports and debugs) or a rank must not do.
+    "maxfail": 0, "xmlpath": None, "junitprefix": None,
+    "usepdb": False, "usepdb_cls": None, "trace": False,
+    "cacheshow": None, "cacheclear": False, "debug": None, "log_file": None, "pastebin": None,
+    "session_timeout": None,
+    # Modes that run no test: the controller runs none in them either.
+    "collectonly": False, "help": False, "version": 0, "markers": False,
+    "showfixtures": False, "show_fixtures_per_test": False,
+}  # fmt: skip
 #: Option groups (``parser.getgroup`` names) of plugins whose work the controller does for its
-#: ranks: pytest-xdist, pytest-cov, pytest-rerunfailures, and this plugin's own ``--distrank-*``.
-STRIPPED_GROUPS = frozenset({"xdist", "cov", "rerunfailures", "distrank"})
+#: ranks: pytest-xdist, pytest-cov (worker/main.py measures ranks itself), pytest-rerunfailures
+#: (the controller reruns) and this plugin's own ``--distrank-*``.
+RESET_GROUPS = ("xdist", "cov", "rerunfailures", "distrank")
+#: No cache provider in ranks (no ``.pytest_cache`` reads or writes); stepwise needs it, as
+#: pytest's own ``-p no:cacheprovider`` knows.
+BLOCKED_PLUGINS = ("cacheprovider", "stepwise")
 
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
-
-def rank_pytest_args(config: pytest.Config, files: list[str], basetemp: Path) -> list[str]:
-    """Arguments for ``pytest.main`` in a rank that serves tests from ``files``."""
-    plugin_name = _plugin_name(config)
-    args = [*files, "-p", plugin_name, "-p", "no:cacheprovider"]
-    args += [f"--rootdir={config.rootpath}", f"--basetemp={basetemp}"]
+def rank_command_line(
+    config: pytest.Config, basetemp: Path, *, live: bool = False
+) -> RankCommandLine:
+    """One rank's command line; ``live``: its output is shown as it comes (``--capture=no``)."""
+    own = ["-p", _plugin_name(config), f"--rootdir={config.rootpath}"]
     if config.inipath is not None:
-        args.append(f"-c={config.inipath}")
-    args += forwarded_args(config, skip_plugins={plugin_name})
-    args += [
-        "--continue-on-collection-errors",
-        # The rank renders its failures: it must do so as verbosely as the controller does.
-        f"--verbosity={_as_int(getattr(config.option, 'verbose', 0))}",
-        "-o",
-        "addopts=",
-        "-o",
-        "log_file=",  # an ini log_file would be truncated and rewritten by every rank
-        "-W",
-        REWRITE_WARNING_FILTER,
-    ]
-    return args
-
-
-def forwarded_args(
-    config: pytest.Config, skip_plugins: set[str] | frozenset[str] = frozenset()
-) -> list[str]:
-    """The controller's options as pytest read them (ini ``addopts``, ``PYTEST_ADDOPTS``, the
-    command line), less positional arguments and what a rank must not take (see the module)."""
-    parser = _compat.argparse_parser(config)
-    actions = _compat.option_actions(parser)
-    stripped = set(STRIPPED_DESTS)
-    for group in _compat.option_groups(config):
-        if group.name in STRIPPED_GROUPS:
-            stripped.update(option.dest for option in group.options)
-    given = [str(a) for a in config.getini("addopts")]
-    given += shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
+        own.append(f"-c={config.inipath}")
+    own += ["-o", "log_file="]
+    if live:
+        own.append("--capture=no")
+    own += ["-W", REWRITE_WARNING_FILTER]
+    given = shlex.split(os.environ.get("PYTEST_ADDOPTS", ""))
     given += [os.fspath(a) for a in config.invocation_params.args]
-    given = _expand_arg_files(given, parser, config.invocation_params.dir)
-    out: list[str] = []
-    for action, spelling, values in _walk(given, actions):
-        if action is None:  # positional: a file, folder or node id of the controller's
-            continue
-        if action.dest in stripped:
-            continue
-        if action.dest == "plugins" and values:
-            name = values[0].strip()
-            if name in skip_plugins or name.removeprefix("no:") in skip_plugins:
-                continue  # the rank loads the plugin itself (a "no:" of it came before the -p)
-        if action.dest == "override_ini" and values and values[0].split("=", 1)[0] == "addopts":
-            continue
-        out += _spell(action, spelling, values)
-    return out
+    end = given.index("--") if "--" in given else len(given)  # what follows is positional
+    options = dict(NEUTRAL_OPTIONS)
+    options.update(
+        basetemp=str(basetemp),
+        # The rank renders its failures: it must do so as verbosely as the controller does.
+        verbose=_as_int(getattr(config.option, "verbose", 0)),
+        continue_on_collection_errors=True,
+    )
+    return RankCommandLine(
+        args=(*given[:end], *own, *given[end:]),
+        invocation_dir=str(config.invocation_params.dir),
+        options=options,
+        reset_groups=RESET_GROUPS,
+        blocked_plugins=BLOCKED_PLUGINS,
+    )
 
 
 def _plugin_name(config: pytest.Config) -> str:
@@ -137,89 +116,6 @@ def _plugin_name(config: pytest.Config) -> str:
     from .. import plugin
 
     return config.pluginmanager.get_name(plugin) or "distrank"
-
-
-def _expand_arg_files(args: list[str], parser: argparse.ArgumentParser, base: Path) -> list[str]:
-    """Expand ``@file`` arguments as pytest's parser does (``fromfile_prefix_chars``)."""
-    prefixes = parser.fromfile_prefix_chars or ""
-    out: list[str] = []
-    for arg in args:
-        if arg[:1] and arg[0] in prefixes:
-            text = (base / arg[1:]).read_text()
-            lines = [a for line in text.splitlines() for a in parser.convert_arg_line_to_args(line)]
-            out += _expand_arg_files(lines, parser, base)
-        else:
-            out.append(arg)
-    return out
-
-
-def _is_option(arg: str, actions: dict[str, argparse.Action]) -> bool:
-    """Whether argparse takes ``arg`` for an option rather than a value or a positional."""
-    if len(arg) < 2 or arg[0] != "-":
-        return False
-    name = arg.split("=", 1)[0]
-    if arg in actions or name in actions or arg[:2] in actions:
-        return True
-    return not _NEGATIVE_NUMBER.match(arg) and " " not in arg
-
-
-def _walk(
-    args: Sequence[str], actions: dict[str, argparse.Action]
-) -> Iterator[tuple[argparse.Action | None, str, list[str]]]:
-    """Yield ``(action, spelling, values)`` per option of ``args``; ``(None, arg, [])`` for a
-    positional argument and for an option the parser does not know."""
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        i += 1
-        if arg == "--":  # the rest is positional
-            return
-        if not _is_option(arg, actions):
-            yield None, arg, []
-            continue
-        name, eq, attached = arg.partition("=")
-        if arg in actions:
-            name, eq, attached = arg, "", ""
-        if name in actions or name.startswith("--"):
-            cluster = [(actions.get(name), name, attached if eq else None)]
-        else:  # short options: -n2, -xvs, -vn 2
-            cluster, rest = [], arg[1:]
-            while rest:
-                action = actions.get("-" + rest[0])
-                if action is None or action.nargs != 0:
-                    cluster.append((action, "-" + rest[0], rest[1:].removeprefix("=") or None))
-                    break
-                cluster.append((action, "-" + rest[0], None))
-                rest = rest[1:]
-        for action, spelling, value in cluster:
-            if action is None:
-                yield None, arg, []
-                break
-            values = [] if value is None else [value]
-            # Exactly one or N values: the controller's parse succeeded, so they follow. "?",
-            # "*", "+": as many as follow that do not read as options.
-            exact = action.nargs is None or isinstance(action.nargs, int)
-            limit = 1 if action.nargs in (None, "?") else action.nargs
-            limit = limit if isinstance(limit, int) else len(args)
-            while value is None and i < len(args) and len(values) < limit and args[i] != "--":
-                if not exact and _is_option(args[i], actions):
-                    break
-                values.append(args[i])
-                i += 1
-            yield action, spelling, values
-
-
-def _spell(action: argparse.Action, spelling: str, values: list[str]) -> list[str]:
-    """The option as a rank reads it; ``--opt=v`` where a value could pass for an option."""
-    if len(values) != 1:
-        return [spelling, *values]
-    value = values[0]
-    if spelling.startswith("--"):
-        return [f"{spelling}={value}"]
-    if not value.startswith("-"):
-        return [spelling, value]
-    longs = [s for s in action.option_strings if s.startswith("--")]
-    return [f"{longs[0]}={value}"] if longs else [spelling + value]
 
 
 def _as_int(value: Any) -> int:

@@ -31,7 +31,7 @@ from .. import _compat
 from ..planning.gpuplan import share_env
 from ..settings import PRELOAD as PRELOAD_OPTION
 from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
-from .cmdline import coverage_settings, rank_pytest_args
+from .cmdline import coverage_settings, rank_command_line
 from .debugrelay import DebugTerminal
 from .forkserver import stop as stop_server
 from .forkserver import use_socket_folder
@@ -256,11 +256,12 @@ class PoolSet:
                 init_process_group=key.init_process_group,
                 pool_id=pool_id,
                 store_path=str(workdir / f"pool{pool_id}.store"),
-                pytest_args=tuple(
-                    rank_pytest_args(self.config, files, workdir / f"pool{pool_id}-rank{rank}-tmp")
-                )
-                # The debug rank writes straight to its log, which the controller shows live.
-                + (("--capture=no",) if rank == debug.live_rank else ()),
+                cmdline=rank_command_line(
+                    self.config,
+                    workdir / f"pool{pool_id}-rank{rank}-tmp",
+                    # The debug rank writes straight to its log, which the controller shows live.
+                    live=rank == debug.live_rank,
+                ),
                 env=env,
                 log_path=str(workdir / f"pool{pool_id}-rank{rank}.log"),
                 nodeids=tuple(nodeids),

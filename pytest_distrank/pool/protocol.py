@@ -59,7 +59,8 @@ class RankConfig:
     pool_id: int
     #: The pool's rendezvous: a FileStore in the controller's private folder (no port guessing).
     store_path: str
-    pytest_args: tuple[str, ...]
+    #: What the rank's own pytest session parses, and sets after parsing (cmdline.py).
+    cmdline: RankCommandLine
     env: dict[str, str]
     log_path: str
     nodeids: tuple[str, ...]
@@ -86,6 +87,27 @@ class RankConfig:
     #: The rank's ``config.workerinput``, pytest-xdist's channel for plugins' values (JSON data;
     #: workerinput.py).
     workerinput: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class RankCommandLine:
+    """A rank's pytest command line: the controller's own, parsed again by the rank, and what the
+    rank owns, set where pytest reads it (built by ``cmdline.rank_command_line``, applied by
+    ``workerinput.WorkerInput``)."""
+
+    #: ``pytest.main``'s arguments: the controller's ``PYTEST_ADDOPTS`` and invocation arguments,
+    #: with the rank's own options after them (before a ``--``).
+    args: tuple[str, ...]
+    #: The controller's invocation folder: the rank's pytest starts there, so that relative paths
+    #: and ``@file`` arguments mean what they meant to the controller.
+    invocation_dir: str
+    #: ``config.option`` values set right after parsing, before any ``pytest_configure``.
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: Option groups (``parser.getgroup`` names) whose every option is set back to its default,
+    #: before the initial conftests load (pytest-cov starts measuring there) and after parsing.
+    reset_groups: tuple[str, ...] = ()
+    #: Plugins blocked right after parsing: their options parse, they do nothing.
+    blocked_plugins: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

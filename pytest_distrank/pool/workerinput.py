@@ -2,7 +2,9 @@
 
 Runs in both processes of pool mode and imports neither side: the controller builds each rank's
 dict at every pool start (:class:`RankInputs`), the rank installs it before any plugin's
-``pytest_configure`` runs (:class:`WorkerInput`), where an xdist worker has it.
+``pytest_configure`` runs (:class:`WorkerInput`), where an xdist worker has it. There, too, the
+rank sets what it owns of its command line (``cmdline.py`` says what and why), as an xdist
+worker sets ``config.option`` values right after parsing the controller's arguments.
 
 A plugin that settles a value at configure time (pytest-randomly's seed) would settle it again,
 differently, in every rank. Under pytest-xdist the controller hands such values to its workers:
@@ -33,13 +35,14 @@ import dataclasses
 import json
 import sys
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .._compat import PYTEST_COV_PLUGIN
+from .protocol import RankCommandLine
 
 #: Plugins (by registered name) whose ``pytest_configure_node`` is not called for ranks.
 SKIPPED_NODE_HOOKS = frozenset({PYTEST_COV_PLUGIN})  # pytest-cov: cmdline.coverage_settings
@@ -182,17 +185,57 @@ class RankInputs:
 
 
 class WorkerInput:
-    """Rank side: ``config.workerinput`` (and an empty ``config.workeroutput``) right after the
-    command line is parsed, before any plugin's ``pytest_configure``, as xdist's worker sets
-    them."""
+    """Rank side: what a pytest-xdist worker does between parsing its command line and running
+    its session (xdist's ``remote.py``: ``setup_config``, then ``config.workerinput``), before
+    any plugin's ``pytest_configure``: the options the rank owns (``cmdline``, a
+    :class:`~protocol.RankCommandLine`), ``config.args`` (the pool's ``files``),
+    ``config.workerinput`` and an empty ``config.workeroutput``."""
 
-    def __init__(self, workerinput: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        workerinput: dict[str, Any],
+        cmdline: RankCommandLine | None = None,
+        files: Sequence[str] = (),
+    ) -> None:
         self.workerinput = workerinput
+        self.cmdline = cmdline
+        self.files = list(files)
+        self.parser: pytest.Parser | None = None
 
     @pytest.hookimpl(wrapper=True)
+    def pytest_load_initial_conftests(
+        self, early_config: pytest.Config, parser: pytest.Parser
+    ) -> Generator[None, None, None]:
+        """Before any plugin's own (pytest-cov starts measuring in its tryfirst one)."""
+        self.parser = parser
+        self._reset_groups(early_config.known_args_namespace)
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True, trylast=True)
     def pytest_cmdline_parse(self) -> Generator[None, pytest.Config, pytest.Config]:
+        """Innermost: before other wrappers act on the parsed options (helpconfig's
+        ``--debug`` opens its file in its own)."""
         config = yield
+        if self.cmdline is not None:
+            self._reset_groups(config.option)
+            for dest, value in self.cmdline.options.items():
+                setattr(config.option, dest, value)
+            for name in self.cmdline.blocked_plugins:
+                config.pluginmanager.set_blocked(name)
+        if self.files:
+            config.args = list(self.files)
+            config.args_source = pytest.Config.ArgsSource.ARGS
         if self.workerinput:
             config.workerinput = dict(self.workerinput)  # type: ignore[attr-defined]
             config.workeroutput = {}  # type: ignore[attr-defined]
         return config
+
+    def _reset_groups(self, namespace: Any) -> None:
+        """Every option of the groups the rank must not act on, back to its default (as pytest
+        sets it before parsing: the last option of a ``dest`` gives its default)."""
+        if self.cmdline is None or self.parser is None:
+            return
+        for name in self.cmdline.reset_groups:
+            # getgroup adds an empty group where no plugin made one: it parses nothing.
+            for option in self.parser.getgroup(name).options:
+                setattr(namespace, option.dest, getattr(option, "default", None))

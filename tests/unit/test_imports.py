@@ -268,14 +268,12 @@ PRIVATE_SPELLINGS = (
     "._ensure_unconfigure",
     "._tw",
     "_tmp_path_factory",
-    "._parser",
     "_pyfuncitem",
     "_fixtureinfo",
     "_use_item_location",
     "_rewrite_test",
     # CPython
     "_forkserver",
-    "_option_string_actions",
     "_start_method",
     # torch
     "_rendezvous_handlers",

@@ -12,8 +12,9 @@ A rank process:
 1. detaches from the fork server (so it dies with the controller: the fork server's alive pipe would
    keep it up), moves into its own process group (Ctrl-C is the controller's to handle), sends its
    output to a per-rank log;
-2. runs its own pytest session over the files that hold its pool's tests, with arguments the
-   controller built (``-p distrank``, the controller's rootdir, ``-o addopts=`` ...);
+2. runs its own pytest session from the controller's invocation folder, over the controller's
+   own arguments (``cmdline.py``), then sets what the rank owns (``workerinput.WorkerInput``):
+   it collects the files that hold its pool's tests;
 3. after collection, connects to the controller's store once, initialises the process group once,
    calls ``pytest_distrank_rank_setup`` and says :class:`~protocol.Ready`;
 4. serves :class:`~protocol.RunTest` messages by running the test's real pytest protocol, and
@@ -94,22 +95,23 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.clear()
         os.environ.update(rank_env(cfg))
         os.environ.update(xdist_environ(cfg.workerinput))  # as in an xdist worker (workerinput.py)
+        os.chdir(cfg.cmdline.invocation_dir)  # relative paths in the arguments mean the same
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)
             _compat.share_rewritten_modules(cfg.rewritten)
         start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
         plugin.coverage = _start_coverage(cfg.coverage)
-        plugins = [plugin, WorkerInput(cfg.workerinput)]
+        plugins = [plugin, WorkerInput(cfg.workerinput, cfg.cmdline, cfg.files)]
         profile_dir = os.environ.get(PROFILE_ENV)
         if profile_dir:  # a developer's tool: where does a rank's time go?
             import cProfile
 
             profiler = cProfile.Profile()
-            exit_code = profiler.runcall(pytest.main, list(cfg.pytest_args), plugins=plugins)
+            exit_code = profiler.runcall(pytest.main, list(cfg.cmdline.args), plugins=plugins)
             profiler.dump_stats(os.path.join(profile_dir, f"pool{cfg.pool_id}-rank{cfg.rank}.prof"))
         else:
-            exit_code = pytest.main(list(cfg.pytest_args), plugins=plugins)
+            exit_code = pytest.main(list(cfg.cmdline.args), plugins=plugins)
         if not plugin.served:
             conn.send(Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3

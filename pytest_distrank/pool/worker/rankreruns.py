@@ -10,8 +10,8 @@ verdict on that failure, computed here by its own functions (through :mod:`_comp
 (:data:`VERDICT_ATTR`), which pytest's report serialization keeps. The controller takes the
 verdict of the root-cause rank.
 
-The filters' values come from the controller: a rank's command line leaves out
-pytest-rerunfailures' options (``cmdline.STRIPPED_GROUPS``), so the controller hands its
+The filters' values come from the controller: a rank sets pytest-rerunfailures' options back to
+their defaults after parsing (``cmdline.RESET_GROUPS``), so the controller hands its
 ``--only-rerun``/``--rerun-except`` values to the ranks it starts in :data:`FILTERS_ENV`
 (``reruns.filters_to_ranks``); ini values reach the rank through the ini file, as always.
 """
