@@ -1,7 +1,7 @@
 """Bounds on starting pools: a fork server whose preload hangs, a world size far beyond the cores.
 
-Runs in the outer pytest process; every case is an end-to-end ``pytest -p distrank`` run in a
-subprocess (``run_pytest``).
+Runs in the outer pytest process; the hanging preload is a session of its own (``run_pytest``),
+the crowded world size a case of the ``ERRORS`` session (tests/e2e/test_errors.py).
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, SharedSession
+from .test_errors import ERRORS
 
 
 def test_hanging_preload_fails_the_start_within_the_limit(
@@ -51,39 +52,16 @@ def test_hanging_preload_fails_the_start_within_the_limit(
     )
 
 
-#: Makes the pytest process believe the machine has 2 cores, whatever it has.
-TWO_CORES = """
-import os
-
-if "DISTRANK_RANK" not in os.environ:
-    os.cpu_count = lambda: 2
-"""
-
-
-def test_world_size_far_beyond_the_cores_is_noted(
-    pytester: pytest.Pytester, run_pytest: RunPytest
-) -> None:
-    pytester.makeconftest(TWO_CORES)
-    pytester.makepyfile(
-        test_crowd="""
-        import pytest
-
-        @pytest.mark.world_size(16)
-        def test_sixteen(rank):
-            pass
-
-        @pytest.mark.world_size(17)
-        def test_seventeen(rank):
-            pass
-        """
-    )
-    result = run_pytest()
-    result.assert_outcomes(passed=2)
-    result.stdout.fnmatch_lines(
+def test_world_size_far_beyond_the_cores_is_noted(shared_session: SharedSession) -> None:
+    """In the ERRORS session of tests/e2e/test_errors.py, whose controller believes the machine
+    has 1 core (8 ranks per core at most before the note; was 2 cores, world sizes 16 and 17)."""
+    errors = ERRORS.run(shared_session)
+    assert errors.outcomes("test_eight", "test_nine") == ["passed", "passed"]
+    errors.result.stdout.fnmatch_lines(
         [
             "*- distrank -*",
-            "world size 17 (test_crowd.py::test_seventeen) runs more than 8 ranks per CPU core "
-            "(2 cores): *",
+            "world size 9 (test_crowd.py::test_nine) runs more than 8 ranks per CPU core "
+            "(1 cores): *",
         ]
     )
-    assert "world size 16 (" not in result.stdout.str()
+    assert "world size 8 (" not in errors.text
