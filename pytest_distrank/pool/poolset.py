@@ -226,8 +226,9 @@ class PoolSet:
         tests = nodeids[0] + (f" and {len(nodeids) - 1} more" if len(nodeids) > 1 else "")
         self.notes.append(
             f"world size {key.world_size} ({tests}) runs more than {RANKS_PER_CORE} ranks per "
-            f"CPU core ({cores} cores): its ranks take turns on the cores, so its pool starts "
-            "slowly and its collectives may time out; lower the world size or use a bigger machine"
+            f"CPU core ({cores} {'core' if cores == 1 else 'cores'}): its ranks take turns on "
+            "the cores, so its pool starts slowly and its collectives may time out; lower the "
+            "world size or use a bigger machine"
         )
 
     def _start(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:

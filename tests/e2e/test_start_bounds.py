@@ -61,7 +61,7 @@ def test_world_size_far_beyond_the_cores_is_noted(shared_session: SharedSession)
         [
             "*- distrank -*",
             "world size 9 (test_crowd.py::test_nine) runs more than 8 ranks per CPU core "
-            "(1 cores): *",
+            "(1 core): *",
         ]
     )
     assert "world size 8 (" not in errors.text
