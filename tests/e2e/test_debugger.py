@@ -312,8 +312,9 @@ def test_a_debugger_stepping_out_of_its_test_lets_go_when_the_test_ends(
     before = sum(len(answers) for answers in PDB_ANSWERS.values()) - len(STEPS)
     steps = run.typed[before:]
     assert steps == STEPS[: len(steps)] and len(steps) < len(STEPS)  # never `c`
-    region = "\n".join(_region(run, "test_z_step_out.py::test_first"))
-    assert region.count(">>> PDB set_trace in rank 1/2") == 1
+    first = "\n".join(_region(run, "test_z_step_out.py::test_first"))
+    assert first.count(">>> PDB set_trace in rank 1/2") == 1
+    assert ">>> PDB" not in "\n".join(_region(run, "test_z_step_out.py::test_second"))
 
 
 def test_pdb_opens_in_the_failing_rank(pdb_session: TerminalRun) -> None:
@@ -559,7 +560,7 @@ def test_breakpoint_in_a_thread_of_the_test_says_why(slow_session: TerminalRun) 
     assert "in thread 'helper'; only the main thread of rank 0/2 reaches the controller's " in (
         section
     ), run.output
-    assert "(Pdb)" not in "\n".join(lines)
+    assert "(Pdb)" not in "\n".join(lines) and "(Pdb)" not in section
 
 
 def test_breakpoint_follows_pythonbreakpoint_in_ranks(pdb_no_terminal: pytest.RunResult) -> None:

@@ -151,9 +151,10 @@ def _writer(name: str, files: dict[str, str]) -> Any:
 
 @pytest.fixture
 def ecosystem(shared_session: SharedSession) -> pytest.RunResult:
-    """Plugin values (``SETTLED``), a worker's order of tests and per-rank skips. No coverage:
-    the order's own ``pytest_runtestloop`` ends before the pools (and the ranks' coverage data)
-    do."""
+    """Plugin values (``SETTLED``), a worker's order of tests and per-rank skips. No coverage
+    here: test_train's peer is killed after the grace, and a pool killed after a fault loses
+    the coverage its ranks gathered for earlier tests (found here; lines test_pick ran were
+    reported missing)."""
     files = {
         "conftest.py": SETTLED + "\npytest_plugins = ['worker_order']\n",
         "worker_order.py": WORKER_ORDER,
