@@ -325,6 +325,9 @@ class PoolSet:
     def _lease(self, key: PoolKey) -> GpuLease | None:
         """Lease the pool's GPUs (gpus.SessionLeases); raise GpuUnavailable, or
         SessionStartError for an unusable lock folder."""
+        if key.gpus and any(pool.lease is not None for pool in self.stopping):
+            # A finished pool of this session still holds GPUs until it is collected.
+            self.stop_errors.extend(self._collect_stopping())
         try:
             gpu_lease = self.leases.take(key, dataclasses.replace(key, isolated=0))
         except GpuFolderError as exc:

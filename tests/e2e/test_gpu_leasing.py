@@ -360,3 +360,27 @@ def planted_session(
     if planted is None:
         pytest.fail("the shared session of the outer devices and the planted files did not finish")
     return planted
+
+
+def test_a_finished_pools_gpus_go_to_the_next_pool_of_the_session(
+    pytester: pytest.Pytester, run_pytest: RunPytest, fake_gpus: Path
+) -> None:
+    """A pool whose last test ran is stopped lazily; it held its lease until then, so the next
+    pool that needed the same GPUs waited for its own session and was skipped naming its pid."""
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.requires_gpus(4)
+        @pytest.mark.world_size(1)
+        def test_one(rank):
+            pass
+
+        @pytest.mark.requires_gpus(4)
+        @pytest.mark.world_size(2)
+        def test_two(rank):
+            pass
+        """
+    )
+    result = run_pytest("-rs", "--distrank-gpu-wait=3")
+    result.assert_outcomes(passed=2)
