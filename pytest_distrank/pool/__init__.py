@@ -4,7 +4,8 @@ The processes of pool mode and the modules that run in each:
 
 - **The controller** (the pytest process the user started), the modules here: ``controller``
   (the pytest hooks: plan, dispatch, rerun loop, replay of merged reports), ``poolset`` (pools by
-  key, the fork server), ``forkserver`` (its socket folder and its end), ``preloads`` (what it
+  key, the fork server), ``stats`` (the numbers of the summary and ``DISTRANK_STATS_FILE``),
+  ``forkserver`` (its socket folder and its end), ``preloads`` (what it
   imports), ``pool`` (one pool: start, run one test, stop), ``poolkey`` (what makes pools
   incompatible), ``attempt`` (one test on one pool: its evidence and its end), ``probes`` (a
   rank's stacks and flight records, asked by signal), ``ownreports`` (reports it builds itself),

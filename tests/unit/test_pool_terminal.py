@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from pytest_distrank.planning.gpuplan import STRICT
 from pytest_distrank.pool.controller import Controller
-from pytest_distrank.pool.poolset import PoolStart, Stats
+from pytest_distrank.pool.stats import PoolStart, Stats
 from pytest_distrank.pool.terminal import header_line, summary_lines
 from pytest_distrank.settings import Value
 
