@@ -124,6 +124,7 @@ def in_terminal(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> I
     """Run ``pytest -p distrank ARGS`` under a pseudo-terminal; no process may outlive it."""
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG_ENV, tag)
+    monkeypatch.setenv(TEST_WAITS_ENV, "1")  # as run_pytest
     basetemp = pytester.path / "basetemp"
 
     def run(args: list[str], answers: list[str], pause: float = 0.0) -> TerminalRun:

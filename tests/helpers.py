@@ -8,8 +8,9 @@ environment variable that its fork server and ranks inherit.
 This module holds what those checks share: the tag's variable (``TAG_ENV``), the bound on one
 inner run (``RUN_TIMEOUT``), the search for tagged processes (``tagged_pids``, ``wait_gone``) and
 the type of the ``run_pytest`` fixture (``RunPytest``), and ``run_in_terminal``, which runs
-pytest under a pseudo-terminal and types answers at its debugger prompts. The fixtures
-themselves are in ``conftest.py``.
+pytest under a pseudo-terminal and types answers at its debugger prompts, and
+``failure_section``, one report section of a session's output. The fixtures themselves are in
+``conftest.py``.
 """
 
 from __future__ import annotations
@@ -152,3 +153,18 @@ def run_in_terminal(
 
 #: The ``in_terminal`` fixture: ``in_terminal(ARGS, answers, pause=0.0) -> TerminalRun``.
 InTerminal = Callable[..., TerminalRun]
+
+
+def failure_section(lines: list[str], title: str) -> pytest.LineMatcher:
+    """The lines of the report section ``____ title ____`` (a failure's, an error's) in the
+    output ``lines`` of a session."""
+    start = next(
+        (i for i, line in enumerate(lines) if line.strip("_ ") == title and line[:1] == "_"),
+        None,
+    )
+    assert start is not None, f"no section {title!r} in:\n" + "\n".join(lines)
+    end = next(
+        (i for i in range(start + 1, len(lines)) if lines[i].startswith(("____", "===="))),
+        len(lines),
+    )
+    return pytest.LineMatcher(lines[start:end])

@@ -24,8 +24,7 @@ import pytest
 
 from pytest_distrank.settings import TEST_WAITS_ENV
 
-from ..helpers import CTRL_C, InTerminal, SharedSession, TerminalRun
-from .test_existing_suites import failure_section
+from ..helpers import CTRL_C, InTerminal, SharedSession, TerminalRun, failure_section
 
 BREAKPOINT_IN_RANK_1 = """
     import pytest

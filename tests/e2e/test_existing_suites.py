@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest, SharedSession
+from ..helpers import RunPytest, SharedSession, failure_section
 
 #: A two-rank MultiProcessTestCase over a FileStore, as PyTorch's c10d tests write it, and
 #: ``note(test)``: the file ``pool-<Class>.<method>-<rank>`` holds the pool and pid that ran it.
@@ -345,21 +345,6 @@ def _pools(test: str) -> list[tuple[str, str]]:
     """``(pool, pid)`` of each rank (rank 0 first) that ran ``Class.method`` (its notes)."""
     notes = [(_FOLDERS["suites"] / f"pool-{test}-{rank}").read_text() for rank in (0, 1)]
     return [(pool, pid) for pool, pid in (note.split() for note in notes)]
-
-
-def failure_section(lines: list[str], title: str) -> pytest.LineMatcher:
-    """The lines of the report section ``____ title ____`` (a failure's, an error's) in the
-    output ``lines`` of a session."""
-    start = next(
-        (i for i, line in enumerate(lines) if line.strip("_ ") == title and line[:1] == "_"),
-        None,
-    )
-    assert start is not None, f"no section {title!r} in:\n" + "\n".join(lines)
-    end = next(
-        (i for i in range(start + 1, len(lines)) if lines[i].startswith(("____", "===="))),
-        len(lines),
-    )
-    return pytest.LineMatcher(lines[start:end])
 
 
 def test_a_file_store_test_case_runs_on_one_warm_pool(suites: pytest.RunResult) -> None:

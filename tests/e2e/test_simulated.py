@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest, SharedSession
-from .test_existing_suites import failure_section
+from ..helpers import RunPytest, SharedSession, failure_section
 
 #: A DTensor test with a numeric result: run for real at ws4 and in local mode at ws4 and ws64.
 DTENSOR_TEST = """
