@@ -783,10 +783,11 @@ def test_c_never_runs(rank):
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
 
 
-def _default_sigint() -> None:
-    """In the child, before exec: SIGINT at its default and unblocked."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+def _terminal_signals() -> None:
+    """In the child, before exec: SIGINT and SIGHUP at their defaults and unblocked."""
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
 
 
 def _fork_servers(pids: list[int]) -> list[int]:
@@ -826,9 +827,10 @@ def test_controller_signals_leave_nothing_behind(pytester: pytest.Pytester) -> N
                     env=env,
                     stdout=out,
                     stderr=subprocess.STDOUT,
-                    # A CI job started without job control inherits SIGINT ignored, and Python
-                    # keeps it ignored: give pytest the SIGINT a terminal session has.
-                    preexec_fn=_default_sigint,
+                    # A CI job started without job control inherits SIGINT ignored (and one
+                    # under nohup SIGHUP), which Python and the plugin leave so: give pytest the
+                    # signals a terminal session has.
+                    preexec_fn=_terminal_signals,
                 )
             runs[sig] = (case, tag, proc)
         end = time.monotonic() + 150
