@@ -113,6 +113,29 @@ def rerun_condition(plugin: Any, item: pytest.Item, excinfo: Any) -> bool | None
 RERUNFAILURES_PLUGIN = "rerunfailures"
 
 
+def keep_rerun_counts_out_of_ranks() -> None:
+    """In a rank, before plugins configure: pytest-rerunfailures' status client
+    (``ClientStatusDB``, with which xdist workers keep rerun counts in the controller's server)
+    becomes its no-op ``StatusDB``. The controller decides a distributed test's reruns and keeps
+    the suite's counts itself; a client per rank process left the server a socket per rank, and
+    in 14.x a thread spinning on each closed connection. Without those names, nothing changes."""
+    module = sys.modules.get(RERUNFAILURES_MODULE)
+    if module is None:
+        try:
+            module = __import__(RERUNFAILURES_MODULE)
+        except ImportError:
+            return
+    no_op = getattr(module, "StatusDB", None)
+    if not isinstance(no_op, type) or not hasattr(module, "ClientStatusDB"):
+        return
+
+    class RankStatusDB(no_op):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__()
+
+    setattr(module, "ClientStatusDB", RankStatusDB)  # noqa: B010
+
+
 def rerunfailures_plugin(config: pytest.Config) -> Any | None:
     """The rerunfailures plugin this session registered, or None."""
     return config.pluginmanager.get_plugin(RERUNFAILURES_PLUGIN)

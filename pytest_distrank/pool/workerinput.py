@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 
+from .. import _compat
 from .._compat import PYTEST_COV_PLUGIN
 from .protocol import RankCommandLine
 
@@ -216,6 +217,7 @@ class WorkerInput:
         """Innermost: before other wrappers act on the parsed options (helpconfig's
         ``--debug`` opens its file in its own)."""
         config = yield
+        _compat.keep_rerun_counts_out_of_ranks()  # the controller counts reruns
         if self.cmdline is not None:
             self._reset_groups(config.option)
             for dest, value in self.cmdline.options.items():

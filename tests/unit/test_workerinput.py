@@ -9,6 +9,7 @@ from typing import Any, cast
 import pluggy
 import pytest
 
+from pytest_distrank import _compat
 from pytest_distrank.pool.workerinput import RankInputs, rank_worker_id, xdist_environ
 
 hookspec = pluggy.HookspecMarker("pytest")
@@ -113,3 +114,13 @@ def test_xdist_environment_follows_the_workerinput() -> None:
         "PYTEST_XDIST_WORKER_COUNT": "3",
     }
     assert xdist_environ({}) == {}
+
+
+def test_ranks_keep_no_rerun_counts_of_their_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's pytest-rerunfailures gets its no-op status db instead of a client of the
+    controller's server (a socket per rank process, never closed in 14.x)."""
+    rerunfailures = pytest.importorskip("pytest_rerunfailures")
+    monkeypatch.setattr(rerunfailures, "ClientStatusDB", rerunfailures.ClientStatusDB)
+    _compat.keep_rerun_counts_out_of_ranks()
+    db = rerunfailures.ClientStatusDB(1, "token")  # port 1: a real client would fail to connect
+    assert isinstance(db, rerunfailures.StatusDB) and not hasattr(db, "sock")
