@@ -300,7 +300,16 @@ def test_junitxml_one_testcase_per_test(outcomes: pytest.RunResult, junit: ET.El
     suite = junit.find("testsuite")
     assert suite is not None
     everything = list(junit.iter("testcase"))
-    assert suite.get("tests") == str(len(everything)) == "24"
+    assert len(everything) == 24
+    # pytest 8.0 counts a teardown error (here a controller-side module fixture's) once more in
+    # the suite's "tests"; later versions count testcases. Never one per rank either way.
+    teardown_errors = sum(
+        1
+        for case in everything
+        for error in case.findall("error")
+        if "teardown" in error.get("message", "")
+    )
+    assert int(suite.get("tests", "0")) in (len(everything), len(everything) + teardown_errors)
     failures = [c for c in everything if c.find("failure") is not None]
     assert suite.get("failures") == str(len(failures)) == "7"
     failure = cases["test_bad"].find("failure")
