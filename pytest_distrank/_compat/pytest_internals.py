@@ -90,6 +90,14 @@ def getbasetemp(config: pytest.Config) -> Path | None:
     return factory.getbasetemp() if factory is not None else None
 
 
+def rank_cache(config: pytest.Config) -> None:
+    """``config.cache`` in a rank, where cacheprovider itself is blocked (its last-failed and
+    stepwise writes are the controller's): the ``cache`` fixture reads and writes the project's
+    cache as an xdist worker's does (``Cache.for_config`` is pytest's own constructor, private by
+    its ``_ispytest`` flag; without it the fixture fails with AttributeError, as it did)."""
+    config.cache = pytest.Cache.for_config(config, _ispytest=True)
+
+
 def user_temp_root(config: pytest.Config) -> Path:
     """pytest's ``pytest-of-<user>`` folder, made and checked by pytest's own ``getbasetemp``:
     refused (OSError, pytest's message) when another user owns it or it is a link, made 0700 and

@@ -224,6 +224,8 @@ class WorkerInput:
                 setattr(config.option, dest, value)
             for name in self.cmdline.blocked_plugins:
                 config.pluginmanager.set_blocked(name)
+            if "cacheprovider" in self.cmdline.blocked_plugins:
+                _compat.rank_cache(config)  # the cache fixture still works in ranks
         if self.files:
             config.args = list(self.files)
             config.args_source = pytest.Config.ArgsSource.ARGS

@@ -54,6 +54,14 @@ CMDLINE = {
             print(f"rank {rank}: scale={scale} tag={tag} sum={seen.item()}")
             assert (scale, tag, seen.item()) == (3, "blue", 6.0), f"rank {rank}"
         """,
+    "test_cache.py": """
+        import pytest
+
+        @pytest.mark.world_size(2)
+        def test_cache(rank, cache):
+            cache.set(f"distrank/rank{rank}", rank)
+            assert cache.get(f"distrank/rank{rank}", None) == rank
+        """,
     "test_talk.py": """
         import sys, pytest
 
@@ -108,7 +116,15 @@ def cmdline(shared_session: SharedSession) -> pytest.RunResult:
 
 
 def test_cmdline_session_totals(cmdline: pytest.RunResult) -> None:
-    cmdline.assert_outcomes(passed=4, failed=1)
+    cmdline.assert_outcomes(passed=5, failed=1)
+
+
+def test_the_cache_fixture_works_in_ranks(cmdline: pytest.RunResult) -> None:
+    """Ranks block pytest's cacheprovider (its last-failed writes are the controller's), yet
+    the cache fixture reads and writes the project's cache, as in a pytest-xdist worker."""
+    cmdline.stdout.fnmatch_lines(["*test_cache.py::test_cache PASSED*"])
+    values = _RAN_IN[0] / ".pytest_cache" / "v" / "distrank"
+    assert sorted(p.name for p in values.iterdir()) == ["rank0", "rank1"]
 
 
 def test_warnings_as_errors_on_the_command_line(cmdline: pytest.RunResult) -> None:
