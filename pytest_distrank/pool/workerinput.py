@@ -222,10 +222,12 @@ class WorkerInput:
             self._reset_groups(config.option)
             for dest, value in self.cmdline.options.items():
                 setattr(config.option, dest, value)
+            # The cache fixture still works in ranks, unless the user turned the cache off.
+            cache = config.pluginmanager.has_plugin("cacheprovider")
             for name in self.cmdline.blocked_plugins:
                 config.pluginmanager.set_blocked(name)
-            if "cacheprovider" in self.cmdline.blocked_plugins:
-                _compat.rank_cache(config)  # the cache fixture still works in ranks
+            if cache and "cacheprovider" in self.cmdline.blocked_plugins:
+                _compat.rank_cache(config)
         if self.files:
             config.args = list(self.files)
             config.args_source = pytest.Config.ArgsSource.ARGS

@@ -86,7 +86,9 @@ def _write(folder: Path) -> None:
 
 @pytest.fixture
 def logging_session(shared_session: SharedSession) -> pytest.RunResult:
-    return shared_session("logging", _write, "-v")
+    # The cache turned off, as many CI setups do: ranks must start without it (the cache fixture
+    # of ranks, test_rank_cmdline.py, must not assume it).
+    return shared_session("logging", _write, "-v", "-p", "no:cacheprovider")
 
 
 def test_log_capture_in_ranks(logging_session: pytest.RunResult) -> None:
@@ -110,3 +112,10 @@ def test_caplog_recovers_after_a_test_clears_a_loggers_handlers(
     logging_session.stdout.fnmatch_lines(
         ["*test_clears.py::test_a_clears*PASSED*", "*test_clears.py::test_b_still_captured*PASSED*"]
     )
+
+
+def test_pools_start_with_the_cache_turned_off(logging_session: pytest.RunResult) -> None:
+    """``-p no:cacheprovider``: no ``cache_dir`` ini in ranks, and no cache to make for them."""
+    assert "could not start the ranks" not in logging_session.stdout.str()
+    logging_session.stdout.fnmatch_lines(["*test_logs.py::test_caplog_sees_every_logger*PASSED*"])
+
