@@ -301,6 +301,7 @@ def unfinished_report(
         collateral=collateral,
         stop=wall,
         verdict=info.verdict,
+        in_test=pos.when in ("setup", "call") and pos == Position.in_phase(pos.when),
     )
 
 

@@ -37,6 +37,8 @@ _RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")
 NOTE_ATTR = "distrank_note"
 #: Attribute marking a synthesized report of a rank killed because another rank failed first.
 COLLATERAL_ATTR = "distrank_collateral"
+#: On a collateral report: whether the rank was killed inside the test's setup or call.
+IN_TEST_ATTR = "distrank_in_test"
 #: On a synthesized report: who is out of step, from the ranks' flight recorders (a hang's
 #: verdict, :mod:`collectives`); shown under the summary line.
 VERDICT_ATTR = "distrank_verdict"
@@ -57,8 +59,12 @@ def synthesized_failure(
     collateral: bool = False,
     stop: float = 0.0,
     verdict: str = "",
+    in_test: bool | None = None,
 ) -> TestReport:
     """A failed report for a rank that sent none (it crashed, hung or was killed).
+
+    ``in_test``: a killed rank was inside the test's setup or call (where it may have waited for
+    peers that skipped), or not (before its setup, in teardown); None where it is not known.
 
     ``message`` is the one-line crash message; ``details`` the text shown as its traceback
     (faulthandler output, last lines of the rank's log).
@@ -78,6 +84,8 @@ def synthesized_failure(
     )
     setattr(report, NOTE_ATTR, note)
     setattr(report, COLLATERAL_ATTR, collateral)
+    if in_test is not None:
+        setattr(report, IN_TEST_ATTR, in_test)
     if verdict:
         setattr(report, VERDICT_ATTR, verdict)
     return report
@@ -399,8 +407,11 @@ def waited_for_a_skip(per_rank: Mapping[int, Sequence[TestReport]]) -> list[int]
     if any(r.failed for r in own):
         return []
     skips = [r for r in own if r.skipped and not hasattr(r, "wasxfail") and not _subtest_key(r)]
-    if not skips or min(skips, key=lambda r: r.stop or 0.0).when != "setup":
-        return []
+    if not skips or any(r.when != "setup" for r in skips):
+        return []  # (no clock compared: launcher-mode ranks are other hosts' processes)
+    killed = [r for reports in per_rank.values() for r in reports if _collateral(r)]
+    if not all(getattr(r, IN_TEST_ATTR, True) for r in killed):
+        return []  # one was killed elsewhere (before its setup, in teardown): not the skip's
     return sorted(rank for rank, reports in per_rank.items() if any(map(_collateral, reports)))
 
 

@@ -259,3 +259,23 @@ def test_ranks_killed_after_a_skip_in_call_still_fail_the_test() -> None:
     setup_skip = [report("setup", "skipped", stop=2.0)]
     merged = merge_test({0: in_call, 1: setup_skip, 2: [_killed_waiting()]}, 3)
     assert any(r.failed for r in merged)
+
+
+def test_a_rank_killed_outside_the_test_is_not_excused_by_a_setup_skip() -> None:
+    """Only a rank killed inside the test's setup or call may have waited for the skipped peer;
+    one stuck before its setup or in its teardown is a failure of its own story."""
+    skipped = [report("setup", "skipped", stop=1.0), report("teardown", "passed", stop=1.1)]
+    for when, in_test in (("setup", False), ("teardown", False)):
+        killed = synthesized_failure(
+            "test_x.py::test_x",
+            LOCATION,
+            when,
+            "killed: rank 1 skipped first",
+            "tb",
+            note="killed",
+            collateral=True,
+            stop=3.0,
+            in_test=in_test,
+        )
+        merged = merge_test({0: [report("setup", "passed"), killed], 1: skipped}, 2)
+        assert any(r.failed for r in merged), when
