@@ -121,10 +121,7 @@ def keep_rerun_counts_out_of_ranks() -> None:
     in 14.x a thread spinning on each closed connection. Without those names, nothing changes."""
     module = sys.modules.get(RERUNFAILURES_MODULE)
     if module is None:
-        try:
-            module = __import__(RERUNFAILURES_MODULE)
-        except ImportError:
-            return
+        return  # not loaded (or blocked): nothing would connect
     no_op = getattr(module, "StatusDB", None)
     if not isinstance(no_op, type) or not hasattr(module, "ClientStatusDB"):
         return

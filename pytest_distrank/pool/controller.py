@@ -285,7 +285,8 @@ class Controller:
         self, item: pytest.Item, reports: Mapping[int, Sequence[TestReport]]
     ) -> Generator[None, list[TestReport] | None, list[TestReport] | None]:
         """Whatever merges them: each failed phase's root-cause rank decides on a rerun."""
-        reruns.keep_root_causes(item, reports)
+        if _compat.rerunfailures_plugin(item.config) is not None:
+            reruns.keep_root_causes(item, reports)
         return (yield)
 
     def _execute(

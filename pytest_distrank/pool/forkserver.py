@@ -29,6 +29,8 @@ from .. import _compat
 UNIX_PATH_MAX, LISTENER_NAME = 107, "/listener-xxxxxxxx"
 #: The folder's name in the session's folder.
 FOLDER_NAME = "pymp"
+#: The short folder made under /tmp, when one was (made once per process, not per pool start).
+_short = [""]
 
 
 def use_socket_folder(workdir: Path) -> None:
@@ -38,8 +40,8 @@ def use_socket_folder(workdir: Path) -> None:
 
     config = _compat.mp_process_config()
     current = config.get("tempdir")
-    if current and os.path.isdir(current) and Path(current).parent == workdir:
-        return  # this session's already (a restarted fork server)
+    if current and os.path.isdir(current) and current in (str(workdir / FOLDER_NAME), _short[0]):
+        return  # this session's already (every pool start asks)
     folder = workdir / FOLDER_NAME
     if len(os.fsencode(str(folder) + LISTENER_NAME)) <= UNIX_PATH_MAX:
         folder.mkdir(mode=0o700, exist_ok=True)
@@ -47,7 +49,7 @@ def use_socket_folder(workdir: Path) -> None:
         return
     short = tempfile.mkdtemp(prefix="distrank-mp-", dir="/tmp")
     util.Finalize(None, shutil.rmtree, args=(short, True), exitpriority=-100)
-    config["tempdir"] = short
+    config["tempdir"] = _short[0] = short
 
 
 def stop() -> None:

@@ -146,9 +146,8 @@ class PoolSet:
         the fork server's socket went with it, so a new server starts in the new folder."""
         if self._workdir is not None and not self._workdir.is_dir():
             self._workdir = None
-            if self._context is not None and self.settings.start_method.value == "forkserver":
-                self.stop_fork_server()
-                self._ready_fork_server = 0
+            self.stop_fork_server()  # (only a running fork server of this session)
+            self._ready_fork_server = 0
         return self.workdir
 
     @property

@@ -217,7 +217,8 @@ class WorkerPlugin:
             # Configured (its markers are known) but never called: the controller owns it.
             if config.pluginmanager.get_plugin(name) is not None:
                 config.pluginmanager.unregister(name=name)
-        config.pluginmanager.register(rankreruns.RankVerdicts(), "distrank-rerun-verdicts")
+        if _compat.rerunfailures_module(config) is not None:  # else no hook on every test
+            config.pluginmanager.register(rankreruns.RankVerdicts(), "distrank-rerun-verdicts")
         # The rank's own terminal report (progress letters, its session summary) goes to a file
         # beside the rank's log, so that the log holds only what the test itself wrote and
         # faulthandler's dumps: the excerpts shown for a crash stay readable.
