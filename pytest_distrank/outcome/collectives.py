@@ -33,6 +33,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from .merge import ranks_words
+
 #: torch's scalar type names, as the flight recorder writes them, in the words users write.
 DTYPES = {
     "Float": "float32",
@@ -282,12 +284,6 @@ def _ranks_by(at: Mapping[int, Call], key: Callable[[Call], str]) -> list[tuple[
     for rank in sorted(at):
         groups.setdefault(key(at[rank]), []).append(rank)
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-
-
-def ranks_words(ranks: Sequence[int]) -> str:
-    """``rank 2`` or ``ranks 2, 3``."""
-    names = ", ".join(str(r) for r in ranks)
-    return f"rank {names}" if len(ranks) == 1 else f"ranks {names}"
 
 
 def group_of_ranks(ranks: Sequence[int]) -> str:

@@ -288,7 +288,7 @@ def _same_failure_key(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not _ARGUMENT_LINE.match(line))
 
 
-def _ranks(ranks: Sequence[int]) -> str:
+def ranks_words(ranks: Sequence[int]) -> str:
     """``[1]`` -> ``rank 1``; ``[0, 2]`` -> ``ranks 0, 2``."""
     word = "rank" if len(ranks) == 1 else "ranks"
     return f"{word} {', '.join(str(r) for r in ranks)}"
@@ -309,9 +309,10 @@ def _skip(
         others = [rank for rank in range(world_size) if rank not in skipped_ranks]
         ran = _did_not(others, waited, len(skipped_ranks)) if others else ""
         if len(by_reason) == 1:
-            reason = f"skipped on {_ranks(skipped_ranks)} of {world_size}{ran}: {_short(template)}"
+            where = f"{ranks_words(skipped_ranks)} of {world_size}{ran}"
+            reason = f"skipped on {where}: {_short(template)}"
         else:
-            parts = "; ".join(f"{_ranks(rs)}: {why}" for why, rs in by_reason.items())
+            parts = "; ".join(f"{ranks_words(rs)}: {why}" for why, rs in by_reason.items())
             reason = f"skipped on {len(skipped)} of {world_size} ranks{ran}; {parts}"
     longrepr = template.longrepr
     if isinstance(longrepr, tuple):
@@ -322,12 +323,12 @@ def _skip(
 def _did_not(others: Sequence[int], waited: Sequence[int], skipped: int) -> str:
     """`` (rank 0 did not)``, and which of those ranks were stopped waiting for the skipped."""
     if not waited:
-        return f" ({_ranks(others)} did not)"
+        return f" ({ranks_words(others)} did not)"
     was = "was" if len(waited) == 1 else "were"
     stopped = f"{was} stopped while waiting for {'it' if skipped == 1 else 'them'}"
     if list(waited) == list(others):
-        return f" ({_ranks(others)} did not, and {stopped})"
-    return f" ({_ranks(others)} did not; {_ranks(waited)} {stopped})"
+        return f" ({ranks_words(others)} did not, and {stopped})"
+    return f" ({ranks_words(others)} did not; {ranks_words(waited)} {stopped})"
 
 
 def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestReport:
@@ -336,7 +337,8 @@ def _xfail(phase: Sequence[tuple[int, TestReport]], world_size: int) -> TestRepo
     report = _base(template, phase, world_size, "skipped", template.longrepr)
     if len(xfailed) < world_size:
         reason = getattr(template, "wasxfail", "")
-        report.wasxfail = f"[xfailed on {_ranks([r for r, _ in xfailed])} of {world_size}] {reason}"
+        where = ranks_words([r for r, _ in xfailed])
+        report.wasxfail = f"[xfailed on {where} of {world_size}] {reason}"
     return report
 
 

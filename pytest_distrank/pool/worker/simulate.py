@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from ... import _compat
-from ...outcome.collectives import group_of_ranks, ranks_words
+from ...outcome.collectives import group_of_ranks
+from ...outcome.merge import ranks_words
 from ...rank.context import RankContext
 
 #: Collectives that move no data: skipping one where the process's rank is not a member changes
