@@ -41,6 +41,7 @@ import pytest
 
 from .. import _compat
 from .protocol import RankCommandLine
+from .worker.rankreruns import FILTER_OPTIONS
 
 #: The fork server imported the plugin before the rank's pytest session could mark it for
 #: assertion rewriting; that warning must not become an error under filterwarnings=error or -W
@@ -97,6 +98,10 @@ def rank_command_line(
         verbose=_as_int(getattr(config.option, "verbose", 0)),
         continue_on_collection_errors=True,
     )
+    for name in FILTER_OPTIONS:  # rerunfailures' filters, judged in the rank that raised
+        value = getattr(config.option, name, None)
+        if value is not None:
+            options[name] = list(value)
     return RankCommandLine(
         args=(*given[:end], *own, *given[end:]),
         invocation_dir=str(config.invocation_params.dir),

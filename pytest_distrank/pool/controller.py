@@ -256,9 +256,8 @@ class Controller:
                 policy.begin()
             ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
             started, cpu = time.monotonic(), time.process_time()
-            with reruns.filters_to_ranks(self.config):
-                keep_pool = policy is not None and policy.may_rerun
-                reports = self._execute(item, nextitem, entry, keep_pool=keep_pool)
+            keep_pool = policy is not None and policy.may_rerun
+            reports = self._execute(item, nextitem, entry, keep_pool=keep_pool)
             self.stats.tests += first
             self.stats.test_seconds.append(time.monotonic() - started)
             rerun = False

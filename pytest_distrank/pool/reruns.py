@@ -20,12 +20,9 @@ decides for an ordinary test, each part where its inputs are:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import pytest
@@ -33,7 +30,7 @@ from pytest import TestReport
 
 from .. import _compat
 from ..outcome.merge import _root_cause
-from .worker.rankreruns import FILTER_OPTIONS, FILTERS_ENV, VERDICT_ATTR
+from .worker.rankreruns import VERDICT_ATTR
 
 #: What becomes of one report of an attempt: logged as it is, logged as a rerun, or not logged
 #: (a failed phase that did not match the condition while another did: rerunfailures shows the
@@ -114,32 +111,6 @@ def keep_root_causes(item: pytest.Item, per_rank: Mapping[int, Sequence[TestRepo
                 failed.setdefault(report.when, []).append((rank, report))
     if failed:
         item.stash[ROOT_CAUSES] = {when: _root_cause(f)[1] for when, f in failed.items()}
-
-
-@contextlib.contextmanager
-def filters_to_ranks(config: pytest.Config) -> Iterator[None]:
-    """The controller's ``--only-rerun``/``--rerun-except`` in :data:`FILTERS_ENV` while ranks
-    may start (a pool's ranks get the controller's environment, with the values they judge by).
-    Without such options (or rerunfailures) the variable is absent, also when this process
-    inherited one (a pytest run inside a rank); the environment is as it was afterwards."""
-    given = {name: getattr(config.option, name, None) for name in FILTER_OPTIONS}
-    value = json.dumps(given) if any(v is not None for v in given.values()) else None
-    before = os.environ.get(FILTERS_ENV)
-    if value == before:
-        yield
-        return
-    _set_env(FILTERS_ENV, value)
-    try:
-        yield
-    finally:
-        _set_env(FILTERS_ENV, before)
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 class Reruns:

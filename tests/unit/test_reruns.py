@@ -5,22 +5,20 @@ The end-to-end runs, with the verdicts made in the ranks, are in ``tests/e2e/tes
 
 from __future__ import annotations
 
-import json
-import os
+from pathlib import Path
 
 import pytest
 from pytest import TestReport
 
 from pytest_distrank.outcome.merge import COLLATERAL_ATTR
+from pytest_distrank.pool.cmdline import rank_command_line
 from pytest_distrank.pool.reruns import (
     ROOT_CAUSES,
     Judged,
     backoff_delay,
     decide,
-    filters_to_ranks,
     keep_root_causes,
 )
-from pytest_distrank.pool.worker.rankreruns import FILTERS_ENV
 
 PASSED = Judged("setup", failed=False), Judged("teardown", failed=False)
 
@@ -100,13 +98,10 @@ def test_the_root_cause_rank_of_each_failed_phase_is_kept(pytester: pytest.Pytes
     assert item.stash[ROOT_CAUSES] == {"call": first}
 
 
-def test_the_filters_reach_the_ranks_only_while_they_may_start(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+def test_the_filters_reach_the_ranks_among_the_options_they_own(
+    pytester: pytest.Pytester, tmp_path: Path
 ) -> None:
-    monkeypatch.setenv(FILTERS_ENV, "inherited")
-    with filters_to_ranks(pytester.parseconfig("-p", "rerunfailures", "--only-rerun=Boom")):
-        assert json.loads(os.environ[FILTERS_ENV]) == {"only_rerun": ["Boom"], "rerun_except": None}
-    assert os.environ[FILTERS_ENV] == "inherited"
-    with filters_to_ranks(pytester.parseconfig("-p", "rerunfailures")):
-        assert FILTERS_ENV not in os.environ
-    assert os.environ[FILTERS_ENV] == "inherited"
+    config = pytester.parseconfig("-p", "rerunfailures", "--only-rerun=Boom")
+    options = rank_command_line(config, tmp_path).options
+    assert options["only_rerun"] == ["Boom"] and "rerun_except" not in options
+    assert "only_rerun" not in rank_command_line(pytester.parseconfig(), tmp_path).options

@@ -11,15 +11,13 @@ verdict on that failure, computed here by its own functions (through :mod:`_comp
 verdict of the root-cause rank.
 
 The filters' values come from the controller: a rank sets pytest-rerunfailures' options back to
-their defaults after parsing (``cmdline.RESET_GROUPS``), so the controller hands its
-``--only-rerun``/``--rerun-except`` values to the ranks it starts in :data:`FILTERS_ENV`
-(``reruns.filters_to_ranks``); ini values reach the rank through the ini file, as always.
+their defaults after parsing (``cmdline.RESET_GROUPS``), then sets the controller's
+``--only-rerun``/``--rerun-except`` values among the options a rank owns
+(``cmdline.rank_command_line``); ini values reach the rank through the ini file, as always.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Generator
 from typing import Any
 
@@ -32,9 +30,6 @@ from ... import _compat
 #: ``flaky(condition=...)``) and, when the condition could not be evaluated, ``error`` (the
 #: message rerunfailures fails the session with).
 VERDICT_ATTR = "distrank_rerun_verdict"
-#: Environment variable of the ranks: the controller's ``--only-rerun`` and ``--rerun-except``
-#: values, as JSON (``{"only_rerun": [...] or null, "rerun_except": ...}``).
-FILTERS_ENV = "DISTRANK_RERUN_FILTERS"
 #: pytest-rerunfailures' options (``dest``) that the rank's verdict reads from its config.
 FILTER_OPTIONS = ("only_rerun", "rerun_except")
 
@@ -60,12 +55,6 @@ class RankVerdicts:
 
     def pytest_configure(self, config: pytest.Config) -> None:
         self.plugin = _compat.rerunfailures_module(config)
-        if self.plugin is None:
-            return
-        given: dict[str, Any] = json.loads(os.environ.get(FILTERS_ENV) or "{}")
-        for name in FILTER_OPTIONS:
-            if given.get(name) is not None:
-                setattr(config.option, name, list(given[name]))
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
