@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .settings import parse_backend, parse_bytes
+from .parsing import parse_backend, parse_bytes
 
 #: Name of the hidden parameter that ``world_size(2, 4)`` parametrizes (ids ``ws2``, ``ws4``).
 WS_PARAM = "_distrank_world_size"

@@ -14,7 +14,16 @@ import pytest
 
 from . import __version__, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
-from .settings import OPTIONS, RANK_ENV, SUITES, WORLD_SIZE, Settings, resolve
+from .settings import (
+    LEFTOVERS_IGNORE_ENV,
+    LEFTOVERS_IGNORE_THREADS,
+    OPTIONS,
+    RANK_ENV,
+    SUITES,
+    WORLD_SIZE,
+    Settings,
+    resolve,
+)
 
 CONTROLLER_NAME = "distrank-controller"
 
@@ -34,6 +43,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         ISOLATE_INI,
         "Distributed tests that run on fresh rank processes of their own (node-id patterns, "
         "fnmatch style, one per line), like the distrank_isolate marker, without editing them.",
+        type="linelist",
+        default=[],
+    )
+    parser.addini(
+        LEFTOVERS_IGNORE_ENV,
+        "Environment variables (fnmatch patterns, one per line) that a distributed test may leave "
+        "changed in its warm ranks without being named (--distrank-leftovers).",
+        type="linelist",
+        default=[],
+    )
+    parser.addini(
+        LEFTOVERS_IGNORE_THREADS,
+        "Thread names (fnmatch patterns, one per line) that a distributed test may leave running "
+        "in its warm ranks without being named (--distrank-leftovers).",
         type="linelist",
         default=[],
     )

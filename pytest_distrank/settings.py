@@ -17,88 +17,22 @@ from typing import Any, Generic, TypeVar
 
 import pytest
 
+from .parsing import (
+    one_of,
+    parse_backend,
+    parse_bool,
+    parse_bytes,
+    parse_modules,
+    parse_order,
+    parse_path,
+    parse_positive_int,
+    parse_rank,
+    parse_seconds,
+    parse_seed,
+    parse_start_method,
+)
+
 T = TypeVar("T")
-
-BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
-START_METHODS = ("forkserver", "spawn")
-
-
-def parse_positive_int(text: str) -> int:
-    """A world size: a positive integer, spelled in decimal."""
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise ValueError("expected a positive integer") from None
-    if value < 1:
-        raise ValueError("expected a positive integer")
-    return value
-
-
-def parse_seconds(text: str) -> float:
-    """A duration in seconds; ``0`` means no limit."""
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError("expected a number of seconds (0 for none)") from None
-    if value < 0 or value != value:
-        raise ValueError("expected a number of seconds >= 0 (0 for none)")
-    return value
-
-
-def parse_backend(text: str) -> str:
-    """A ``torch.distributed`` backend name, or a ``device:backend,...`` mapping."""
-    value = text.strip()
-    parts = [p.split(":", 1)[-1] for p in value.split(",")] if ":" in value else [value]
-    unknown = [p for p in parts if p not in BACKENDS]
-    if unknown or not value:
-        raise ValueError(f"expected one of {', '.join(BACKENDS)}")
-    return value
-
-
-def one_of(choices: tuple[str, ...], lower: bool = False) -> Callable[[str], str]:
-    """A parser that accepts one of ``choices`` (case-insensitive with ``lower``)."""
-
-    def parse(text: str) -> str:
-        value = text.strip().lower() if lower else text.strip()
-        if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}")
-        return value
-
-    return parse
-
-
-parse_start_method = one_of(START_METHODS)
-
-
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
-_UNITS["gib"] = 2**30
-
-
-def parse_bytes(text: str) -> int:
-    """A size: ``512MiB``, ``1GiB``, ``2GB``, a number of bytes; ``0`` for none."""
-    import re
-
-    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = found.group(2).lower() if found else ""
-    if found is None or unit not in _UNITS:
-        raise ValueError("expected a size such as 512MiB, 1GiB or 0 (for none)")
-    return int(float(found.group(1)) * _UNITS[unit])
-
-
-def size_words(n: int) -> str:
-    """Bytes in words: ``64 MiB``, ``1.5 GiB``."""
-    if n >= 2**30:
-        return f"{n / 2**30:.1f} GiB"
-    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected true or false")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,15 +107,6 @@ FAILURE_GRACE = Option(
     parse_seconds,
 )
 
-def parse_modules(text: str) -> tuple[str, ...]:
-    """Comma-separated dotted module names, e.g. ``torch._dynamo,mypkg.models``."""
-    names = tuple(part.strip() for part in text.split(",") if part.strip())
-    for name in names:
-        if not all(piece.isidentifier() for piece in name.split(".")):
-            raise ValueError(f"{name!r} is not a module name; expected e.g. torch._dynamo,mypkg")
-    return names
-
-
 PRELOAD = Option(
     "distrank_preload",
     "--distrank-preload",
@@ -192,14 +117,6 @@ PRELOAD = Option(
     "importing them itself. A module that fails to import is skipped silently.",
     parse_modules,
 )
-
-
-def parse_path(text: str) -> str:
-    """A folder; ``~`` is expanded. Empty means the default."""
-    value = os.path.expanduser(text.strip())
-    if not value:
-        raise ValueError("expected a folder path")
-    return value
 
 
 GPU_LOCK_DIR = Option(
@@ -291,20 +208,6 @@ SUITES = Option(
 )
 
 
-def parse_rank(text: str) -> int | None:
-    """A rank number (>= 0); empty for none."""
-    value = text.strip()
-    if not value:
-        return None
-    try:
-        rank = int(value)
-    except ValueError:
-        raise ValueError("expected a rank number (0, 1, ...)") from None
-    if rank < 0:
-        raise ValueError("expected a rank number (0, 1, ...)")
-    return rank
-
-
 DEBUG_RANK = Option(
     "distrank_debug_rank",
     "--distrank-debug-rank",
@@ -315,6 +218,65 @@ DEBUG_RANK = Option(
     "its pool starts (for py-spy or gdb). Ranks of every pool with that rank number.",
     parse_rank,
 )
+
+SEED = Option(
+    "distrank_seed",
+    "--distrank-seed",
+    "DISTRANK_SEED",
+    "random",
+    "Session seed of the random state each rank starts each distributed test from (torch, "
+    "random, numpy): a state that depends only on this seed, the test's node id and the rank, "
+    "so ranks draw different numbers, as separate processes would, and a test draws the same "
+    "ones whatever ran before it. 'random' (default) picks a new seed and prints it in the "
+    "header; N repeats a session's; 'off' leaves the random state alone.",
+    parse_seed,
+)
+LEFTOVERS = Option(
+    "distrank_leftovers",
+    "--distrank-leftovers",
+    "DISTRANK_LEFTOVERS",
+    "restore",
+    "What a distributed test leaves behind in its warm ranks (environment, working folder, "
+    "torch defaults and flags, threads, process groups, compile state): 'restore' (default) "
+    "restores what can be restored and names it in the summary, 'fail' also fails the test "
+    "with an error at teardown, 'off' does not look. What cannot be restored gives the next "
+    "test fresh ranks either way.",
+    one_of(("restore", "fail", "off"), lower=True),
+)
+REPLAY = Option(
+    "distrank_replay",
+    "--distrank-replay",
+    "DISTRANK_REPLAY",
+    "on",
+    "After the session's tests, replay each distributed test that failed in a pool that had "
+    "run other tests, on fresh ranks: alone, then after its pool's earlier tests, bisecting "
+    "them to the test that makes it fail (its polluter); verdicts go to a summary section of "
+    "their own and change no outcome (default: on; never under -x, --pdb or a launcher).",
+    parse_bool,
+)
+REPLAY_BUDGET = Option(
+    "distrank_replay_budget",
+    "--distrank-replay-budget",
+    "DISTRANK_REPLAY_BUDGET",
+    "300",
+    "Seconds the replays after the session may take, all together (default: 300; 0 for no "
+    "limit). A search cut short says how far it got.",
+    parse_seconds,
+)
+ORDER = Option(
+    "distrank_order",
+    "--distrank-order",
+    "DISTRANK_ORDER",
+    "collected",
+    "Order of the tests within each module, to find tests that depend on the ones before "
+    "them: 'collected' (default), 'reverse', 'random' (from the session seed, "
+    "--distrank-seed) or 'random:SEED'. Modules keep their order; tests that share a class "
+    "stay together.",
+    parse_order,
+)
+#: Ini-only lists of what a test may leave behind unnamed (rank/leftovers.py).
+LEFTOVERS_IGNORE_ENV = "distrank_leftovers_ignore_env"
+LEFTOVERS_IGNORE_THREADS = "distrank_leftovers_ignore_threads"
 
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
@@ -332,6 +294,11 @@ OPTIONS: tuple[Option[Any], ...] = (
     LAUNCHER,
     SUITES,
     DEBUG_RANK,
+    SEED,
+    LEFTOVERS,
+    REPLAY,
+    REPLAY_BUDGET,
+    ORDER,
 )
 
 
@@ -420,6 +387,11 @@ class Settings:
     gpu_fallback: Value[str]
     cuda_growth: Value[int]
     debug_rank: Value[int | None]
+    seed: Value[int | str | None] = Value(parse_seed(SEED.default), "default")
+    leftovers: Value[str] = Value(LEFTOVERS.default, "default")
+    replay: Value[bool] = Value(True, "default")
+    replay_budget: Value[float] = Value(parse_seconds(REPLAY_BUDGET.default), "default")
+    order: Value[tuple[str, int | None]] = Value(parse_order(ORDER.default), "default")
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
@@ -437,6 +409,11 @@ class Settings:
             gpu_fallback=resolve(config, GPU_FALLBACK),
             cuda_growth=resolve(config, CUDA_GROWTH),
             debug_rank=resolve(config, DEBUG_RANK),
+            seed=resolve(config, SEED),
+            leftovers=resolve(config, LEFTOVERS),
+            replay=resolve(config, REPLAY),
+            replay_budget=resolve(config, REPLAY_BUDGET),
+            order=resolve(config, ORDER),
         )
 
 

@@ -88,6 +88,7 @@ def run_inprocess(
 #: Inner sessions already run, by name (``shared_session``): one per outer session.
 _SHARED: dict[str, pytest.RunResult | Exception] = {}
 
+
 @pytest.fixture
 def shared_session(
     pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch

@@ -104,3 +104,7 @@ class Reports:
     #: With ``done``: the CUDA memory the test left allocated on this rank, in words ("left
     #: 64 MiB of CUDA memory allocated"), or "" (pool/worker/rankgpu.py).
     cuda_note: str = ""
+    #: With ``done``: what the test left behind on this rank that was restored (or is named
+    #: only), each in words ("LEAKED_BY_C set", "the default dtype float64"); what could not be
+    #: restored is in ``pg_problem`` (rank/leftovers.py).
+    leftovers: tuple[str, ...] = ()

@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 
 from ..markers import Simulated
+from ..parsing import size_words
 from ..planning.gpuplan import GpuPlan
-from ..settings import size_words
 
 
 @dataclasses.dataclass(frozen=True)

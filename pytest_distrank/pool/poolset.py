@@ -27,9 +27,10 @@ from typing import Any
 import pytest
 
 from .. import _compat
+from ..parsing import parse_seconds
 from ..planning.gpuplan import share_env
 from ..settings import PRELOAD as PRELOAD_OPTION
-from ..settings import WORLD_SIZE, Settings, Value, parse_seconds
+from ..settings import WORLD_SIZE, Settings, Value
 from .cmdline import coverage_settings, rank_command_line
 from .debugrelay import DebugTerminal
 from .forkserver import stop as stop_server

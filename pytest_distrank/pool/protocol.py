@@ -87,6 +87,14 @@ class RankConfig:
     #: The rank's ``config.workerinput``, pytest-xdist's channel for plugins' values (JSON data;
     #: workerinput.py).
     workerinput: dict[str, Any] = dataclasses.field(default_factory=dict)
+    #: The session seed each test's random state derives from (``--distrank-seed``; the
+    #: controller picked it when the option says ``random``), or None: the state is left alone.
+    seed: int | None = None
+    #: ``--distrank-leftovers``: ``restore``, ``fail`` or ``off`` (rank/leftovers.py).
+    leftovers: str = "restore"
+    #: The ini lists of environment variables and thread names (fnmatch patterns) that are
+    #: never leftovers: ``distrank_leftovers_ignore_env``, ``distrank_leftovers_ignore_threads``.
+    leftovers_ignore: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
 
 
 @dataclasses.dataclass(frozen=True)

@@ -282,7 +282,6 @@ def test_an_emptied_basetemp_takes_the_fork_servers_socket_with_it(
     assert "INTERNALERROR" not in result.stdout.str()
 
 
-
 def test_deep_tmpdir_still_starts_the_fork_server(folders: pytest.RunResult) -> None:
     folders.stdout.fnmatch_lines(
         ["test_c_deep.py::test_two PASSED*", "test_c_deep.py::test_plain PASSED*"]

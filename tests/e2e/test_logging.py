@@ -118,4 +118,3 @@ def test_pools_start_with_the_cache_turned_off(logging_session: pytest.RunResult
     """``-p no:cacheprovider``: no ``cache_dir`` ini in ranks, and no cache to make for them."""
     assert "could not start the ranks" not in logging_session.stdout.str()
     logging_session.stdout.fnmatch_lines(["*test_logs.py::test_caplog_sees_every_logger*PASSED*"])
-

@@ -4,8 +4,8 @@ The folder a module lies in says where and when it runs (DESIGN.md, "Layout"), a
 the folders', read from the sources with ``ast`` (every import, module level or inside a
 function):
 
-- the top level holds only what a user touches: ``plugin``, ``hookspecs``, ``settings``,
-  ``markers``, ``fixtures`` and ``_compat/``;
+- the top level holds only what a user touches: ``plugin``, ``hookspecs``, ``settings`` (and
+  ``parsing``, its option values' parsers), ``markers``, ``fixtures`` and ``_compat/``;
 - ``outcome/`` imports the standard library, pytest, ``_compat``, ``settings`` and itself: no
   torch, no processes, no mode;
 - no module imports torch at module level (``planning/`` included): every pytest process imports
@@ -68,7 +68,7 @@ def in_folder(*folders: str) -> set[str]:
 
 
 #: What a user touches: the only modules at the top level (beside the package ``_compat/``).
-TOP_LEVEL = {"plugin", "hookspecs", "settings", "markers", "fixtures"}
+TOP_LEVEL = {"plugin", "hookspecs", "settings", "parsing", "markers", "fixtures"}
 #: The folders of the layout.
 FOLDERS = {"", "_compat", "planning", "rank", "outcome", "pool", "pool/worker", "launch"}
 #: Pool mode's modules that both of its processes import: its messages, plugins' values for the
@@ -182,15 +182,17 @@ def test_outcome_imports_the_standard_library_pytest_compat_settings_and_itself(
     module: str,
 ) -> None:
     """``_compat`` and ``settings`` are leaves (next test): importing them brings nothing else."""
-    allowed = OUTCOME | {"outcome", "_compat", "settings"}
+    allowed = OUTCOME | {"outcome", "_compat", "settings", "parsing"}
     found = imports_of(module)
     assert {n for n in found - set(FILES) if not _library(n)} == set()
     assert own(found) - allowed == set()
 
 
-@pytest.mark.parametrize("module", sorted(in_folder("_compat") | {"settings"}))
+@pytest.mark.parametrize("module", sorted(in_folder("_compat") | {"settings", "parsing"}))
 def test_compat_and_settings_are_leaves(module: str) -> None:
-    assert {m for m in own(imports_of(module)) if folder_of(m) != "_compat"} == set()
+    """``settings`` imports only its parsers (``parsing``), which import nothing of the plugin."""
+    leaves = {"parsing"} if module == "settings" else set()
+    assert {m for m in own(imports_of(module)) if folder_of(m) != "_compat"} == leaves
 
 
 def _executed_on_import(tree: ast.Module) -> list[ast.stmt]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_distrank.parsing import parse_bytes, size_words
 from pytest_distrank.pool.worker.rankgpu import CudaMemory, gloo_cannot
-from pytest_distrank.settings import parse_bytes, size_words
 
 MIB = 1024 * 1024
 

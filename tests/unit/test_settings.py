@@ -1,17 +1,18 @@
-"""Unit tests of the option value parsers (settings.py)."""
+"""Unit tests of the option value parsers (parsing.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pytest_distrank.settings import (
-    TEST_WAITS_ENV,
+from pytest_distrank.parsing import (
     parse_backend,
     parse_bool,
+    parse_order,
     parse_positive_int,
     parse_seconds,
-    seam_wait,
+    parse_seed,
 )
+from pytest_distrank.settings import TEST_WAITS_ENV, seam_wait
 
 
 @pytest.mark.parametrize("text", ["gloo", "nccl", "cpu:gloo,cuda:nccl", " mpi "])
@@ -50,3 +51,21 @@ def test_the_waits_seam_sets_the_fixed_waits_and_refuses_nonsense(
         monkeypatch.setenv(TEST_WAITS_ENV, bad)
         with pytest.raises(ValueError, match=f"DISTRANK_TEST_WAITS='{bad}'"):
             seam_wait(5.0)
+
+
+def test_seeds() -> None:
+    assert parse_seed(" 1234 ") == 1234
+    assert parse_seed("RANDOM") == "random"
+    assert parse_seed("off") is None
+    for bad in ("-1", "1.5", "lots", str(2**32)):
+        with pytest.raises(ValueError, match="expected a seed"):
+            parse_seed(bad)
+
+
+def test_orders() -> None:
+    assert parse_order("reverse") == ("reverse", None)
+    assert parse_order("random") == ("random", None)
+    assert parse_order("random:7") == ("random", 7)
+    for bad in ("sideways", "reverse:3", "random:x", "random:-2"):
+        with pytest.raises(ValueError, match="expected collected, reverse, random"):
+            parse_order(bad)

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from ...settings import size_words
+from ...parsing import size_words
 from ..protocol import RankConfig
 
 FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"

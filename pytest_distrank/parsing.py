@@ -1,0 +1,165 @@
+"""Parsers of the plugin's option values: each turns a text into a value or raises ValueError.
+
+Runs in every pytest process of both modes (imported by :mod:`settings` and by what parses a
+marker's or a size's text). The error message is the part after "expected"; :mod:`settings` adds
+the option, the value and where it came from.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable
+
+BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
+START_METHODS = ("forkserver", "spawn")
+
+
+def parse_positive_int(text: str) -> int:
+    """A world size: a positive integer, spelled in decimal."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise ValueError("expected a positive integer") from None
+    if value < 1:
+        raise ValueError("expected a positive integer")
+    return value
+
+
+def parse_seconds(text: str) -> float:
+    """A duration in seconds; ``0`` means no limit."""
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number of seconds (0 for none)") from None
+    if value < 0 or value != value:
+        raise ValueError("expected a number of seconds >= 0 (0 for none)")
+    return value
+
+
+def parse_backend(text: str) -> str:
+    """A ``torch.distributed`` backend name, or a ``device:backend,...`` mapping."""
+    value = text.strip()
+    parts = [p.split(":", 1)[-1] for p in value.split(",")] if ":" in value else [value]
+    unknown = [p for p in parts if p not in BACKENDS]
+    if unknown or not value:
+        raise ValueError(f"expected one of {', '.join(BACKENDS)}")
+    return value
+
+
+def one_of(choices: tuple[str, ...], lower: bool = False) -> Callable[[str], str]:
+    """A parser that accepts one of ``choices`` (case-insensitive with ``lower``)."""
+
+    def parse(text: str) -> str:
+        value = text.strip().lower() if lower else text.strip()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+parse_start_method = one_of(START_METHODS)
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20}
+_UNITS["gib"] = 2**30
+
+
+def parse_bytes(text: str) -> int:
+    """A size: ``512MiB``, ``1GiB``, ``2GB``, a number of bytes; ``0`` for none."""
+    found = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = found.group(2).lower() if found else ""
+    if found is None or unit not in _UNITS:
+        raise ValueError("expected a size such as 512MiB, 1GiB or 0 (for none)")
+    return int(float(found.group(1)) * _UNITS[unit])
+
+
+def size_words(n: int) -> str:
+    """Bytes in words: ``64 MiB``, ``1.5 GiB``."""
+    if n >= 2**30:
+        return f"{n / 2**30:.1f} GiB"
+    return f"{n / 2**20:.0f} MiB" if n >= 2**20 else f"{n} bytes"
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
+def parse_modules(text: str) -> tuple[str, ...]:
+    """Comma-separated dotted module names, e.g. ``torch._dynamo,mypkg.models``."""
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    for name in names:
+        if not all(piece.isidentifier() for piece in name.split(".")):
+            raise ValueError(f"{name!r} is not a module name; expected e.g. torch._dynamo,mypkg")
+    return names
+
+
+def parse_path(text: str) -> str:
+    """A folder; ``~`` is expanded. Empty means the default."""
+    value = os.path.expanduser(text.strip())
+    if not value:
+        raise ValueError("expected a folder path")
+    return value
+
+
+def parse_rank(text: str) -> int | None:
+    """A rank number (>= 0); empty for none."""
+    value = text.strip()
+    if not value:
+        return None
+    try:
+        rank = int(value)
+    except ValueError:
+        raise ValueError("expected a rank number (0, 1, ...)") from None
+    if rank < 0:
+        raise ValueError("expected a rank number (0, 1, ...)")
+    return rank
+
+
+#: ``--distrank-seed``'s value that picks a new session seed (printed in the header).
+RANDOM_SEED = "random"
+#: The largest session seed: it fits numpy's 32-bit seeds and reads back from the header.
+MAX_SEED = 2**32 - 1
+
+
+def parse_seed(text: str) -> int | str | None:
+    """A session seed (0 to 2**32-1), ``random`` (a new one, printed) or ``off`` (None)."""
+    value = text.strip().lower()
+    if value == RANDOM_SEED:
+        return RANDOM_SEED
+    if value == "off":
+        return None
+    try:
+        seed = int(value)
+    except ValueError:
+        raise ValueError(f"expected a seed (0 to {MAX_SEED}), random or off") from None
+    if not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"expected a seed (0 to {MAX_SEED}), random or off")
+    return seed
+
+
+ORDERS = ("collected", "reverse", "random")
+
+
+def parse_order(text: str) -> tuple[str, int | None]:
+    """``collected``, ``reverse``, ``random`` or ``random:SEED``: (the order, its seed or None;
+    None for random means the session seed)."""
+    name, _, raw_seed = text.strip().lower().partition(":")
+    expected = "expected collected, reverse, random or random:SEED (a non-negative integer)"
+    if name not in ORDERS or (raw_seed and name != "random"):
+        raise ValueError(expected)
+    if not raw_seed:
+        return name, None
+    try:
+        seed = int(raw_seed)
+    except ValueError:
+        raise ValueError(expected) from None
+    if seed < 0:
+        raise ValueError(expected)
+    return name, seed
