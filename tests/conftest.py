@@ -18,7 +18,7 @@ import pytest
 import torch  # noqa: F401  (before any in-process run: torch 2.13 cannot be imported twice)
 
 from pytest_distrank.markers import MARKERS
-from pytest_distrank.settings import TEST_WAITS_ENV
+from pytest_distrank.settings import REPLAY, TEST_WAITS_ENV
 
 from .helpers import (
     RUN_TIMEOUT,
@@ -56,6 +56,10 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
     # The end-of-test rule's fixed waits (grace 5 s, finish 5 s, dumps 3 s) take 1 s here; a test
     # of those defaults deletes the variable (settings.TEST_WAITS_ENV).
     monkeypatch.setenv(TEST_WAITS_ENV, "1")
+    # No replays of failures after the session (pool/replay.py): the fault sessions fail tests
+    # on purpose, and replays would cost seconds and run tests that count their runs again.
+    # tests/e2e/test_replay.py turns them back on (an empty value: the default).
+    monkeypatch.setenv(REPLAY.env, "off")
 
     def run(*args: str, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
         return pytester.runpytest_subprocess("-p", "distrank", *args, timeout=timeout)

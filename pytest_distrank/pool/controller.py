@@ -48,6 +48,7 @@ from .pool import Pool, PoolStartError, PoolUnfit
 from .poolkey import PoolKey
 from .poolset import PoolSet, SessionStartError
 from .preloads import file_preloads
+from .replay import Replays
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
@@ -105,6 +106,9 @@ class Controller:
         self.terminal = self.pools.terminal = DebugTerminal(config)
         #: Undoes _share_rewrites at the session's end.
         self._undo_rewrites: Callable[[], None] | None = None
+        #: Failures after earlier tests of their pool, replayed after the session (replay.py).
+        self.replays = Replays(config, settings.replay, settings.replay_budget)
+        config.pluginmanager.register(self.replays, "distrank-replays")
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -277,6 +281,7 @@ class Controller:
                 break
             policy.pause()
             first = False
+        self.replays.judge(item, reports)
         return True
 
     @pytest.hookimpl(wrapper=True)
@@ -309,6 +314,7 @@ class Controller:
         if isinstance(outcome, list):
             return outcome  # the test could not reach its ranks: an error or skip report
         pool, run = outcome
+        self.replays.served(pool, key, item)
         if len(run.started) == key.world_size:
             self.stats.start_spread.append(max(run.started.values()) - min(run.started.values()))
         if getattr(self.config.option, "capture", "fd") == "no":
@@ -417,6 +423,7 @@ class Controller:
         """
         result = yield
         self.stop_errors.extend(self.pools.stop_all())
+        self.replays.run_all(self)  # on fresh pools, before the fork server stops
         return result
 
     @pytest.hookimpl(tryfirst=True)
