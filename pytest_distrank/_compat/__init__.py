@@ -101,6 +101,7 @@ from .pytest_internals import (
 )
 from .torch_internals import (
     LOCAL_TENSOR_MODULE,
+    compile_state,
     dispatch_modes,
     dump_flight_recorder,
     every_rank_int,
@@ -110,6 +111,7 @@ from .torch_internals import (
     print_stacks_on_fatal_signal,
     process_groups,
     rendezvous_handlers,
+    reset_compile_state,
     sequence_number,
     watch_local_collectives,
     with_group_members,
@@ -129,6 +131,7 @@ __all__ = [
     "ReprTracebackNative",
     "can_redirect_terminal",
     "close_fork_server_alive_fd",
+    "compile_state",
     "count_execution",
     "default_plugin_modules",
     "dispatch_modes",
@@ -176,6 +179,7 @@ __all__ = [
     "rerun_path_excluded",
     "rerunfailures_module",
     "rerunfailures_plugin",
+    "reset_compile_state",
     "run_test_protocol",
     "sequence_number",
     "session_fixturedefs",

@@ -246,3 +246,35 @@ def dispatch_modes() -> list[str]:
     except ImportError:
         return []
     return [type(mode).__name__ for mode in _get_current_dispatch_mode_stack()]
+
+
+def compile_state() -> int:
+    """How many frames torch.compile has handled in this process (``torch._dynamo.utils.
+    counters["frames"]["total"]``, private), or 0 when dynamo was never imported: a test that
+    compiled leaves it higher, and its compiled code and counters in the process."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return 0
+    try:
+        return int(counters["frames"]["total"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def reset_compile_state() -> None:
+    """Forget what torch.compile compiled and counted (``torch._dynamo.reset()``; its counters,
+    which reset keeps, are cleared too), as a fresh process would start."""
+    import sys
+
+    dynamo = sys.modules.get("torch._dynamo")
+    if dynamo is None:
+        return
+    dynamo.reset()
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is not None:
+        counters.clear()
+

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from pytest import TestReport
 
-from .merge import synthesized_failure
+from .merge import ranks_words, synthesized_failure
 from .records import Reports, RunTest
 
 Location = tuple[str, int | None, str]
@@ -127,3 +127,30 @@ def forked_report(
         "and the pool was replaced."
     )
     return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
+
+
+def leftover_lines(nodeid: str, per_rank: Mapping[int, Sequence[str]]) -> list[str]:
+    """The summary lines of what a test left behind in its warm ranks (rank/leftovers.py), one
+    per set of ranks that left the same: ``leftovers: FILE::test_c left X set and the default
+    dtype float64 on ranks 0, 1 (restored)``. Daemon threads are named, not restored."""
+    by_words: dict[str, list[int]] = {}
+    for rank in sorted(per_rank):
+        for words in per_rank[rank]:
+            by_words.setdefault(words, []).append(rank)
+    by_ranks: dict[tuple[int, ...], list[str]] = {}
+    for words, ranks in by_words.items():
+        by_ranks.setdefault(tuple(ranks), []).append(words)
+    lines = []
+    for same, all_words in by_ranks.items():
+        on = ranks_words(same)
+        still = [w for w in all_words if w.endswith(" still running")]
+        restored = [w for w in all_words if w not in still]
+        parts = [f"{and_words(restored)} on {on} (restored)"] if restored else []
+        parts += [f"{and_words(still)} on {on}"] if still else []
+        lines.append(f"leftovers: {nodeid} left {'; '.join(parts)}")
+    return lines
+
+
+def and_words(words: Sequence[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"

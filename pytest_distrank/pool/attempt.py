@@ -22,6 +22,7 @@ from ..outcome.checks import (
     foreign_report,
     forked_report,
     is_own,
+    leftover_lines,
     sequences_in_step,
     unmatched_collectives,
 )
@@ -74,8 +75,11 @@ class TestRun:
     warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
     #: Per rank that finished: when it began the test (Reports.started, monotonic seconds).
     started: dict[int, float] = dataclasses.field(default_factory=dict)
-    #: Lines for the session summary (CUDA memory a test left allocated, Reports.cuda_note).
+    #: Lines for the session summary (CUDA memory a test left allocated, Reports.cuda_note;
+    #: what it left behind and was restored, Reports.leftovers).
     notes: list[str] = dataclasses.field(default_factory=list)
+    #: Per rank: what the test left behind there and was restored, in words (Reports.leftovers).
+    leftovers: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -143,6 +147,7 @@ class Attempt:
         if not pool.closed and pool.broken is None:
             self._check_collectives()
         self.result.broken = pool.broken
+        self.result.notes.extend(leftover_lines(self.test.nodeid, self.result.leftovers))
         return self.result
 
     def _drain(self) -> None:
@@ -245,6 +250,8 @@ class Attempt:
             self._unfit(f"{self.test.nodeid} left forked processes")
         if message.pg_problem:
             self._unfit(f"{self.test.nodeid} {message.pg_problem}")
+        if message.leftovers:
+            self.result.leftovers[rank.rank] = message.leftovers
         if message.cuda_note:
             ws = self.pool.key.world_size
             self.result.notes.append(

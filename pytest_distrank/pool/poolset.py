@@ -29,8 +29,14 @@ import pytest
 from .. import _compat
 from ..parsing import parse_seconds
 from ..planning.gpuplan import share_env
+from ..settings import (
+    LEFTOVERS_IGNORE_ENV,
+    LEFTOVERS_IGNORE_THREADS,
+    WORLD_SIZE,
+    Settings,
+    Value,
+)
 from ..settings import PRELOAD as PRELOAD_OPTION
-from ..settings import WORLD_SIZE, Settings, Value
 from .cmdline import coverage_settings, rank_command_line
 from .debugrelay import DebugTerminal
 from .forkserver import stop as stop_server
@@ -226,6 +232,11 @@ class PoolSet:
                 cuda_device=key.cuda_device(rank),
                 gpu_share=key.gpu_share,
                 cuda_growth=self.settings.cuda_growth.value,
+                leftovers=self.settings.leftovers.value,
+                leftovers_ignore=(
+                    tuple(self.config.getini(LEFTOVERS_IGNORE_ENV)),
+                    tuple(self.config.getini(LEFTOVERS_IGNORE_THREADS)),
+                ),
                 workerinput=self.inputs.for_rank(pool_id, rank),
             )
             for rank in range(key.world_size)

@@ -47,6 +47,7 @@ from ...rank import reaper
 from ...rank.context import RANK_CONTEXT, RankContext
 from ...rank.groupstate import collective_counts, left_modes, sequence_numbers
 from ...rank.hygiene import Leftovers, cap_section, next_node, stray_forks
+from ...rank.leftovers import LeftoverCheck
 from ..protocol import (
     Collectives,
     CountCollectives,
@@ -59,6 +60,7 @@ from ..protocol import (
     Stopped,
     phase_slots,
 )
+from ..suites import CASE
 from ..workerinput import WorkerInput, xdist_environ
 from . import ranklogs, rankreruns
 from .rankfr import start_responder
@@ -174,6 +176,12 @@ class WorkerPlugin:
         self.suites = SuiteRunner()
         #: Reports what earlier tests left set up and failed to tear down (rank/hygiene.py).
         self.leftovers = Leftovers()
+        #: Finds, restores and names the state each test leaves behind (rank/leftovers.py);
+        #: None under --distrank-leftovers=off.
+        self.checks: LeftoverCheck | None = None
+        if cfg.leftovers != "off":
+            self.checks = LeftoverCheck(cfg.rank, cfg.leftovers, *cfg.leftovers_ignore)
+            self.suites.after_setup = self.checks.harness_setup_done
         #: The controller's terminal, for debuggers opened in this rank (rankpdb.py).
         self.relay = Relay(conn, cfg.rank, cfg.world_size)
         self.debug = cfg.debug or DebugSettings()
@@ -207,6 +215,8 @@ class WorkerPlugin:
             sys.stdin = LiveInput(self.relay)
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
         config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
+        if self.checks is not None:
+            config.pluginmanager.register(self.checks, "distrank-leftover-checks")
         local = local_mode_plugin(self.cfg.simulated)
         if local is not None:  # every test of a local-mode pool runs under LocalTensorMode
             config.pluginmanager.register(local, "distrank-local-mode")
@@ -331,6 +341,7 @@ class WorkerPlugin:
         forks: tuple[int, ...] = (),
         started: float = 0.0,
         cuda_note: str = "",
+        leftovers: tuple[str, ...] = (),
     ) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
@@ -351,6 +362,7 @@ class WorkerPlugin:
                 tuple(self.warnings) if done else (),
                 started,
                 cuda_note,
+                leftovers,
             )
 
         try:
@@ -421,6 +433,8 @@ class WorkerPlugin:
             master_store(self.ctx, f"test{message.index}/")
         self.forks = 0
         self.warnings = []
+        if self.checks is not None:
+            self.checks.start(item, harness=CASE in item.stash)
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         ranklogs.new_test()
         try:
@@ -433,17 +447,23 @@ class WorkerPlugin:
             return
         self._phase(Phase.FINISHED)
         problem = group_problem(self.ctx)
-        healthy = not problem
-        leaks = self.suites.problem()
+        sequence = sequence_numbers() if not problem else {}
+        # After the sequence numbers: the groups the test left are destroyed here.
+        left, left_problem = self.checks.finish() if self.checks is not None else ((), "")
+        unfit = self.suites.problem()
         cuda_note, cuda_problem = self.cuda.after_test()
-        problem = "; ".join(p for p in (problem, leaks, left_modes(), cuda_problem) if p)
+        released = self.cuda.release() if self.checks is not None else ""
+        if released:
+            left += (released,)
+        parts = (problem, unfit, left_problem, left_modes(), cuda_problem)
         self._flush(
             done=True,
-            pg_problem=problem,
-            sequence=sequence_numbers() if healthy else {},
+            pg_problem="; ".join(p for p in parts if p),
+            sequence=sequence,
             forks=stray_forks(self.pid) if self.forks else (),
             started=started,
             cuda_note=cuda_note,
+            leftovers=left,
         )
         self._phase(Phase.IDLE)
         self.tests += 1

@@ -11,8 +11,14 @@ that ends with more than the test before it is named (a note in the controller's
 when the rank holds more than the limit (``--distrank-cuda-growth``) above its steady state the
 pool is replaced before the next test. Nothing is asked of CUDA unless the test initialised it.
 
-Test seam: ``DISTRANK_FAKE_CUDA_ALLOCATED_FILE`` names a file whose number is taken as the bytes
-allocated, so the rule is tested on machines without GPUs.
+CUDA memory reserved (the caching allocator's, ``torch.cuda.memory_reserved``) grows by design, so
+it never makes a pool unfit: when a test leaves the rank reserving more than the same limit above
+its steady state, the cache is released (``torch.cuda.empty_cache``) and named with what the test
+left behind (rank/leftovers.py's summary line).
+
+Test seams: ``DISTRANK_FAKE_CUDA_ALLOCATED_FILE`` and ``DISTRANK_FAKE_CUDA_RESERVED_FILE`` name
+files whose numbers are taken as the bytes allocated and reserved (a release writes the steady
+state's back to the second), so the rules are tested on machines without GPUs.
 """
 
 from __future__ import annotations
@@ -28,22 +34,49 @@ from ...parsing import size_words
 from ..protocol import RankConfig
 
 FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
+FAKE_RESERVED_ENV = "DISTRANK_FAKE_CUDA_RESERVED_FILE"
+
+
+def _fake(env: str) -> int | None:
+    try:
+        with open(os.environ[env]) as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return None
+
+
+def _cuda() -> Any:
+    """torch, where this process initialised CUDA (else None: nothing is asked of CUDA)."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and torch.cuda.is_initialized() else None
 
 
 def cuda_allocated(device: int) -> int | None:
     """Bytes PyTorch's allocator holds for tensors on ``device``; None where the process has
     not initialised CUDA (nothing is asked then)."""
-    fake = os.environ.get(FAKE_ALLOCATED_ENV)
-    if fake:
-        try:
-            with open(fake) as f:
-                return int(f.read().strip() or 0)
-        except (OSError, ValueError):
-            return None
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_initialized():
-        return None
-    return int(torch.cuda.memory_allocated(max(device, 0)))
+    if os.environ.get(FAKE_ALLOCATED_ENV):
+        return _fake(FAKE_ALLOCATED_ENV)
+    torch = _cuda()
+    return None if torch is None else int(torch.cuda.memory_allocated(max(device, 0)))
+
+
+def cuda_reserved(device: int) -> int | None:
+    """Bytes the caching allocator reserves on ``device`` (None: CUDA not initialised)."""
+    if os.environ.get(FAKE_RESERVED_ENV):
+        return _fake(FAKE_RESERVED_ENV)
+    torch = _cuda()
+    return None if torch is None else int(torch.cuda.memory_reserved(max(device, 0)))
+
+
+def release_reserved(steady: int) -> None:
+    """Give the cached blocks back to the driver (the seam's file says ``steady`` again)."""
+    if os.environ.get(FAKE_RESERVED_ENV):
+        with open(os.environ[FAKE_RESERVED_ENV], "w") as f:
+            f.write(str(steady))
+        return
+    torch = _cuda()
+    if torch is not None:
+        torch.cuda.empty_cache()
 
 
 class CudaMemory:
@@ -55,6 +88,26 @@ class CudaMemory:
         self.limit = limit
         self.steady: int | None = None
         self.last = 0
+        #: Bytes reserved after the rank's first test.
+        self.steady_reserved: int | None = None
+
+    def release(self) -> str:
+        """After each test: the reserved memory released, in words ("" when none was): what
+        a test left reserved above the limit goes back to the driver."""
+        now = cuda_reserved(self.device)
+        if now is None:
+            return ""
+        if self.steady_reserved is None:
+            self.steady_reserved = now
+            return ""
+        above = now - self.steady_reserved
+        if not self.limit or above <= self.limit:
+            return ""
+        release_reserved(self.steady_reserved)
+        return (
+            f"{size_words(above)} of reserved CUDA memory above the steady state (released: "
+            "torch.cuda.empty_cache())"
+        )
 
     def after_test(self) -> tuple[str, str]:
         """(what this test left, in words or ""; why the pool must go, or "")."""

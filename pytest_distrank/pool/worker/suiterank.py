@@ -30,25 +30,19 @@ sees what ``setUpClass`` and ``setUp`` set; a spawned child (``_spawn_processes`
 import. What the child's part changes in the class is undone after it, as the child's exit
 would; a continuous class's worker keeps its own view from one test to the next.
 
-Around every such test the rank checks what would leak into the next test of a warm process
-(:func:`Leaks.after`): Python threads the test left running, environment variables it changed,
-the default dtype, grad mode and deterministic-algorithms flag. Any of them makes the pool
-unfit: the controller names it ("test_x left 2 threads running on rank 1") and starts a new
-pool, so the next test is unaffected. What the harness itself sets on every test
-(``TORCH_SHOW_CPP_STACKTRACES``, ``LOCAL_RANK``, ``WORLD_SIZE``, the fatal-signal handler) is
-restored and never counted.
+What the test leaves behind in the warm rank is checked as for every test
+(:mod:`rank.leftovers`); what the harness's own ``setUp`` sets in what stands for its parent
+process (``WORLD_SIZE``, ``TEMP_DIR``, ``TORCH_NCCL_DESYNC_DEBUG``) is the harness's: it is
+restored after the test without being named (:attr:`SuiteRunner.after_setup`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import threading
-import time
 import unittest
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
@@ -60,11 +54,6 @@ from ...rank.context import RANK_CONTEXT, RankContext
 from ..suites import CASE, Case
 from .suiteclass import ClassState, child_view
 
-#: How long the threads a test started get, all together, to end before they count as left.
-ENDING_WAIT = 0.1
-#: What the harness sets in every test process: restored after each test, never a leak.
-HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
-
 
 class SuiteRunner:
     """The rank's runner of existing-suite tests (a pytest plugin of the rank's session)."""
@@ -75,8 +64,9 @@ class SuiteRunner:
         self.continuous_skip: str | None = None
         #: Why this rank must not serve another test (a continuous class's failure), or "".
         self.unfit = ""
-        #: What the running test leaked (set after its call phase; read by the worker).
-        self.leaks = Leaks()
+        #: Called when the harness's setUp has run (rank/leftovers.py: what it set is the
+        #: harness's own).
+        self.after_setup: Callable[[], None] = lambda: None
         #: Each class as a spawned child sees it: as imported, before any setUpClass ran.
         self.fresh: dict[type, ClassState] = {}
         #: The continuous class's worker's own view of its class, kept between its tests.
@@ -94,22 +84,18 @@ class SuiteRunner:
 
     def problem(self) -> str:
         """What the last test left that makes this rank unfit for the next one ("" if none)."""
-        found = "; ".join(p for p in (self.unfit, self.leaks.found) if p)
-        self.unfit = self.leaks.found = ""
+        found, self.unfit = self.unfit, ""
         return found
 
     def run(self, item: pytest.Item, case: Case) -> None:
         ctx = item.config.stash[RANK_CONTEXT]
         if case.kind == "spawn":
             self._end_continuous(ctx)
-        self.leaks.before()
-        try:
-            if case.kind == "spawn":
-                _run_spawned(item, ctx, self.fresh.get(getattr(item, "cls")))  # noqa: B009
-            else:
-                self._run_continuous(item, ctx, case)
-        finally:
-            self.leaks.after(ctx.rank)
+        if case.kind == "spawn":
+            cls = getattr(item, "cls")  # noqa: B009
+            _run_spawned(item, ctx, self.fresh.get(cls), self.after_setup)
+        else:
+            self._run_continuous(item, ctx, case)
 
     # -- MultiProcContinuousTest ---------------------------------------------------------------
 
@@ -214,7 +200,9 @@ def _init_continuous(cls: Any, ctx: RankContext, case: Case) -> str | None:
 # -- MultiProcessTestCase ---------------------------------------------------------------------
 
 
-def _run_spawned(item: pytest.Item, ctx: RankContext, fresh: ClassState | None) -> None:
+def _run_spawned(
+    item: pytest.Item, ctx: RankContext, fresh: ClassState | None, after_setup: Callable[[], None]
+) -> None:
     cls: Any = getattr(item, "cls")  # noqa: B009
     name = item.name
     assert ctx.test is not None
@@ -223,6 +211,7 @@ def _run_spawned(item: pytest.Item, ctx: RankContext, fresh: ClassState | None) 
     parent = cls(name)
     started = _compat.harness_no_spawning(parent)
     parent.setUp()
+    after_setup()
     # A forked child has the parent's class; a spawned one imports it afresh.
     child = None if started and started[-1] == "fork" else fresh
     ours, theirs = Pipe()
@@ -362,71 +351,3 @@ def _skip_reasons() -> Any:
     finally:
         logger.removeFilter(log)
         logger.setLevel(level)
-
-
-# -- what a test written for a fresh process leaves behind -------------------------------------
-
-
-@dataclasses.dataclass
-class Leaks:
-    """Process-wide state before a test, compared after it."""
-
-    threads: set[int] = dataclasses.field(default_factory=set)
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    flags: dict[str, object] = dataclasses.field(default_factory=dict)
-    found: str = ""
-
-    def before(self) -> None:
-        self.threads = {t.ident for t in threading.enumerate() if t.ident is not None}
-        self.env = dict(os.environ)
-        self.flags = _torch_flags()
-
-    def after(self, rank: int) -> None:
-        """Restore what the harness sets; name what else the test left changed."""
-        for name in HARNESS_ENV:
-            if name in self.env:
-                os.environ[name] = self.env[name]
-            else:
-                os.environ.pop(name, None)
-        problems: list[str] = []
-        until = time.monotonic() + ENDING_WAIT
-        left = [
-            t
-            for t in threading.enumerate()
-            if t.ident not in self.threads and t.is_alive() and not _ending(t, until)
-        ]
-        if left:
-            names = ", ".join(repr(t.name) for t in left[:4])
-            count = "1 thread" if len(left) == 1 else f"{len(left)} threads"
-            problems.append(f"left {count} running on rank {rank} ({names})")
-        changed = sorted(
-            name
-            for name in set(self.env) | set(os.environ)
-            if self.env.get(name) != os.environ.get(name)
-        )
-        if changed:
-            problems.append(
-                f"changed environment variable(s) {', '.join(changed[:6])} on rank {rank}"
-            )
-        flags = _torch_flags()
-        for name, value in self.flags.items():
-            if flags.get(name) != value:
-                problems.append(f"changed {name} from {value} to {flags.get(name)} on rank {rank}")
-        self.found = "; ".join(problems)
-
-
-def _ending(thread: threading.Thread, until: float) -> bool:
-    """A thread that ends within a moment (a pipe's listener, joined late) is not a leak."""
-    thread.join(max(0.0, until - time.monotonic()))
-    return not thread.is_alive()
-
-
-def _torch_flags() -> dict[str, object]:
-    """The process-wide torch settings a test may change and a fresh process would reset."""
-    import torch
-
-    return {
-        "the default dtype": torch.get_default_dtype(),
-        "grad mode": torch.is_grad_enabled(),
-        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
-    }

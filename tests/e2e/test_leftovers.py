@@ -1,0 +1,252 @@
+"""End-to-end: what a test leaves behind in its warm ranks is named with the test and the ranks,
+restored where it can be, and the next test starts as if in fresh processes (#26, item 2).
+
+One inner session (``LEFTOVERS``): each case plants one kind of leftover and the test after it
+checks that the rank is clean again; a second, tiny one (``FAIL``) runs under
+``--distrank-leftovers=fail``. The text of the summary lines is made by
+``outcome.checks.leftover_lines`` (tests/unit/test_leftovers.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ..helpers import SharedSession
+from .test_faults import Session, Shared
+
+CLEAN = """
+import os, threading, time, pytest, torch, torch.distributed as dist
+from pytest_distrank import _compat
+
+START = os.getcwd()
+
+
+def assert_clean():
+    assert "LEAKED_BY_A" not in os.environ
+    assert os.getcwd() == START
+    assert torch.get_default_dtype() == torch.float32
+    assert torch.is_grad_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert torch.backends.cudnn.benchmark is False
+    assert torch.backends.cuda.matmul.fp32_precision == "none"
+    assert len(_compat.process_groups()) == 1  # the pool's own default group
+    assert _compat.compile_state() == 0
+"""
+
+CASES = (
+    CLEAN
+    + """
+
+@pytest.mark.world_size(2)
+def test_a_env_and_dtype(rank):
+    os.environ["LEAKED_BY_A"] = "1"
+    torch.set_default_dtype(torch.float64)
+
+
+@pytest.mark.world_size(2)
+def test_a_then_clean(rank):
+    assert_clean()
+
+
+@pytest.mark.world_size(2)
+def test_b_flags_and_folder(rank, tmp_path):
+    torch.set_grad_enabled(False)
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    os.chdir(tmp_path)
+
+
+@pytest.mark.world_size(2)
+def test_b_then_clean(rank):
+    assert_clean()
+
+
+@pytest.mark.world_size(2)
+def test_c_group_and_compile(rank):
+    dist.new_group([0, 1])
+    torch.compile(lambda x: x + 1, backend="eager")(torch.ones(1))
+
+
+@pytest.mark.world_size(2)
+def test_c_then_clean(rank, module_env):
+    assert_clean()
+
+
+@pytest.mark.world_size(2)
+def test_d_module_fixture_kept(rank, module_env):
+    # A module fixture's setting is not a leftover while the module's tests run.
+    assert os.environ["SET_BY_MODULE_FIXTURE"] == "1"
+    if rank == 1:
+        threading.Thread(target=time.sleep, args=(60,), daemon=True, name="sleeper").start()
+
+
+@pytest.mark.world_size(2)
+def test_e_thread(rank):
+    if rank == 1:
+        threading.Thread(target=time.sleep, args=(60,), name="worker").start()
+    pathlib.Path(f"pid-e-{rank}").write_text(str(os.getpid()))
+
+
+@pytest.mark.world_size(2)
+def test_e_then_fresh_ranks(rank):
+    assert pathlib.Path(f"pid-e-{rank}").read_text() != str(os.getpid())
+    assert_clean()
+"""
+).replace("import os,", "import os, pathlib,")
+
+#: The module fixture's teardown leaves its variable: named when its module ends, in a
+#: module of its own so that no fault ends the pool first.
+SCOPED = (
+    CLEAN
+    + """
+
+@pytest.mark.world_size(2)
+def test_first(rank, module_env):
+    pass
+
+
+@pytest.mark.world_size(2)
+def test_last(rank, module_env):
+    assert os.environ["SET_BY_MODULE_FIXTURE"] == "1"
+"""
+)
+
+#: A fixture of module scope that sets a variable and never unsets it: its teardown leaves it.
+CONFTEST = """
+import os, pytest
+
+
+@pytest.fixture(scope="module")
+def module_env():
+    os.environ["SET_BY_MODULE_FIXTURE"] = "1"
+    yield
+"""
+
+LEFTOVERS = Session(
+    "leftovers",
+    {"conftest.py": CONFTEST, "test_left.py": CASES, "test_scoped.py": SCOPED},
+    ("-v", "-p", "no:randomly"),
+)
+
+
+@pytest.fixture
+def left(shared_session: SharedSession) -> Shared:
+    return LEFTOVERS.run(shared_session)
+
+
+def test_every_test_passes_the_next_one_starting_clean(left: Shared) -> None:
+    tests = [
+        "test_a_env_and_dtype",
+        "test_a_then_clean",
+        "test_b_flags_and_folder",
+        "test_b_then_clean",
+        "test_c_group_and_compile",
+        "test_c_then_clean",
+        "test_d_module_fixture_kept",
+        "test_e_thread",
+        "test_e_then_fresh_ranks",
+        "test_first",
+        "test_last",
+    ]
+    assert left.outcomes(*tests) == ["passed"] * len(tests), left.text
+    assert left.result.ret == 0
+
+
+def test_environment_and_dtype_are_restored_and_named_with_the_test(left: Shared) -> None:
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_left.py::test_a_env_and_dtype left LEAKED_BY_A set and the default "
+            "dtype float64 on ranks 0, 1 (restored)"
+        ]
+    )
+
+
+def test_flags_and_the_working_folder_are_restored(left: Shared) -> None:
+    line = left.about("test_b_flags_and_folder").lines
+    assert len(line) == 2, line  # its -v progress line and its leftovers line
+    for words in (
+        "grad mode off",
+        "deterministic algorithms on",
+        "torch.backends.cudnn.benchmark True",
+        "torch.backends.cuda.matmul.fp32_precision tf32",
+        "the working folder changed",
+    ):
+        assert words in line[1], line
+    assert line[1].startswith("leftovers: test_left.py::test_b_flags_and_folder left ")
+    assert line[1].endswith(" on ranks 0, 1 (restored)")
+
+
+def test_a_group_left_is_destroyed_and_compile_state_reset(left: Shared) -> None:
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_left.py::test_c_group_and_compile left torch.compile state "
+            "(torch._dynamo.reset()) and process group '1' (ranks 0, 1) on ranks 0, 1 (restored)"
+        ]
+    )
+
+
+def test_a_daemon_thread_is_named_and_a_thread_gets_the_next_test_fresh_ranks(
+    left: Shared,
+) -> None:
+    left.result.stdout.fnmatch_lines(
+        [
+            "pool killed after a fault: world_size=2, backend=gloo: test_left.py::test_e_thread "
+            "left thread 'worker' running (not a daemon: a fresh process would wait for it) on "
+            "rank 1",
+        ]
+    )
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_left.py::test_d_module_fixture_kept left daemon thread 'sleeper' "
+            "still running on rank 1"
+        ]
+    )
+
+
+def test_a_wider_fixture_owns_its_changes_until_its_teardown(left: Shared) -> None:
+    # Kept while its module runs (test_d passed, no line names test_c or test_d for it) ...
+    assert "SET_BY_MODULE_FIXTURE" not in "\n".join(left.about("test_c_then_clean").lines)
+    # ... and named when its teardown leaves it, with the fixture.
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_scoped.py::test_last left SET_BY_MODULE_FIXTURE set by fixture "
+            "'module_env' on ranks 0, 1 (restored)"
+        ]
+    )
+
+
+FAIL = Session(
+    "leftovers-fail",
+    {
+        "test_fail.py": """
+import os, pytest
+
+
+@pytest.mark.world_size(2)
+def test_leaves_a_variable(rank):
+    os.environ["LEAKED"] = str(rank)
+
+
+@pytest.mark.world_size(2)
+def test_next(rank):
+    assert "LEAKED" not in os.environ
+"""
+    },
+    ("--distrank-leftovers=fail",),
+)
+
+
+def test_the_fail_policy_fails_the_leaking_test_at_teardown(shared_session: SharedSession) -> None:
+    fail = FAIL.run(shared_session)
+    assert fail.outcomes("test_leaves_a_variable", "test_next") == [
+        "passed, error at teardown",
+        "passed",
+    ], fail.text
+    fail.section("test_leaves_a_variable").fnmatch_lines(
+        [
+            "*LeftoverError: test_fail.py::test_leaves_a_variable left LEAKED set on rank *; "
+            "what can be restored was restored*",
+            "*--distrank-leftovers=fail fails a test for what it leaves behind*",
+        ]
+    )

@@ -1,0 +1,72 @@
+"""Unit: the words of what a test left behind (rank/leftovers.py) and the summary lines the
+controller makes of them (outcome/checks.py ``leftover_lines``)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pytest_distrank.outcome.checks import and_words, leftover_lines
+from pytest_distrank.rank.leftovers import Snapshot, env_words, flag_words
+
+
+def test_lines_group_the_ranks_that_left_the_same() -> None:
+    lines = leftover_lines(
+        "t.py::test_c",
+        {1: ("X set", "the default dtype float64"), 0: ("X set", "the default dtype float64")},
+    )
+    assert lines == [
+        "leftovers: t.py::test_c left X set and the default dtype float64 on ranks 0, 1 (restored)"
+    ]
+
+
+def test_different_leftovers_get_a_line_per_set_of_ranks() -> None:
+    lines = leftover_lines("t.py::test_c", {0: ("X set",), 1: ("X set", "grad mode off")})
+    assert lines == [
+        "leftovers: t.py::test_c left X set on ranks 0, 1 (restored)",
+        "leftovers: t.py::test_c left grad mode off on rank 1 (restored)",
+    ]
+
+
+def test_a_daemon_thread_is_named_not_restored() -> None:
+    lines = leftover_lines("t.py::t", {0: ("X set", "daemon thread 'tqdm' still running")})
+    assert lines == [
+        "leftovers: t.py::t left X set on rank 0 (restored); daemon thread 'tqdm' still "
+        "running on rank 0"
+    ]
+
+
+def test_words() -> None:
+    assert and_words(["a"]) == "a"
+    assert and_words(["a", "b", "c"]) == "a, b and c"
+    assert env_words("X", None, "1") == "X set"
+    assert env_words("X", "1", None) == "X unset"
+    assert env_words("X", "1", "2") == "X changed"  # values are never shown
+    assert flag_words("default dtype", torch.float64) == "the default dtype float64"
+    assert flag_words("grad mode", False) == "grad mode off"
+    assert flag_words("deterministic algorithms", (True, True)) == (
+        "deterministic algorithms on (warn only)"
+    )
+    assert flag_words("torch.backends.cudnn.benchmark", True) == (
+        "torch.backends.cudnn.benchmark True"
+    )
+
+
+def test_a_snapshot_reads_the_precision_a_mixed_setting_hides(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On torch 2.13 ``get_float32_matmul_precision`` raises once ``fp32_precision`` was set:
+    the snapshot says so instead of failing the test."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "tf32"
+        flags = Snapshot.take().torch
+        assert flags["torch.backends.cuda.matmul.fp32_precision"] == "tf32"
+        assert flags["float32 matmul precision"].startswith("(mixed")
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+    monkeypatch.setenv("SNAPSHOT_SEES", "1")
+    assert Snapshot.take().env["SNAPSHOT_SEES"] == "1"
+    assert Snapshot.take().cwd[""] == os.getcwd()
