@@ -35,9 +35,10 @@ comment (invisible on GitHub) that says what to do with the block:
     whose tests take too long to run here (14 s for one MultiProcessTestCase test).
 
 Examples run as on a machine without GPUs: ``DISTRANK_FAKE_GPU_COUNT=0``, and no ``DISTRANK_*``
-option variable is inherited. A block with no directive fails ``test_every_example_has_a_directive``
-and its own test. Examples that show output or shell commands are not ```python blocks and need
-no directive.
+option variable is inherited, but for ``DISTRANK_REPLAY=off``: no replays of the examples that
+fail on purpose (``args="--distrank-replay=on"`` turns them on). A block with no directive fails
+``test_every_example_has_a_directive`` and its own test. Examples that show output or shell
+commands are not ```python blocks and need no directive.
 
 Also checked here: docs/reference.md names every option, marker, fixture and hook of the plugin,
 and the relative links between README.md and the docs pages point at files and headings that
@@ -63,7 +64,7 @@ import pytest
 from pytest_distrank import hookspecs
 from pytest_distrank.fixtures import RANK_FIXTURES
 from pytest_distrank.markers import MARKERS
-from pytest_distrank.settings import OPTIONS
+from pytest_distrank.settings import OPTIONS, REPLAY
 
 from ..helpers import RunPytest
 
@@ -430,6 +431,7 @@ def _run(block: Block, request: pytest.FixtureRequest) -> RunOutcome:
     run_pytest: RunPytest = request.getfixturevalue("run_pytest")
     for option in OPTIONS:
         monkeypatch.delenv(option.env, raising=False)
+    monkeypatch.setenv(REPLAY.env, "off")  # as in run_pytest: the examples fail on purpose
     for name in ("PYTEST_TIMEOUT", "PYTEST_ADDOPTS"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DISTRANK_FAKE_GPU_COUNT", "0")
