@@ -15,6 +15,8 @@ Usage (from the repository root, with the project installed):
 Workloads:
   distrank ws2/ws4      one all_reduce of a 1-element tensor and one assert, world size 2 and 4
   distrank ws4 empty    a 4-rank test whose body does nothing (the plugin's own overhead)
+  ... no checks/no seed the same with --distrank-leftovers=off / --distrank-seed=off: the rank CPU
+                        of the leftover checks and of seeding each test is the difference
   distrank ws4 FR off   ws4 with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0)
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
@@ -207,6 +209,20 @@ def workloads() -> list[Workload]:
         ("distrank ws2", harness(DISTRANK, DISTRANK_TEST, 2), plugin, "big"),
         ("distrank ws4", harness(DISTRANK, DISTRANK_TEST, 4), plugin, "big"),
         ("distrank ws4 empty", harness(DISTRANK, EMPTY_TEST, 4), plugin, "big"),
+        # The same without the checks of what each test leaves behind (rank/leftovers.py) and
+        # without per-test seeding (rank/seeding.py): their cost is the difference in rank CPU.
+        (
+            "distrank ws4 empty, no checks",
+            harness(DISTRANK, EMPTY_TEST, 4),
+            [*plugin, "--distrank-leftovers=off"],
+            "big",
+        ),
+        (
+            "distrank ws4 empty, no seed",
+            harness(DISTRANK, EMPTY_TEST, 4),
+            [*plugin, "--distrank-seed=off"],
+            "big",
+        ),
         # PyTorch's flight recorder off (it records every collective; the hang reports read it).
         (
             "distrank ws4 FR off",
