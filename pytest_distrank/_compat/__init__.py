@@ -52,6 +52,7 @@ from .harness import (
 )
 from .mp_internals import (
     close_fork_server_alive_fd,
+    executor_worker,
     forkserver_pid,
     kill_fork_server,
     mp_process_config,
@@ -136,6 +137,7 @@ __all__ = [
     "default_plugin_modules",
     "dispatch_modes",
     "drop_junit_xml",
+    "executor_worker",
     "dump_flight_recorder",
     "ensure_unconfigure",
     "every_rank_int",

@@ -60,3 +60,14 @@ def close_fork_server_alive_fd() -> None:
         with contextlib.suppress(OSError):
             os.close(fd)
         server._forkserver_alive_fd = None
+
+
+def executor_worker(thread: Any) -> bool:
+    """Whether ``thread`` is a worker of a ``concurrent.futures.ThreadPoolExecutor``
+    (``Thread._target`` is ``concurrent.futures.thread._worker``): it waits for work as long as
+    its executor lives, and interpreter exit shuts it down. If renamed, such workers count as any
+    other thread a test left running."""
+    from concurrent.futures import thread as futures_thread
+
+    target = getattr(thread, "_target", None)
+    return target is not None and target is getattr(futures_thread, "_worker", None)

@@ -20,7 +20,8 @@ changes are measured around its setup), less what such fixtures undid when torn 
   groups the test created and left (destroyed). The controller names them in the summary.
 - What cannot be restored makes the pool unfit (the next test gets fresh ranks): a non-daemon
   thread still running (a fresh process would wait for it at exit), a process group that could not
-  be destroyed. A daemon thread is named only.
+  be destroyed. A daemon thread, and an idle worker of a ``ThreadPoolExecutor`` (an executor
+  typically lives as long as the process), are named only.
 - ``--distrank-leftovers=fail`` also fails the test: an error at its teardown naming what it left.
 
 What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``MASTER_PORT``, ``DISTRANK_*``) and what
@@ -381,8 +382,12 @@ class LeftoverCheck:
         for thread, by in threads:
             if _matches(thread.name, self.ignore_threads) or _ending(thread, until):
                 continue
-            if thread.daemon:
-                self.found.restored.append(f"daemon thread {thread.name!r}{by} still running")
+            if thread.daemon or _compat.executor_worker(thread):
+                # Named only: a daemon never holds a process's exit up, nor does an executor's
+                # idle worker (its executor lives per process, typically: inductor's compile
+                # pool, DCP's async saves; exit shuts it down).
+                kind = "daemon thread" if thread.daemon else "executor thread"
+                self.found.restored.append(f"{kind} {thread.name!r}{by} still running")
             else:
                 self.found.unfit.append(
                     f"left thread {thread.name!r}{by} running (not a daemon: a fresh process "

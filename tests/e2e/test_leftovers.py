@@ -77,6 +77,9 @@ def test_c_then_clean(rank, module_env):
 def test_d_module_fixture_kept(rank, module_env):
     # A module fixture's setting is not a leftover while the module's tests run.
     assert os.environ["SET_BY_MODULE_FIXTURE"] == "1"
+    global EXECUTOR  # a library's executor, living as long as the process: not a reason to go
+    EXECUTOR = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lib")
+    EXECUTOR.submit(int).result()
     if rank == 1:
         threading.Thread(target=time.sleep, args=(60,), daemon=True, name="sleeper").start()
 
@@ -93,7 +96,7 @@ def test_e_then_fresh_ranks(rank):
     assert pathlib.Path(f"pid-e-{rank}").read_text() != str(os.getpid())
     assert_clean()
 """
-).replace("import os,", "import os, pathlib,")
+).replace("import os,", "import concurrent.futures, os, pathlib,")
 
 #: The module fixture's teardown leaves its variable: named when its module ends, in a
 #: module of its own so that no fault ends the pool first.
@@ -198,10 +201,14 @@ def test_a_daemon_thread_is_named_and_a_thread_gets_the_next_test_fresh_ranks(
     )
     left.result.stdout.fnmatch_lines(
         [
+            "leftovers: test_left.py::test_d_module_fixture_kept left executor thread 'lib_0' "
+            "still running on ranks 0, 1",
             "leftovers: test_left.py::test_d_module_fixture_kept left daemon thread 'sleeper' "
-            "still running on rank 1"
+            "still running on rank 1",
         ]
     )
+    # Only the non-daemon thread replaced the pool.
+    assert len([line for line in left.result.outlines if "pool killed" in line]) == 1
 
 
 def test_a_wider_fixture_owns_its_changes_until_its_teardown(left: Shared) -> None:

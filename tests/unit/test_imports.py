@@ -277,6 +277,7 @@ PRIVATE_SPELLINGS = (
     # CPython
     "_forkserver",
     "_start_method",
+    "_target",
     # torch
     "_rendezvous_handlers",
     "_dump_fr_trace",
