@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 from collections.abc import Callable
 
 BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
@@ -142,6 +143,11 @@ def parse_seed(text: str) -> int | str | None:
     if not 0 <= seed <= MAX_SEED:
         raise ValueError(f"expected a seed (0 to {MAX_SEED}), random or off")
     return seed
+
+
+def pick_seed() -> int:
+    """A new session seed for ``--distrank-seed=random`` (0 to :data:`MAX_SEED`)."""
+    return secrets.randbelow(MAX_SEED + 1)
 
 
 ORDERS = ("collected", "reverse", "random")

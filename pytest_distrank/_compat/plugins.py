@@ -186,3 +186,18 @@ def pytest_cov_settings(config: pytest.Config) -> dict[str, Any] | None:
         "data_file": os.path.join(topdir, cov.config.data_file),
         "topdir": topdir,
     }
+
+
+# -- pytest-randomly (who reseeds ``random`` and numpy) -------------------------------------------
+
+#: pytest-randomly's plugin name (its entry point; ``-p no:randomly`` blocks it).
+RANDOMLY_PLUGIN = "randomly"
+
+
+def randomly_reseeds(config: pytest.Config) -> bool:
+    """Whether pytest-randomly is active here and reseeds ``random`` and numpy in every phase of
+    every test (its ``randomly_reset_seed`` option, off with ``--randomly-dont-reset-seed``).
+    If its option is renamed: False, and ``--distrank-seed`` seeds them after it."""
+    if config.pluginmanager.get_plugin(RANDOMLY_PLUGIN) is None:
+        return False
+    return bool(getattr(config.option, "randomly_reset_seed", False))

@@ -278,3 +278,14 @@ def reset_compile_state() -> None:
     if counters is not None:
         counters.clear()
 
+
+def reset_dtensor_rng() -> None:
+    """Drop DTensor's process-global random-number tracker
+    (``torch.distributed.tensor._random._rng_tracker``, private) where its module is loaded:
+    the next DTensor random op makes a new one from torch's freshly seeded state, as in a new
+    process. If renamed, the tracker of an earlier test carries over (its offsets, not its seed)."""
+    import sys
+
+    module = sys.modules.get("torch.distributed.tensor._random")
+    if module is not None and getattr(module, "_rng_tracker", None) is not None:
+        setattr(module, "_rng_tracker", None)  # noqa: B010

@@ -308,10 +308,10 @@ def _example(launcher: str) -> str:
     }[launcher]
 
 
-def rerun_command(launch: Launch, nodeid: str) -> str:
-    """A command line that reruns one test in a world of the same size."""
+def rerun_command(launch: Launch, nodeid: str, seed: int | None = None) -> str:
+    """A command line that reruns one test in a world of the same size (and session seed)."""
     ws = launch.world_size
-    test = f"-p distrank {shlex.quote(nodeid)}"
+    test = f"-p distrank {'' if seed is None else f'--distrank-seed={seed} '}{shlex.quote(nodeid)}"
     if launch.launcher == "slurm":
         return f"srun --ntasks={ws} python -m pytest {test}"
     if launch.launcher == "mpi":

@@ -51,6 +51,9 @@ from ..outcome.merge import annotate, merge_test
 from ..outcome.records import RunTest
 from ..outcome.stacks import interruption_message
 from ..outcome.warnings import forward_warnings
+from ..parsing import MAX_SEED
+from ..planning.order import order_seed, reorder, session_seed
+from ..rank import seeding
 from ..rank.groupstate import sequence_numbers
 from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
@@ -82,6 +85,7 @@ def start_launched(config: pytest.Config, launch: Launch) -> None:
     rs = RankSession.open(config, launch)
     plugin = LaunchPlugin(config, rs, Settings.from_config(config))
     config.pluginmanager.register(plugin, PLUGIN_NAME)
+    seeding.register(config, plugin.seed.value, plugin.rank, plugin.is_distributed)
     plugin.watchdog.start()
 
 
@@ -111,11 +115,18 @@ class LaunchPlugin:
         self.aborted = False
         self.collect_error: str | None = None
         self.distributed_tests = 0
+        #: The session seed: ``random`` takes it from rank 0's run id, which every rank got
+        #: through the control store (all ranks must agree, for their order too).
+        self.seed = session_seed(settings.seed, pick=lambda: int(rs.run_id, 16) % (MAX_SEED + 1))
+        try:
+            self.order_seed = order_seed(settings.order, self.seed)
+        except ValueError as exc:
+            raise pytest.UsageError(f"pytest-distrank: {exc}") from None
 
     # -- header and summary --------------------------------------------------------------------
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
-        return header_lines(self.rs, self.settings, __version__)
+        return header_lines(self.rs, self.settings, __version__, self.seed.value, self.order_seed)
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         if self.rank == 0 and self.distributed_tests:
@@ -137,6 +148,16 @@ class LaunchPlugin:
             return
         self.steps = plan.steps
         self.index_of = {id(item): i for i, item in enumerate(self.items)}
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """``--distrank-order``, alike on every rank (planning/order.py)."""
+        name = self.settings.order.value[0]
+        if name != "collected":
+            items[:] = reorder(items, lambda item: item.nodeid, name, self.order_seed)
+
+    def is_distributed(self, item: pytest.Item) -> bool:
+        """Whether ``item`` runs on every rank (others run on rank 0 alone)."""
+        return self._step_of(item).kind == "all"
 
     def _step_of(self, item: pytest.Item) -> Step:
         index = self.index_of.get(id(item))
@@ -323,7 +344,7 @@ class LaunchPlugin:
         if merged is None:
             merged = merge_test(per_rank, self.world_size)
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && "
-        rerun += rerun_command(self.launch, item.nodeid)
+        rerun += rerun_command(self.launch, item.nodeid, self.seed.value)
         annotate(merged, per_rank, self.world_size, self.rs.pids, rerun)
         return merged
 

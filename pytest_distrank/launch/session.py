@@ -74,6 +74,8 @@ class RankSession:
         self.world_size = launch.world_size
         self.channel = channel
         self.root = root
+        #: The run's id, which rank 0 made and the control store carried to every rank.
+        self.run_id = root.name.removeprefix("distrank-")
         self.log_path = str(root / f"rank{self.rank}.log")
         self.log_stream: IO[str] | None = None
         #: This rank's own pid: a process the test forked has another.

@@ -10,14 +10,19 @@ import os
 
 import pytest
 
+from ..planning.order import describe_order, describe_seed
 from ..settings import Settings
 from .session import RankSession
 
 
-def header_lines(rs: RankSession, settings: Settings, version: str) -> list[str]:
+def header_lines(
+    rs: RankSession, settings: Settings, version: str, seed: int | None, order_seed: int | None
+) -> list[str]:
     timeout = f"{settings.timeout.value:g} s" if settings.timeout.value else "none"
+    order = describe_order(settings.order, order_seed)
     lines = [
         f"distrank: {version}, {rs.launch.describe()}, backend {settings.backend.value}, "
+        f"{describe_seed(seed)}{', ' + order if order else ''}, "
         f"timeout {timeout} ({settings.timeout.source})"
     ]
     if rs.world_size > 1:

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pytest import TestReport
@@ -32,6 +33,7 @@ from ..outcome.records import RunTest
 from ..outcome.warnings import forward_warnings
 from ..planning.capabilities import check_ordinary_test, gpu_plan, too_many_ranks
 from ..planning.gpuplan import GpuPolicy
+from ..planning.order import WORKERINPUT_KEY, order_seed, reorder, session_seed
 from ..settings import Settings, Value, item_timeout
 from . import reruns, simreport
 from .attempt import TestRun
@@ -92,7 +94,15 @@ class Controller:
         self.failed_starts: dict[PoolKey, str] = {}
         #: Teardown errors of the ranks' remaining fixtures when the pools stopped.
         self.stop_errors: list[str] = []
+        #: The session seed (``--distrank-seed``; under pytest-xdist, its controller's), and
+        #: the seed of a ``--distrank-order=random`` (planning/order.py).
+        self.seed = session_seed(settings.seed, getattr(config, "workerinput", None))
+        try:
+            self.order_seed = order_seed(settings.order, self.seed)
+        except ValueError as exc:
+            raise pytest.UsageError(f"pytest-distrank: {exc}") from None
         self.pools = PoolSet(config, settings)
+        self.pools.seed = self.seed.value
         self.stats = self.pools.stats
         self.next_test_index = 0
         self.isolated = 0
@@ -202,6 +212,19 @@ class Controller:
         self._undo_rewrites = _compat.share_rewritten_modules(str(folder))
         if self._undo_rewrites is not None:
             self.pools.rewritten = str(folder)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """pytest-xdist's controller: every worker gets this session seed, so that their random
+        states and ``--distrank-order=random`` agree (xdist refuses differing collections)."""
+        node.workerinput[WORKERINPUT_KEY] = self.seed.value
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """``--distrank-order``: reorder the tests within each module (planning/order.py).
+        Ranks keep their own collected order: they run the tests they are sent, by node id."""
+        name = self.settings.order.value[0]
+        if name != "collected":
+            items[:] = reorder(items, lambda item: item.nodeid, name, self.order_seed)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if any(entry.key is not None for entry in self._get_plan(session).values()):
@@ -331,6 +354,8 @@ class Controller:
         forward_warnings(item, run.warnings, key.world_size)
         self.pools.notes.extend(run.notes)
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && pytest -p distrank "
+        if self.seed.value is not None:  # the same random state on every rank
+            rerun += f"--distrank-seed={self.seed.value} "
         rerun += shlex.quote(item.nodeid)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         if key.simulated is not None:

@@ -119,6 +119,8 @@ class PoolSet:
         self.terminal: DebugTerminal | None = None
         #: Each rank's config.workerinput: plugins' values, as xdist hands them over.
         self.inputs = RankInputs(config, self.notes)
+        #: The session seed every rank's random state derives from (the controller's), or None.
+        self.seed: int | None = None
 
     @property
     def workdir(self) -> Path:
@@ -238,6 +240,7 @@ class PoolSet:
                     tuple(self.config.getini(LEFTOVERS_IGNORE_THREADS)),
                 ),
                 workerinput=self.inputs.for_rank(pool_id, rank),
+                seed=self.seed,
             )
             for rank in range(key.world_size)
         ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 from ..planning.gpuplan import describe_policy, nccl_version
+from ..planning.order import describe_order, describe_seed
 from .controller import Controller
 
 
@@ -20,10 +21,12 @@ def header_line(controller: Controller, version: str) -> str:
     gpus = ""
     if controller.gpu_policy.oversubscribe:  # only then is NCCL's version asked (imports torch)
         gpus = ", " + describe_policy(controller.gpu_policy, nccl_version())
+    seed = describe_seed(controller.seed.value)
+    order = describe_order(s.order, controller.order_seed)
     return (
         f"distrank: {version}, backend {s.backend.value}, start method {s.start_method.value}, "
-        f"timeout {timeout} ({s.timeout.source}), default world size {s.world_size.value}"
-        f"{isolate}{gpus}"
+        f"{seed}{', ' + order if order else ''}, timeout {timeout} ({s.timeout.source}), "
+        f"default world size {s.world_size.value}{isolate}{gpus}"
     )
 
 

@@ -356,7 +356,7 @@ def test_failure_report_ends_with_a_rerun_command(outcomes: pytest.RunResult) ->
     section(outcomes, "test_bad[a b]").fnmatch_lines(
         [
             "*- distrank: rerun just this test -*",
-            "cd * && pytest -p distrank 'test_rerun.py::test_bad[[]a b[]]'",
+            "cd * && pytest -p distrank --distrank-seed=* 'test_rerun.py::test_bad[[]a b[]]'",
         ]
     )
 

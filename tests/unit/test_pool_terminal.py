@@ -15,7 +15,11 @@ from pytest_distrank.settings import Value
 
 
 def controller(
-    stats: Stats | None = None, notes: tuple[str, ...] = (), **options: Any
+    stats: Stats | None = None,
+    notes: tuple[str, ...] = (),
+    seed: int | None = 1234,
+    order_seed: int | None = None,
+    **options: Any,
 ) -> Controller:
     """A controller with the default settings but ``options`` (name -> value)."""
     settings = {
@@ -25,6 +29,7 @@ def controller(
         "backend": Value("gloo", "default"),
         "start_method": Value("forkserver", "default"),
         "world_size": Value(2, "default"),
+        "order": Value(("collected", None), "default"),
     }
     settings.update({name: Value(value, "command line") for name, value in options.items()})
     fake = SimpleNamespace(
@@ -32,21 +37,33 @@ def controller(
         gpu_policy=STRICT,
         stats=stats or Stats(),
         pools=SimpleNamespace(notes=list(notes)),
+        seed=Value(seed, "picked at random"),
+        order_seed=order_seed,
     )
     return cast(Controller, fake)
 
 
 def test_the_header_says_every_setting_and_where_the_timeout_came_from() -> None:
     assert header_line(controller(), "1.2") == (
-        "distrank: 1.2, backend gloo, start method forkserver, timeout 300 s (default), "
-        "default world size 2"
+        "distrank: 1.2, backend gloo, start method forkserver, seed 1234 (--distrank-seed to "
+        "repeat), timeout 300 s (default), default world size 2"
     )
     changed = controller(
-        start_method="spawn", world_size=3, isolate=True, preload=["heavy", "json"], timeout=0.0
+        start_method="spawn",
+        world_size=3,
+        isolate=True,
+        preload=["heavy", "json"],
+        timeout=0.0,
+        seed=None,
+        order=("reverse", None),
     )
     assert header_line(changed, "1.2") == (
-        "distrank: 1.2, backend gloo, start method spawn, timeout none (command line), "
-        "default world size 3, isolate, preload heavy,json"
+        "distrank: 1.2, backend gloo, start method spawn, seed off, order reverse, timeout none "
+        "(command line), default world size 3, isolate, preload heavy,json"
+    )
+    shuffled = controller(order=("random", None), order_seed=1234)
+    assert ", seed 1234 (--distrank-seed to repeat), order random:1234, " in header_line(
+        shuffled, "1.2"
     )
 
 

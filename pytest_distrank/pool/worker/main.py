@@ -43,7 +43,7 @@ import pytest
 from ... import _compat
 from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ...outcome.stacks import interruption_message
-from ...rank import reaper
+from ...rank import reaper, seeding
 from ...rank.context import RANK_CONTEXT, RankContext
 from ...rank.groupstate import collective_counts, left_modes, sequence_numbers
 from ...rank.hygiene import Leftovers, cap_section, next_node, stray_forks
@@ -217,6 +217,7 @@ class WorkerPlugin:
         config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
         if self.checks is not None:
             config.pluginmanager.register(self.checks, "distrank-leftover-checks")
+        seeding.register(config, self.cfg.seed, self.cfg.rank)  # before each test's fixtures
         local = local_mode_plugin(self.cfg.simulated)
         if local is not None:  # every test of a local-mode pool runs under LocalTensorMode
             config.pluginmanager.register(local, "distrank-local-mode")
