@@ -282,6 +282,40 @@ class TestLeaks(Base):
         self.assertNotIn("LEAKED_BY_B", os.environ)
         self.assertNotIn("leaky", [t.name for t in threading.enumerate()])
 """,
+    # As PyTorch's DistributedTest suite (TestDistBackend.setUp): the parent's setUp makes a
+    # folder, hands it to its children in the environment, and its tearDown removes it; the
+    # children meet at a file barrier there, and the harness sets a fresh port per test.
+    "parent": PLAIN
+    + """
+import tempfile
+
+
+class TestParentSetUp(Base):
+    def setUp(self):
+        self.folder = tempfile.TemporaryDirectory()
+        os.environ["SUITE_TEMP_DIR"] = self.folder.name
+        super().setUp()
+
+    def tearDown(self):
+        self.folder.cleanup()
+        super().tearDown()
+
+    def _file_barrier(self):
+        folder = os.environ["SUITE_TEMP_DIR"]
+        open(os.path.join(folder, str(self.rank)), "w").close()
+        deadline = time.monotonic() + 20
+        while len(os.listdir(folder)) < self.world_size:
+            assert time.monotonic() < deadline, f"rank {self.rank}: alone in {folder}"
+            time.sleep(0.01)
+
+    def test_meet_in_the_parents_folder(self):
+        note(self)
+        self._file_barrier()
+        self.assertTrue(os.path.isdir(os.environ["SUITE_TEMP_DIR"]))
+
+    def test_meet_again(self):
+        self._file_barrier()
+""",
     "own": PLAIN
     + """
 class TestOwn(Base):
@@ -365,7 +399,7 @@ def test_the_summary_counts_distributed_tests_and_pools(suites: pytest.RunResult
     unittest decorator skips before any process); pools: the warm one, a new one after each fault
     (two failures in continuous classes, a thread left running; a variable left set is restored)
     and one per test of ``TestFresh``."""
-    suites.stdout.fnmatch_lines(["26 distributed tests; pools started: 6 at world size 2"])
+    suites.stdout.fnmatch_lines(["28 distributed tests; pools started: 6 at world size 2"])
 
 
 def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> None:
@@ -502,6 +536,21 @@ def test_a_leaked_thread_replaces_the_pool_and_a_variable_is_restored(
     names = ("test_a_leaks_a_thread", "test_b_sets_a_variable", "test_c_sees_a_clean_process")
     pools = [_pools(f"TestLeaks.{name}")[0][0] for name in names]
     assert pools[0] != pools[1] == pools[2], pools  # a new pool after the thread only
+
+
+def test_the_parents_setup_runs_once_its_environment_reaches_every_rank(
+    suites: pytest.RunResult,
+) -> None:
+    """PyTorch's DistributedTest suite hands the folder its setUp makes to the children in
+    TEMP_DIR: every rank takes rank 0's (one folder, one barrier), what setUp set is never the
+    test's leftover, and rank 0's tearDown removes the folder only after every rank finished."""
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_parent.py::TestParentSetUp::test_meet_in_the_parents_folder PASSED*",
+            "test_parent.py::TestParentSetUp::test_meet_again PASSED*",
+        ]
+    )
+    assert "SUITE_TEMP_DIR" not in suites.stdout.str()  # no leftovers line names it
 
 
 def test_the_class_attribute_leaves_the_class_to_its_own_harness(

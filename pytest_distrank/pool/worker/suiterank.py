@@ -30,6 +30,10 @@ sees what ``setUpClass`` and ``setUp`` set; a spawned child (``_spawn_processes`
 import. What the child's part changes in the class is undone after it, as the child's exit
 would; a continuous class's worker keeps its own view from one test to the next.
 
+What the harness's parent does once for every child, its ``setUp`` and ``tearDown``, every rank
+does, taking the environment rank 0's ``setUp`` set (:mod:`suiteparent`: one ``TEMP_DIR``, where
+PyTorch's ``DistributedTest`` suite meets at its file barrier).
+
 What the test leaves behind in the warm rank is checked as for every test
 (:mod:`rank.leftovers`); what the harness's own ``setUp`` sets in what stands for its parent
 process (``WORLD_SIZE``, ``TEMP_DIR``, ``TORCH_NCCL_DESYNC_DEBUG``) is the harness's: it is
@@ -53,6 +57,7 @@ from ... import _compat
 from ...rank.context import RANK_CONTEXT, RankContext
 from ..suites import CASE, Case
 from .suiteclass import ClassState, child_view
+from .suiteparent import ParentEnv
 
 
 class SuiteRunner:
@@ -210,7 +215,9 @@ def _run_spawned(
     shared.mkdir(parents=True, exist_ok=True)
     parent = cls(name)
     started = _compat.harness_no_spawning(parent)
-    parent.setUp()
+    handover = ParentEnv(ctx)  # the parent's setUp runs once: its environment is rank 0's
+    with handover.setup():
+        parent.setUp()
     after_setup()
     # A forked child has the parent's class; a spawned one imports it afresh.
     child = None if started and started[-1] == "fork" else fresh
@@ -236,6 +243,7 @@ def _run_spawned(
         ours.close()
         theirs.close()
         _compat.print_stacks_on_fatal_signal(False)
+        handover.finished()
         try:
             parent.tearDown()
         finally:
