@@ -225,3 +225,19 @@ def share_rewritten_modules(folder: str) -> Callable[[], None] | None:
     rewrite.get_cache_dir = cache_dir
     rewrite._rewrite_test = rewrite_and_keep
     return undo
+
+
+def skip_mark_reason(item: pytest.Item) -> str | None:
+    """The reason a ``skip``/``skipif`` marker skips ``item``, evaluated as pytest's skipping
+    plugin does at setup (``_pytest.skipping.evaluate_skip_marks``, private); None when none
+    applies or a condition fails to evaluate (pytest then reports that error at setup). If it
+    moves, skipped distributed tests start their pools again, as before."""
+    try:
+        from _pytest.skipping import evaluate_skip_marks
+    except ImportError:
+        return None
+    try:
+        skipped = evaluate_skip_marks(item)
+    except Exception:
+        return None
+    return None if skipped is None else str(skipped.reason)

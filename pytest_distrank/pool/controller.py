@@ -51,6 +51,7 @@ from .poolkey import PoolKey
 from .poolset import PoolSet, SessionStartError
 from .preloads import file_preloads
 from .replay import Replays
+from .suites import fresh_notes
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
@@ -69,6 +70,8 @@ class Planned:
     skip: str | None = None
     #: The test's deadline and where it came from (see settings.item_timeout).
     timeout: Value[float] | None = None
+    #: A skip or skipif marker skips it: pytest's skipping plugin does, here, without a pool.
+    by_mark: bool = False
 
 
 def _keyword_safe(name: str) -> str:
@@ -141,6 +144,9 @@ class Controller:
                 continue
             if spec is None:
                 continue
+            if _compat.skip_mark_reason(item) is not None:  # pytest skips it: no pool for it
+                plan[item.nodeid] = Planned(spec, by_mark=True)
+                continue
             gpus = too_many_ranks(spec.world_size) or gpu_plan(spec, self.gpu_policy)
             entry = Planned(spec, skip=gpus if isinstance(gpus, str) else None, timeout=timeout)
             plan[item.nodeid] = entry
@@ -164,6 +170,7 @@ class Controller:
             self.pool_nodeids.setdefault(entry.key, []).append(item.nodeid)
             self.pool_files.setdefault(entry.key, set()).add(str(item.path))
         self.plan = plan
+        self.pools.notes.extend(fresh_notes(session.items))
         return plan
 
     def _start_fork_server_early(self) -> None:
@@ -238,6 +245,8 @@ class Controller:
         if entry is None:
             check_ordinary_test(item)
             return
+        if entry.by_mark:
+            return  # pytest's skipping plugin raises the skip, as for any test
         if entry.error:
             pytest.fail(entry.error, pytrace=False)
         if entry.skip:

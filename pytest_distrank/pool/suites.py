@@ -10,6 +10,10 @@ methods are the harness's own) becomes a distributed test of the class's world s
 freshly spawned process. Classes that look alike but do not spawn (``LocalDTensorTestBase``,
 ``MultiThreadedTestCase``) stay ordinary tests.
 
+Classes whose tests keep state that a warm rank cannot give back (RPC's test fixture) run each
+test on fresh ranks (:data:`FRESH_BASES`), said once per class in the summary; users name their
+own with the ini key ``distrank_isolate_tests``.
+
 Not registered in launcher mode (there each process already is a rank of a launched world, and
 the classes' own harness runs as it always does), nor with ``--distrank-suites=own``; a class
 opts out with ``distrank_suites = "own"``.
@@ -112,6 +116,41 @@ def take(item: pytest.Item, kind: Kind) -> None:
         return
     item.stash[CASE] = Case(kind, size)
     item.add_marker(pytest.mark.world_size(size, init_process_group=False))
+    why = fresh_reason(cls)
+    if why:
+        item.stash[FRESH] = why
+        item.add_marker(pytest.mark.distrank_isolate)
+
+
+#: Base classes whose tests keep process-wide state a warm rank cannot give back, by name (in
+#: any module): RPC's test fixture initialises an RPC agent per test (``rpc.init_rpc``), whose
+#: RRefs, agent threads and shutdown survive in a warm rank and break its next test.
+FRESH_BASES = {"RpcAgentTestFixture": "RPC state does not survive between tests"}
+#: Set on the items of such classes: why each runs on fresh ranks (said once per class).
+FRESH = pytest.StashKey[str]()
+
+
+def fresh_reason(cls: type) -> str:
+    """Why the tests of ``cls`` need fresh ranks each ("": a warm pool is as good)."""
+    for base in cls.__mro__:
+        why = FRESH_BASES.get(base.__name__)
+        if why:
+            return why
+    return ""
+
+
+def fresh_notes(items: list[pytest.Item]) -> list[str]:
+    """One summary line per class whose tests ran on fresh ranks for what they are."""
+    counts: dict[tuple[str, str], int] = {}
+    for item in items:
+        why = item.stash.get(FRESH, "")
+        if why:
+            key = (getattr(item, "cls").__name__, why)  # noqa: B009
+            counts[key] = counts.get(key, 0) + 1
+    return [
+        f"{n} test{'s' if n > 1 else ''} of {cls} ran on fresh ranks: {why} (a pool each)"
+        for (cls, why), n in counts.items()
+    ]
 
 
 def _base_name(kind: Kind) -> str:

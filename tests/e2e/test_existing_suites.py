@@ -316,6 +316,44 @@ class TestParentSetUp(Base):
     def test_meet_again(self):
         self._file_barrier()
 """,
+    # A class whose tests keep process-wide state a warm rank cannot give back, found by what it
+    # is (a base named as RPC's test fixture): a pool of fresh ranks for each test.
+    "rpc": PLAIN
+    + """
+class RpcAgentTestFixture:  # as torch.testing._internal.distributed.rpc's, by its name
+    pass
+
+
+AGENTS = []  # what init_rpc would leave in the process
+
+
+class TestRpcLike(Base, RpcAgentTestFixture):
+    def test_a_starts_an_agent(self):
+        note(self)
+        AGENTS.append(self.rank)
+        self.assertEqual(AGENTS, [self.rank])
+
+    def test_b_starts_an_agent(self):
+        note(self)
+        AGENTS.append(self.rank)
+        self.assertEqual(AGENTS, [self.rank])
+""",
+    # pytest skips these by marker: no pool starts for them (world size 3 is no other test's).
+    "skipped": """
+import pytest
+
+
+@pytest.mark.skip(reason="not today")
+@pytest.mark.world_size(3)
+def test_skipped(rank):
+    raise AssertionError("never runs")
+
+
+@pytest.mark.skipif(True, reason="condition holds")
+@pytest.mark.world_size(3)
+def test_skipped_if(rank):
+    raise AssertionError("never runs")
+""",
     "own": PLAIN
     + """
 class TestOwn(Base):
@@ -398,8 +436,9 @@ def test_the_summary_counts_distributed_tests_and_pools(suites: pytest.RunResult
     """Every test method taken over is a distributed test (not ``TestOwn``'s, nor one that a
     unittest decorator skips before any process); pools: the warm one, a new one after each fault
     (two failures in continuous classes, a thread left running; a variable left set is restored)
-    and one per test of ``TestFresh``."""
-    suites.stdout.fnmatch_lines(["28 distributed tests; pools started: 6 at world size 2"])
+    and one per test of ``TestFresh`` and of ``TestRpcLike``; none for the tests skipped by
+    marker (at world size 3)."""
+    suites.stdout.fnmatch_lines(["30 distributed tests; pools started: 8 at world size 2"])
 
 
 def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> None:
@@ -551,6 +590,34 @@ def test_the_parents_setup_runs_once_its_environment_reaches_every_rank(
         ]
     )
     assert "SUITE_TEMP_DIR" not in suites.stdout.str()  # no leftovers line names it
+
+
+def test_a_class_whose_state_cannot_survive_gets_fresh_ranks_per_test(
+    suites: pytest.RunResult,
+) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_rpc.py::TestRpcLike::test_a_starts_an_agent PASSED*",
+            "test_rpc.py::TestRpcLike::test_b_starts_an_agent PASSED*",
+            "2 tests of TestRpcLike ran on fresh ranks: RPC state does not survive between tests "
+            "(a pool each)",
+        ]
+    )
+    pools = [
+        _pools(f"TestRpcLike.{name}")[0][0]
+        for name in ("test_a_starts_an_agent", "test_b_starts_an_agent")
+    ]
+    assert pools[0] != pools[1], pools
+
+
+def test_tests_skipped_by_marker_start_no_pool(suites: pytest.RunResult) -> None:
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_skipped.py::test_skipped SKIPPED (not today)*",
+            "test_skipped.py::test_skipped_if SKIPPED (condition holds)*",
+        ]
+    )
+    assert "world size 3" not in suites.stdout.str()
 
 
 def test_the_class_attribute_leaves_the_class_to_its_own_harness(
