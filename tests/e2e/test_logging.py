@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import SharedSession
+from ..helpers import RunPytest, SharedSession
 
 LOGS = """
 import logging, pytest
@@ -118,3 +118,31 @@ def test_pools_start_with_the_cache_turned_off(logging_session: pytest.RunResult
     """``-p no:cacheprovider``: no ``cache_dir`` ini in ranks, and no cache to make for them."""
     assert "could not start the ranks" not in logging_session.stdout.str()
     logging_session.stdout.fnmatch_lines(["*test_logs.py::test_caplog_sees_every_logger*PASSED*"])
+
+
+#: torch's c10d logger test (test_c10d_logger.py) counts the handlers of a non-propagating
+#: logger: with pytest's log capture off, a rank adds none (#27).
+NO_CAPTURE = """
+import logging, pytest
+
+
+@pytest.mark.world_size(2)
+def test_a_non_propagating_logger_keeps_its_own_handlers(rank):
+    logger = logging.getLogger("mylib.own")
+    logger.propagate = False
+    logger.addHandler(logging.NullHandler())
+    logging.getLogger("mylib.own").warning("after the logger was made")
+
+
+@pytest.mark.world_size(2)
+def test_next(rank):
+    assert [type(h).__name__ for h in logging.getLogger("mylib.own").handlers] == ["NullHandler"]
+"""
+
+
+def test_without_log_capture_ranks_leave_loggers_alone(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    pytester.makepyfile(test_no_capture=NO_CAPTURE)
+    result = run_pytest("-p", "no:logging")
+    result.assert_outcomes(passed=2)

@@ -166,6 +166,8 @@ class WorkerPlugin:
         self.pending: list[dict[str, Any] | PassedPhase] = []
         self.collect_errors: list[str] = []
         self.config: pytest.Config | None = None
+        #: pytest's logging plugin captures (not under -p no:logging): loggers get relays.
+        self.log_capture = False
         self.ctx: RankContext | None = None
         #: A ``coverage.Coverage`` measuring this rank when pytest-cov measures the controller.
         self.coverage: Any = None
@@ -207,6 +209,7 @@ class WorkerPlugin:
     @pytest.hookimpl(trylast=True)
     def pytest_configure(self, config: pytest.Config) -> None:
         self.config = config
+        self.log_capture = config.pluginmanager.get_plugin("logging-plugin") is not None
         install(self.relay)  # after pytest's debugging plugin took pdb.set_trace
         if self.debug.trace and self.debug.trace_rank == self.cfg.rank:
             # Only on the trace rank: other ranks pay no hook wrapper per test.
@@ -437,7 +440,8 @@ class WorkerPlugin:
         if self.checks is not None:
             self.checks.start(item, harness=CASE in item.stash)
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
-        ranklogs.new_test()
+        if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
+            ranklogs.new_test()
         try:
             item.ihook.pytest_runtest_protocol(item=item, nextitem=nextitem)
         finally:
