@@ -15,7 +15,6 @@ import dataclasses
 import gc
 import os
 import re
-import shlex
 import signal
 import sys
 import time
@@ -51,6 +50,7 @@ from .poolkey import PoolKey
 from .poolset import PoolSet, SessionStartError
 from .preloads import file_preloads
 from .replay import Replays
+from .repro import Repro
 from .suites import fresh_notes
 
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
@@ -108,6 +108,8 @@ class Controller:
         self.pools.seed = self.seed.value
         self.stats = self.pools.stats
         self.next_test_index = 0
+        #: The rerun command under each failure: its folder, seed, the file's variables.
+        self.repro = Repro(str(config.rootpath))
         self.isolated = 0
         #: A session run inside another's process (``pytest.main(plugins=...)``, as pytester's
         #: in-process runs do): it leaves the process's GC and signals alone, and starts the fork
@@ -362,10 +364,7 @@ class Controller:
             merged = merge_test(run.reports, key.world_size)
         forward_warnings(item, run.warnings, key.world_size)
         self.pools.notes.extend(run.notes)
-        rerun = f"cd {shlex.quote(str(self.config.rootpath))} && pytest -p distrank "
-        if self.seed.value is not None:  # the same random state on every rank
-            rerun += f"--distrank-seed={self.seed.value} "
-        rerun += shlex.quote(item.nodeid)
+        rerun = self.repro.command(str(item.path), item.nodeid, self.seed.value)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         if key.simulated is not None:
             simreport.relabel(merged, key.simulated)
