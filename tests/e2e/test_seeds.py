@@ -131,7 +131,11 @@ def test_the_header_says_the_seed_and_order(seeds: Shared) -> None:
 def test_a_failures_rerun_line_carries_the_seed(seeds: Shared) -> None:
     assert seeds.outcome("test_fails") == "failed"
     seeds.section("test_fails").fnmatch_lines(
-        ["cd * && pytest -p distrank --distrank-seed=76 test_rng.py::test_fails"]
+        # and the variable the file reads (pool/repro.py), so that it runs as shown
+        [
+            "cd * && SEEDS_OUT=*/draws-seeds pytest -p distrank --distrank-seed=76 "
+            "test_rng.py::test_fails"
+        ]
     )
 
 
