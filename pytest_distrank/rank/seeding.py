@@ -31,7 +31,7 @@ from .. import _compat
 NUMPY_SEED_MASK = 2**32 - 1
 
 
-def test_seed(session_seed: int, nodeid: str, rank: int) -> int:
+def seed_of(session_seed: int, nodeid: str, rank: int) -> int:
     """The 64-bit seed of one test on one rank: a hash of the session seed, node id and rank.
 
     Distinct per rank and per test, the same in every session with the same seed, whatever ran
@@ -78,7 +78,7 @@ class SeedPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.distributed(item):
-            seed = test_seed(self.session_seed, item.nodeid, self.rank)
+            seed = seed_of(self.session_seed, item.nodeid, self.rank)
             seed_random_state(seed, self.torch_only)
 
 

@@ -15,8 +15,7 @@ from pytest_distrank.planning.order import (
     reorder,
     session_seed,
 )
-from pytest_distrank.rank.seeding import seed_random_state
-from pytest_distrank.rank.seeding import test_seed as seed_of  # not a test of pytest's
+from pytest_distrank.rank.seeding import seed_of, seed_random_state
 from pytest_distrank.settings import Value
 
 
