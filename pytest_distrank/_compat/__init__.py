@@ -52,6 +52,7 @@ from .harness import (
 )
 from .mp_internals import (
     close_fork_server_alive_fd,
+    environ_data,
     executor_worker,
     forkserver_pid,
     kill_fork_server,
@@ -144,6 +145,7 @@ __all__ = [
     "drop_junit_xml",
     "dump_flight_recorder",
     "ensure_unconfigure",
+    "environ_data",
     "every_rank_int",
     "executor_worker",
     "fake_store",

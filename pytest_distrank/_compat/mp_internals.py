@@ -71,3 +71,11 @@ def executor_worker(thread: Any) -> bool:
 
     target = getattr(thread, "_target", None)
     return target is not None and target is getattr(futures_thread, "_worker", None)
+
+
+def environ_data() -> dict[Any, Any]:
+    """A copy of the process environment as ``os.environ`` keeps it (encoded: bytes on POSIX,
+    ``os.environ._data``, private): 0.2 us against 26 us for ``dict(os.environ)``, which decodes
+    every name and value. If renamed, the decoded copy is taken."""
+    data = getattr(os.environ, "_data", None)
+    return dict(data) if isinstance(data, dict) else dict(os.environ)

@@ -101,7 +101,7 @@ class Snapshot:
     @classmethod
     def take(cls) -> Snapshot:
         return cls(
-            dict(os.environ),
+            _compat.environ_data(),  # encoded names and values: decoded only where they differ
             {"": _cwd()},
             _torch_flags(),
             {t.ident: t for t in threading.enumerate()},
@@ -167,12 +167,26 @@ def _torch_flags() -> Category:
         "torch threads": torch.get_num_threads(),
         "float32 matmul precision": _matmul_precision(torch),
     }
-    for path in BACKEND_FLAGS:
+    for name, owner, attribute in _backend_flags(torch):
         try:
-            flags[f"torch.{path}"] = _path_get(torch, path)
+            flags[name] = getattr(owner, attribute)
         except (AttributeError, RuntimeError):
             continue
     return flags
+
+
+@functools.cache
+def _backend_flags(torch: Any) -> tuple[tuple[str, Any, str], ...]:
+    """(name, the object that holds it, attribute) of each of :data:`BACKEND_FLAGS` this torch
+    has, looked up once: a read is then one ``getattr`` (~0.5 us)."""
+    found = []
+    for path in BACKEND_FLAGS:
+        owner_path, _, attribute = path.rpartition(".")
+        try:
+            found.append((f"torch.{path}", _path_get(torch, owner_path), attribute))
+        except AttributeError:
+            continue
+    return tuple(found)
 
 
 def _set_torch_flag(name: str, value: Any) -> None:
@@ -260,7 +274,7 @@ class LeftoverCheck:
         and ``item`` does not need was torn down)."""
         self.expected = Snapshot.take()
         self.harness = harness
-        self.quiet = {("env", name) for name in HARNESS_ENV} if harness else set()
+        self.quiet = {("env", _env_key(name)) for name in HARNESS_ENV} if harness else set()
 
     def harness_setup_done(self) -> None:
         """PyTorch's harness ran the test's ``setUp`` in what stands for its parent process: what
@@ -355,9 +369,10 @@ class LeftoverCheck:
                 _restore(category, key, value)
                 continue
             if category == "env":
-                if _matches(str(key), self.ignore_env):
+                name = _decoded(key)
+                if _matches(name, self.ignore_env):
                     continue
-                self.found.restored.append(env_words(key, value, now.env.get(key)) + by)
+                self.found.restored.append(env_words(name, value, now.env.get(key)) + by)
             elif category == "cwd":
                 self.found.restored.append("the working folder changed" + by)
             elif category == "torch":
@@ -447,11 +462,21 @@ def _restore(category: str, key: Any, value: Any) -> None:
         return
 
 
-def _restore_env(name: str, value: str | None) -> None:
+def _env_key(name: str) -> Any:
+    """``name`` as :func:`_compat.environ_data` keys it (encoded where the OS has bytes)."""
+    return os.fsencode(name) if os.supports_bytes_environ else name
+
+
+def _decoded(value: Any) -> str:
+    """A name or value of :func:`_compat.environ_data` as ``os.environ`` shows it."""
+    return os.fsdecode(value) if isinstance(value, bytes) else str(value)
+
+
+def _restore_env(name: Any, value: Any) -> None:
     if value is None:
-        os.environ.pop(name, None)
+        os.environ.pop(_decoded(name), None)
     else:
-        os.environ[name] = value
+        os.environ[_decoded(name)] = _decoded(value)
 
 
 def _group_words(pg: Any) -> str:

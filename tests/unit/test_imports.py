@@ -278,6 +278,7 @@ PRIVATE_SPELLINGS = (
     "_forkserver",
     "_start_method",
     "_target",
+    "_data",
     # torch
     "_rendezvous_handlers",
     "_dump_fr_trace",

@@ -68,5 +68,5 @@ def test_a_snapshot_reads_the_precision_a_mixed_setting_hides(
     finally:
         torch.backends.cuda.matmul.fp32_precision = before
     monkeypatch.setenv("SNAPSHOT_SEES", "1")
-    assert Snapshot.take().env["SNAPSHOT_SEES"] == "1"
+    assert Snapshot.take().env[os.fsencode("SNAPSHOT_SEES")] == b"1"
     assert Snapshot.take().cwd[""] == os.getcwd()
