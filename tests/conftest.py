@@ -39,6 +39,21 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
 
 
+#: What pytest-xdist sets in its workers: an inner session that inherits them believes it is an
+#: xdist worker (pool names, plugins' worker ids), so the suite can run under ``-n``.
+XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
+def _inner_environment(monkeypatch: pytest.MonkeyPatch, tag: str) -> None:
+    """The environment of an inner session: its tag, the short test waits, no xdist worker's."""
+    monkeypatch.setenv(TAG_ENV, tag)
+    # The end-of-test rule's fixed waits (grace 5 s, finish 5 s, dumps 3 s) take 1 s here; a test
+    # of those defaults deletes the variable (settings.TEST_WAITS_ENV).
+    monkeypatch.setenv(TEST_WAITS_ENV, "1")
+    for name in XDIST_ENV:
+        monkeypatch.delenv(name, raising=False)
+
+
 def _assert_none_left(tag: str) -> None:
     """No process of the inner session tagged ``tag`` may outlive it (15 s to end)."""
     leftover = wait_gone(tag, 15)
@@ -51,11 +66,8 @@ def _assert_none_left(tag: str) -> None:
 def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunPytest]:
     """Run ``pytest -p distrank ARGS`` in a subprocess; fail the test if a process outlives it."""
     tag = uuid.uuid4().hex
-    monkeypatch.setenv(TAG_ENV, tag)
+    _inner_environment(monkeypatch, tag)
     monkeypatch.setenv("COLUMNS", "200")  # short summary lines are not trimmed
-    # The end-of-test rule's fixed waits (grace 5 s, finish 5 s, dumps 3 s) take 1 s here; a test
-    # of those defaults deletes the variable (settings.TEST_WAITS_ENV).
-    monkeypatch.setenv(TEST_WAITS_ENV, "1")
     # No replays of failures after the session (pool/replay.py): the fault sessions fail tests
     # on purpose, and replays would cost seconds and run tests that count their runs again.
     # tests/e2e/test_replay.py turns them back on (an empty value: the default).
@@ -78,9 +90,8 @@ def run_inprocess(
     (pool/controller.py) and starts no fork server unless a pool is needed; should one start,
     the leak check still finds it."""
     tag = uuid.uuid4().hex
-    monkeypatch.setenv(TAG_ENV, tag)
+    _inner_environment(monkeypatch, tag)
     monkeypatch.setenv("COLUMNS", "200")
-    monkeypatch.setenv(TEST_WAITS_ENV, "1")
 
     def run(*args: str, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
         return pytester.runpytest_inprocess("-p", "distrank", *args)
@@ -128,8 +139,7 @@ def shared_session(
 def in_terminal(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[InTerminal]:
     """Run ``pytest -p distrank ARGS`` under a pseudo-terminal; no process may outlive it."""
     tag = uuid.uuid4().hex
-    monkeypatch.setenv(TAG_ENV, tag)
-    monkeypatch.setenv(TEST_WAITS_ENV, "1")  # as run_pytest
+    _inner_environment(monkeypatch, tag)  # as run_pytest
     basetemp = pytester.path / "basetemp"
 
     def run(args: list[str], answers: list[str], pause: float = 0.0) -> TerminalRun:
