@@ -60,9 +60,17 @@ def hold(mib):  # what torch.cuda.memory_allocated() would say after the test
         str(mib << 20)
     )
 
+def reserve(mib):  # what torch.cuda.memory_reserved() would say after the test
+    pathlib.Path(os.environ["DISTRANK_FAKE_CUDA_RESERVED_FILE"]).write_text(str(mib << 20))
+
 @pytest.mark.world_size(1)
 def test_a_model(rank):
     hold(100)
+    reserve(128)
+
+@pytest.mark.world_size(1)
+def test_a_then_a_big_cache(rank):
+    reserve(1664)  # the caching allocator keeps 1.5 GiB above the steady state: released
 
 @pytest.mark.world_size(1)
 def test_b_leaks_a_little(rank):
@@ -208,6 +216,7 @@ def fallback(shared_session: SharedSession, fake_gpus: Path) -> tuple[pytest.Run
             "DISTRANK_FAKE_GPU_COUNT": "2",
             "DISTRANK_FAKE_NCCL_VERSION": "2.21.5",
             "DISTRANK_FAKE_CUDA_ALLOCATED_FILE": "{folder}/allocated",
+            "DISTRANK_FAKE_CUDA_RESERVED_FILE": "{folder}/reserved",
         },
     )
     return result, _FALLBACK_FOLDER[0]
@@ -217,7 +226,7 @@ def test_the_fallback_session_runs_every_test_once(
     fallback: tuple[pytest.RunResult, Path],
 ) -> None:
     result, _ = fallback
-    result.assert_outcomes(passed=5, skipped=1)
+    result.assert_outcomes(passed=6, skipped=1)
 
 
 def test_older_nccl_falls_back_to_gloo_on_the_shared_gpus(
@@ -247,11 +256,27 @@ def test_what_gloo_cannot_run_on_cuda_is_a_skip_naming_the_op(
     )
 
 
+def test_reserved_cuda_memory_past_the_limit_is_released_and_named(
+    fallback: tuple[pytest.RunResult, Path],
+) -> None:
+    """The caching allocator's reserve grows by design: past the limit it is released
+    (torch.cuda.empty_cache) and named with the test, and the pool stays (rank/leftovers.py)."""
+    result, _ = fallback
+    result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_memory.py::test_a_then_a_big_cache left 1.5 GiB of reserved CUDA "
+            "memory above the steady state (released: torch.cuda.empty_cache()) on rank 0 "
+            "(restored)"
+        ]
+    )
+    assert "test_a_then_a_big_cache left the rank" not in result.stdout.str()  # no pool killed
+
+
 def test_cuda_memory_a_test_leaves_is_named_and_past_the_limit_replaces_the_pool(
     fallback: tuple[pytest.RunResult, Path],
 ) -> None:
     result, _ = fallback
-    names = ("a_model", "b_leaks_a_little", "c_leaks_a_lot", "d_next")
+    names = ("a_model", "a_then_a_big_cache", "b_leaks_a_little", "c_leaks_a_lot", "d_next")
     result.stdout.fnmatch_lines([f"*test_memory.py::test_{name} PASSED*" for name in names])
     result.stdout.fnmatch_lines(
         [
