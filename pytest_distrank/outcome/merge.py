@@ -32,6 +32,13 @@ from .._compat import (
 
 WHENS = ("setup", "call", "teardown")
 _RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")
+#: PyTorch's repro hint, which its test harness appends to an exception's first argument
+#: (common_utils.print_repro_on_failure); in a one-line summary an exception of several
+#: arguments shows it as literal ``\n`` escapes. The traceback below keeps it.
+_REPRO_HINT = re.compile(
+    r"(?:\\n)+To execute this test, run the following from the base repo dir:.*?"
+    r"PYTORCH_PRINT_REPRO_ON_FAILURE=0"
+)
 
 #: Attribute of a synthesized report (crash, kill, timeout) with one line on what happened.
 NOTE_ATTR = "distrank_note"
@@ -99,6 +106,7 @@ def _short(report: TestReport) -> str:
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None:
         first = str(crash.message).splitlines()[0] if crash.message else ""
+        first = _REPRO_HINT.sub("", first)
         return _RANK_TAG.sub("", first)  # the merged report's own tag, if merged already
     text = str(longrepr or "").strip().splitlines()
     # A plain-text failure (fixture lookup error, collection-style text): its "E " line says

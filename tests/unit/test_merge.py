@@ -279,3 +279,18 @@ def test_a_rank_killed_outside_the_test_is_not_excused_by_a_setup_skip() -> None
         )
         merged = merge_test({0: [report("setup", "passed"), killed], 1: skipped}, 2)
         assert any(r.failed for r in merged), when
+
+
+def test_pytorchs_repro_hint_stays_out_of_the_one_line_story() -> None:
+    """PyTorch's harness appends its repro hint to an exception's first argument; an exception
+    of several arguments shows it as literal \\n escapes on the crash line (#27)."""
+    hint = (
+        "\\n\\nTo execute this test, run the following from the base repo dir:\\n    python "
+        "test/distributed/test_x.py TestX.test_y\\n\\nThis message can be suppressed by setting "
+        "PYTORCH_PRINT_REPRO_ON_FAILURE=0"
+    )
+    message = f"RuntimeError: ('boom{hint}', 3)"
+    crash = synthesized_failure("n", LOCATION, "call", message, "tb", note="")
+    assert rank_story([report("setup", "passed"), crash]) == (
+        "failed in call: RuntimeError: ('boom', 3)"
+    )
