@@ -66,7 +66,7 @@ def test_the_session_seed_is_picked_given_sent_or_off() -> None:
 
 
 def test_a_random_order_takes_its_own_seed_or_the_sessions() -> None:
-    seed = Value(5, "picked at random")
+    seed: Value[int | None] = Value(5, "picked at random")
     assert order_seed(Value(parse_order("reverse"), "default"), seed) is None
     assert order_seed(Value(parse_order("random"), "default"), seed) == 5
     assert order_seed(Value(parse_order("random:8"), "default"), seed) == 8
