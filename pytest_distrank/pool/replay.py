@@ -227,7 +227,7 @@ def refusal(replay: Value[bool], option: Any) -> str | None:
     return None
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # a plugin: pytest 8.0 keeps plugins in sets
 class Replays:
     """The controller's replays: histories of pools, suspects, verdicts (a pytest plugin)."""
 

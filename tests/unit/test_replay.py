@@ -294,11 +294,11 @@ def test_a_workers_lines_reach_the_xdist_controller_and_print_once_there() -> No
         write_sep=lambda sep, title: written.append(f"{sep} {title}"),
         write_line=written.append,
     )
-    worker.pytest_terminal_summary(cast(pytest.TerminalReporter, reporter))
+    worker.pytest_terminal_summary(cast("pytest.TerminalReporter", reporter))
     assert written == []  # a worker prints nothing
     controller = replays()
     controller.pytest_testnodedown(SimpleNamespace(workeroutput=output), None)
     controller.pytest_testnodedown(SimpleNamespace(workeroutput={}), None)  # none there
-    controller.pytest_terminal_summary(cast(pytest.TerminalReporter, reporter))
+    controller.pytest_terminal_summary(cast("pytest.TerminalReporter", reporter))
     assert written == [f"= {TITLE}", *worker.lines]
     assert output == {WORKEROUTPUT_KEY: worker.lines}
