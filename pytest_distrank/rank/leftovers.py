@@ -334,7 +334,8 @@ class LeftoverCheck:
             expected, self.expected = self.expected, None
             if expected is not None:
                 self._settle(expected, Snapshot.take())
-                if self.fail and (self.found.restored or self.found.unfit):
+                found = self.found
+                if self.fail and (found.restored or found.unfit or found.groups):
                     self._raise(item)
 
     def finish(self) -> tuple[tuple[str, ...], str]:
