@@ -232,6 +232,19 @@ def env_words(name: str, before: str | None, after: str | None) -> str:
     return f"{name} unset" if after is None else f"{name} changed"
 
 
+#: At most this many environment variables are named one by one (``os.environ.clear()``).
+NAMED_VARIABLES = 6
+
+
+def few(words: list[str], what: str) -> list[str]:
+    """``words``, or its first ones and how many more (a test that cleared the environment
+    changed every variable; the line names a few)."""
+    if len(words) <= NAMED_VARIABLES:
+        return words
+    rest = len(words) - NAMED_VARIABLES + 1
+    return [*words[: NAMED_VARIABLES - 1], f"{rest} more {what}"]
+
+
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
@@ -364,6 +377,7 @@ class LeftoverCheck:
         """Restore ``now`` to ``expected`` where it differs and can be; note what differed."""
         whose, self.whose = self.whose, {}
         threads_left: list[tuple[threading.Thread, str]] = []
+        variables: list[str] = []
         for (category, key), value in _diff(expected, now):
             by = f" by {whose[category, key]}" if (category, key) in whose else ""
             if (category, key) in self.quiet:
@@ -373,7 +387,7 @@ class LeftoverCheck:
                 name = _decoded(key)
                 if _matches(name, self.ignore_env):
                     continue
-                self.found.restored.append(env_words(name, value, now.env.get(key)) + by)
+                variables.append(env_words(name, value, now.env.get(key)) + by)
             elif category == "cwd":
                 self.found.restored.append("the working folder changed" + by)
             elif category == "torch":
@@ -394,6 +408,7 @@ class LeftoverCheck:
                     _compat.reset_compile_state()
                 continue
             _restore(category, key, value)
+        self.found.restored[:0] = few(variables, "environment variables")
         self._threads(threads_left)
 
     def _threads(self, threads: list[tuple[threading.Thread, str]]) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pytest_distrank.outcome.checks import and_words, leftover_lines
-from pytest_distrank.rank.leftovers import Snapshot, env_words, flag_words
+from pytest_distrank.rank.leftovers import Snapshot, env_words, few, flag_words
 
 
 def test_lines_group_the_ranks_that_left_the_same() -> None:
@@ -70,3 +70,16 @@ def test_a_snapshot_reads_the_precision_a_mixed_setting_hides(
     monkeypatch.setenv("SNAPSHOT_SEES", "1")
     assert Snapshot.take().env[os.fsencode("SNAPSHOT_SEES")] == b"1"
     assert Snapshot.take().cwd[""] == os.getcwd()
+
+
+def test_a_cleared_environment_names_a_few_variables_and_counts_the_rest() -> None:
+    words = [f"V{i} unset" for i in range(40)]
+    assert few(words, "environment variables") == [
+        "V0 unset",
+        "V1 unset",
+        "V2 unset",
+        "V3 unset",
+        "V4 unset",
+        "35 more environment variables",
+    ]
+    assert few(words[:6], "environment variables") == words[:6]
