@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import socket
 import stat
@@ -719,7 +720,11 @@ def test_torchrun_keyboard_interrupt_on_rank_0_does_not_hang_its_peers(
     run.match(0, ["*! KeyboardInterrupt !*", "*= 1 failed, 2 passed, 1 skipped in *"])
     assert "test_zz_after" not in run.outputs[0]
     assert run.codes == [1], run.outputs[0]
-    assert run.outputs[0].count("exitcode  : 2 ") == 4, run.outputs[0]
+    # torchrun lists every rank; once the first rank exits it sends SIGTERM to those still
+    # running, so under load a peer may be terminated (-15) just before its own exit with 2.
+    codes = re.findall(r"exitcode  : (-?\d+) ", run.outputs[0])
+    assert len(codes) == 4 and set(codes) <= {"2", "-15"}, run.outputs[0]
+    assert codes.count("2") >= 2, run.outputs[0]
 
 
 # -- torchrun: two agents as two nodes -----------------------------------------------------------
