@@ -16,8 +16,9 @@ changes are measured around its setup), less what such fixtures undid when torn 
 - What can be restored is restored: environment variables, the working folder, the default dtype
   and device, grad mode, deterministic algorithms, torch's thread count and ``torch.backends``
   flags (precision through ``fp32_precision``: reading the legacy ``allow_tf32`` raises once a test
-  used the new API), torch.compile's compiled code and counters (``torch._dynamo.reset``), process
-  groups the test created and left (destroyed). The controller names them in the summary.
+  used the new API; :mod:`torchstate` reads and restores them), torch.compile's compiled code and
+  counters (``torch._dynamo.reset``), process groups the test created and left (destroyed). The
+  controller names them in the summary.
 - What cannot be restored makes the pool unfit (the next test gets fresh ranks): a non-daemon
   thread still running (a fresh process would wait for it at exit), a process group that could not
   be destroyed. A daemon thread, and an idle worker of a ``ThreadPoolExecutor`` (an executor
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import functools
 import os
 import threading
 import time
@@ -44,6 +44,7 @@ import pytest
 
 from .. import _compat
 from ..outcome.checks import and_words
+from .torchstate import flag_words, set_torch_flag, torch_flags
 
 #: How long the threads a test started get, all together, to end before they count as left.
 ENDING_WAIT = 0.1
@@ -59,23 +60,6 @@ OWN_ENV = (
 )
 #: What PyTorch's harness sets in every test process: restored after each test, never named.
 HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
-#: ``torch.backends`` flags read and restored by attribute path, where this torch has them.
-BACKEND_FLAGS = (
-    "backends.fp32_precision",
-    "backends.cuda.matmul.fp32_precision",
-    "backends.cudnn.fp32_precision",
-    "backends.cudnn.conv.fp32_precision",
-    "backends.cudnn.rnn.fp32_precision",
-    "backends.mkldnn.fp32_precision",
-    "backends.cudnn.enabled",
-    "backends.cudnn.benchmark",
-    "backends.cudnn.deterministic",
-    "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
-    "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
-)
-#: ``torch.get_float32_matmul_precision()`` once a test mixed the legacy and new precision APIs.
-MIXED = "(mixed legacy and new precision settings)"
-
 Category = dict[Any, Any]
 
 
@@ -103,7 +87,7 @@ class Snapshot:
         return cls(
             _compat.environ_data(),  # encoded names and values: decoded only where they differ
             {"": _cwd()},
-            _torch_flags(),
+            torch_flags(),
             {t.ident: t for t in threading.enumerate()},
             _groups(),
             {"": _compat.compile_state()},
@@ -130,99 +114,6 @@ def _groups() -> Category:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return {}
     return {id(pg): pg for pg in _compat.process_groups()}
-
-
-def _path_get(root: Any, path: str) -> Any:
-    return functools.reduce(getattr, path.split("."), root)
-
-
-def _path_set(root: Any, path: str, value: Any) -> None:
-    owner, _, name = path.rpartition(".")
-    setattr(_path_get(root, owner), name, value)
-
-
-def _matmul_precision(torch: Any) -> str:
-    try:
-        return str(torch.get_float32_matmul_precision())
-    except RuntimeError:
-        return MIXED
-
-
-def _torch_flags() -> Category:
-    """torch's process-wide defaults and flags, in the order they are restored (the precision
-    before the flags it sets); {} when the rank never imported torch."""
-    import sys
-
-    torch: Any = sys.modules.get("torch")
-    if torch is None:
-        return {}
-    flags: Category = {
-        "default dtype": torch.get_default_dtype(),
-        "default device": str(torch.get_default_device()),
-        "grad mode": torch.is_grad_enabled(),
-        "deterministic algorithms": (
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        ),
-        "torch threads": torch.get_num_threads(),
-        "float32 matmul precision": _matmul_precision(torch),
-    }
-    for name, owner, attribute in _backend_flags(torch):
-        try:
-            flags[name] = getattr(owner, attribute)
-        except (AttributeError, RuntimeError):
-            continue
-    return flags
-
-
-@functools.cache
-def _backend_flags(torch: Any) -> tuple[tuple[str, Any, str], ...]:
-    """(name, the object that holds it, attribute) of each of :data:`BACKEND_FLAGS` this torch
-    has, looked up once: a read is then one ``getattr`` (~0.5 us)."""
-    found = []
-    for path in BACKEND_FLAGS:
-        owner_path, _, attribute = path.rpartition(".")
-        try:
-            found.append((f"torch.{path}", _path_get(torch, owner_path), attribute))
-        except AttributeError:
-            continue
-    return tuple(found)
-
-
-def _set_torch_flag(name: str, value: Any) -> None:
-    import torch
-
-    if name == "default dtype":
-        torch.set_default_dtype(value)
-    elif name == "default device":
-        torch.set_default_device(None if value == "cpu" else value)
-    elif name == "grad mode":
-        torch.set_grad_enabled(value)
-    elif name == "deterministic algorithms":
-        torch.use_deterministic_algorithms(value[0], warn_only=value[1])
-    elif name == "torch threads":
-        torch.set_num_threads(value)
-    elif name == "float32 matmul precision":
-        if value != MIXED:
-            torch.set_float32_matmul_precision(value)
-    else:
-        _path_set(torch, name.removeprefix("torch."), value)
-
-
-def flag_words(name: str, value: Any) -> str:
-    """A torch flag's value in words: ``the default dtype float64``, ``grad mode off``."""
-    if name == "default dtype":
-        return f"the default dtype {str(value).removeprefix('torch.')}"
-    if name == "default device":
-        return f"the default device {value}"
-    if name == "grad mode":
-        return f"grad mode {'on' if value else 'off'}"
-    if name == "deterministic algorithms":
-        on, warn_only = value
-        return f"deterministic algorithms {'on' if on else 'off'}" + (
-            " (warn only)" if on and warn_only else ""
-        )
-    return f"{name} {value}"
 
 
 def env_words(name: str, before: str | None, after: str | None) -> str:
@@ -467,7 +358,7 @@ def _restore(category: str, key: Any, value: Any) -> None:
     restorers: dict[str, Callable[[Any, Any], None]] = {
         "env": _restore_env,
         "cwd": lambda _, v: os.chdir(v),
-        "torch": _set_torch_flag,
+        "torch": set_torch_flag,
     }
     restore = restorers.get(category)
     if restore is None:

@@ -1,5 +1,5 @@
-"""Unit: the words of what a test left behind (rank/leftovers.py) and the summary lines the
-controller makes of them (outcome/checks.py ``leftover_lines``)."""
+"""Unit: the words of what a test left behind (rank/leftovers.py, rank/torchstate.py) and the
+summary lines the controller makes of them (outcome/checks.py ``leftover_lines``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pytest_distrank.outcome.checks import and_words, leftover_lines
-from pytest_distrank.rank.leftovers import Snapshot, env_words, few, flag_words
+from pytest_distrank.rank.leftovers import Snapshot, env_words, few
+from pytest_distrank.rank.torchstate import flag_words
 
 
 def test_lines_group_the_ranks_that_left_the_same() -> None:
