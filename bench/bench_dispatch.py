@@ -41,9 +41,7 @@ def test_{i}(rank, pg):
 
 def write_suite(folder: Path, n: int) -> None:
     body = "".join(TEST.format(i=i) for i in range(n))
-    (folder / "test_many.py").write_text(
-        "import pytest, torch, torch.distributed as dist\n" + body
-    )
+    (folder / "test_many.py").write_text("import pytest, torch, torch.distributed as dist\n" + body)
     (folder / "pytest.ini").write_text("[pytest]\n")
 
 
@@ -54,9 +52,23 @@ def run_once(folder: Path, mode: str, pythonpath: str) -> float:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider",
-         f"--distrank-dispatch={mode}", "test_many.py"],
-        cwd=folder, capture_output=True, text=True, check=False, env=env,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "distrank",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--distrank-dispatch={mode}",
+            "test_many.py",
+        ],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
     )
     wall = time.perf_counter() - start
     if proc.returncode != 0:
@@ -93,11 +105,16 @@ def main() -> None:
         wins = sum(r < 1 for r in ratios)
         median = statistics.median(ratios)
         p = sign_test_p(wins, len(ratios))
-        print(f"median paired wall ratio ahead/lockstep: {median:.3f}; ahead faster in {wins} of "
-              f"{len(ratios)} pairs, sign test p = {p:.4f}; load now {os.getloadavg()[0]:.2f}")
+        print(
+            f"median paired wall ratio ahead/lockstep: {median:.3f}; ahead faster in {wins} of "
+            f"{len(ratios)} pairs, sign test p = {p:.4f}; load now {os.getloadavg()[0]:.2f}"
+        )
         keep = median <= 0.97 and p < 0.05
-        print("decision: keep ahead as default" if keep else
-              "decision: no measurable gain; running ahead goes")
+        print(
+            "decision: keep ahead as default"
+            if keep
+            else "decision: no measurable gain; running ahead goes"
+        )
 
 
 if __name__ == "__main__":
