@@ -47,14 +47,12 @@ from .ownreports import (
 )
 from .pool import Pool, PoolStartError, PoolUnfit
 from .poolkey import PoolKey
-from .poolset import PoolSet, SessionStartError
+from .poolset import START_TIMEOUT, PoolSet, SessionStartError
 from .preloads import file_preloads
 from .replay import Replays
 from .repro import Repro
 from .suites import fresh_notes
 
-#: A pool must be ready within this long (or the test's own timeout, if that is longer).
-START_TIMEOUT = 120.0
 #: A path: the controller writes its numbers there as JSON at the end of the session.
 STATS_ENV = "DISTRANK_STATS_FILE"
 

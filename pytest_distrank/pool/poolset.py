@@ -49,8 +49,10 @@ from .protocol import DebugSettings, RankConfig
 from .stats import PoolStart, Stats
 from .workerinput import RankInputs
 
-#: How long ranks get to tear down and exit at the end of the session.
+#: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
+#: A pool must be ready within this long (or the test's own timeout, if that is longer).
+START_TIMEOUT = 120.0
 #: Seconds every pool start, the fork server's included, may take, instead of the controller's
 #: START_TIMEOUT (or the test's timeout if longer). A test seam, and a way out on slow machines.
 START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"

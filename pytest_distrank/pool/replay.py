@@ -42,6 +42,7 @@ from .gpus import GpuUnavailable
 from .ownreports import deserializer
 from .pool import Pool, PoolStartError, PoolUnfit
 from .poolkey import PoolKey
+from .poolset import START_TIMEOUT, STOP_TIMEOUT
 from .stats import Stats
 
 if TYPE_CHECKING:
@@ -51,11 +52,6 @@ if TYPE_CHECKING:
 TITLE = "distrank: order-dependent failures"
 #: The key of the lines in pytest-xdist's ``workeroutput``.
 WORKEROUTPUT_KEY = "distrank_replay_lines"
-#: Seconds a replay pool's ranks get to exit after its last test.
-STOP_TIMEOUT = 10.0
-#: Seconds a replay pool may take to start (or its slowest test's timeout, if longer): the
-#: controller's bound on a pool start.
-START_TIMEOUT = 120.0
 
 
 class Unreachable(Exception):
