@@ -248,7 +248,7 @@ class LeftoverCheck:
         found, self.found = self.found, Found()
         # Under init_process_group=False the pool destroys whatever the test left, by design
         # (rankgroup.group_problem, before this): only groups still alive are leftovers.
-        live = _groups()
+        live = _groups() if found.groups else {}  # most tests leave none: nothing to list
         for pg in (pg for pg in found.groups if id(pg) in live):
             words = _group_words(pg)
             try:
