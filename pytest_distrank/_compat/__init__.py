@@ -19,6 +19,7 @@ docstring says why the private access is needed and what breaks if it changes; t
 - ``torch_internals``: rendezvous handlers, the flight recorder, process groups, the fake store,
   LocalTensor, dispatch modes;
 - ``harness``: PyTorch's ``MultiProcessTestCase`` / ``MultiProcContinuousTest`` harness;
+- ``deepspeed``: DeepSpeed's ``DistributedTest`` harness (its test tree's ``unit/common.py``);
 - ``plugins``: pytest-rerunfailures' decision functions and pytest-cov's controller.
 """
 
@@ -35,6 +36,23 @@ from _pytest._code.code import (
     ReprTracebackNative,
 )
 
+from .deepspeed import (
+    DS_CHILD,
+    DS_EXEC,
+    DS_LAUNCH,
+    DS_SPAWNERS,
+    DS_STATE_MODULES,
+    ds_destroy,
+    ds_fixture_kwargs,
+    ds_harness_base,
+    ds_launch_procs,
+    ds_requested_size,
+    ds_restore_state,
+    ds_run_child,
+    ds_set_fixture_kwargs,
+    ds_stand_in,
+    ds_state,
+)
 from .harness import (
     HARNESS_MODULE,
     HARNESS_SPAWNERS,
@@ -124,6 +142,11 @@ from .torch_internals import (
 )
 
 __all__ = [
+    "DS_CHILD",
+    "DS_EXEC",
+    "DS_LAUNCH",
+    "DS_SPAWNERS",
+    "DS_STATE_MODULES",
     "HARNESS_MODULE",
     "HARNESS_SPAWNERS",
     "LOCAL_TENSOR_MODULE",
@@ -143,6 +166,16 @@ __all__ = [
     "default_plugin_modules",
     "dispatch_modes",
     "drop_junit_xml",
+    "ds_destroy",
+    "ds_fixture_kwargs",
+    "ds_harness_base",
+    "ds_launch_procs",
+    "ds_requested_size",
+    "ds_restore_state",
+    "ds_run_child",
+    "ds_set_fixture_kwargs",
+    "ds_stand_in",
+    "ds_state",
     "dump_flight_recorder",
     "ensure_unconfigure",
     "environ_data",

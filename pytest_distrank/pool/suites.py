@@ -71,6 +71,9 @@ class SuitesPlugin:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:  # DeepSpeed's DistributedTest classes (docs/deepspeed.md)
+            if _compat.ds_harness_base(getattr(item, "cls", None)) is not None:
+                take_deepspeed(item)
         module = harness()
         if module is None:
             return
@@ -120,6 +123,34 @@ def take(item: pytest.Item, kind: Kind) -> None:
     if why:
         item.stash[FRESH] = why
         item.add_marker(pytest.mark.distrank_isolate)
+
+
+#: The world size of a test of DeepSpeed's ``DistributedTest`` taken over (in the controller and
+#: the ranks; :mod:`pool.worker.dsrank` runs it as the harness's child would).
+DS_CASE = pytest.StashKey[int]()
+
+
+def take_deepspeed(item: pytest.Item) -> None:
+    """A test of DeepSpeed's ``DistributedTest``: its ``world_size`` marks are the harness's own
+    (dropped from the item); one world size makes it a distributed test of that size; several
+    (``world_size = [1, 2, 4]``, run one after another) or a ``world_size`` fixture keep its
+    harness, which then runs it in the pytest process."""
+    cls = getattr(item, "cls")  # noqa: B009
+    for mark in [m for m in item.own_markers if m.name == "world_size"]:
+        item.own_markers.remove(mark)
+    if getattr(cls, OPT_OUT, "warm") == "own":
+        return
+    callspec = getattr(item, "callspec", None)
+    function = getattr(item, "function")  # noqa: B009 (a pytest Function has one)
+    try:
+        size = _compat.ds_requested_size(cls, function, callspec.params if callspec else {})
+    except Exception:
+        return  # its own harness reports it
+    if isinstance(size, (list, tuple)) and len(size) == 1:
+        size = size[0]
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 1:
+        item.stash[DS_CASE] = size
+        item.add_marker(pytest.mark.world_size(size, init_process_group=False))
 
 
 #: Base classes whose tests keep process-wide state a warm rank cannot give back, by name (in

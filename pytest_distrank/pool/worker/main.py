@@ -63,6 +63,7 @@ from ..protocol import (
 from ..suites import CASE
 from ..workerinput import WorkerInput, xdist_environ
 from . import ranklogs, rankreruns
+from .dsrank import DeepSpeedRunner
 from .rankfr import start_responder
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, start_rank
@@ -217,6 +218,7 @@ class WorkerPlugin:
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
+        config.pluginmanager.register(DeepSpeedRunner(), "distrank-deepspeed-runner")
         config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
         if self.checks is not None:
             config.pluginmanager.register(self.checks, "distrank-leftover-checks")
