@@ -17,6 +17,7 @@ Workloads:
   distrank ws4 empty    a 4-rank test whose body does nothing (the plugin's own overhead)
   ... no checks/no seed the same with --distrank-leftovers=off / --distrank-seed=off: the rank CPU
                         of the leftover checks and of seeding each test is the difference
+  ... deadlocks wait    ws4 with --distrank-deadlocks=wait: the cost of the deadlock watch
   distrank ws4 FR off   ws4 with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0)
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
@@ -221,6 +222,13 @@ def workloads() -> list[Workload]:
             "distrank ws4 empty, no seed",
             harness(DISTRANK, EMPTY_TEST, 4),
             [*plugin, "--distrank-seed=off"],
+            "big",
+        ),
+        # The deadlock watch off (pool/deadlock.py: it reads /proc between the ranks' messages).
+        (
+            "distrank ws4, deadlocks wait",
+            harness(DISTRANK, DISTRANK_TEST, 4),
+            [*plugin, "--distrank-deadlocks=wait"],
             "big",
         ),
         # PyTorch's flight recorder off (it records every collective; the hang reports read it).

@@ -243,6 +243,17 @@ LEFTOVERS = Option(
     "test fresh ranks either way.",
     one_of(("restore", "fail", "off"), lower=True),
 )
+DEADLOCKS = Option(
+    "distrank_deadlocks",
+    "--distrank-deadlocks",
+    "DISTRANK_DEADLOCKS",
+    "end",
+    "A distributed test whose ranks' flight records prove it can never finish (ranks in "
+    "different collectives at the same step; ranks waiting in a collective that every missing "
+    "member finished the test or died without entering): 'end' (default) ends it once its ranks "
+    "stood still for 2 s, with the same report a deadline gives; 'wait' waits for the deadline.",
+    one_of(("end", "wait"), lower=True),
+)
 REPLAY = Option(
     "distrank_replay",
     "--distrank-replay",
@@ -296,6 +307,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     DEBUG_RANK,
     SEED,
     LEFTOVERS,
+    DEADLOCKS,
     REPLAY,
     REPLAY_BUDGET,
     ORDER,
@@ -389,6 +401,7 @@ class Settings:
     debug_rank: Value[int | None]
     seed: Value[int | str | None] = Value(parse_seed(SEED.default), "default")
     leftovers: Value[str] = Value(LEFTOVERS.default, "default")
+    deadlocks: Value[str] = Value(DEADLOCKS.default, "default")
     replay: Value[bool] = Value(True, "default")
     replay_budget: Value[float] = Value(parse_seconds(REPLAY_BUDGET.default), "default")
     order: Value[tuple[str, int | None]] = Value(parse_order(ORDER.default), "default")
@@ -411,6 +424,7 @@ class Settings:
             debug_rank=resolve(config, DEBUG_RANK),
             seed=resolve(config, SEED),
             leftovers=resolve(config, LEFTOVERS),
+            deadlocks=resolve(config, DEADLOCKS),
             replay=resolve(config, REPLAY),
             replay_budget=resolve(config, REPLAY_BUDGET),
             order=resolve(config, ORDER),

@@ -31,7 +31,7 @@ import pytest
 from pytest import TestReport
 
 from ..outcome.checks import foreign_report
-from ..outcome.collectives import Story, explain, load
+from ..outcome.collectives import Story, Verdict, explain, load
 from ..outcome.endgame import (
     BEFORE_SETUP,
     DUMP_WAIT,
@@ -43,6 +43,7 @@ from ..outcome.endgame import (
     failed_itself,
     fill_passed,
     grace_trigger,
+    note_verdict,
     unfinished_report,
 )
 from ..outcome.records import Reports, RunTest, WarningRecord
@@ -395,7 +396,12 @@ def _conclude(
     nodeid, location, test_file = item.nodeid, item.location, str(item.path)
     now, wall = time.monotonic(), time.time()
     timed_out = game.failed_at is None
-    story = _story(cur, stacks, test_file)
+    # Rank 0 finished the test unless its watchdog took over from its stuck main thread.
+    finished = {*reported, *(() if cur.taken_over else (0,))}
+    story = _story(cur, stacks, test_file, finished, rs.world_size)
+    if story is not None:  # rank 0's own report was written before its peers' records came
+        for own in per_rank.get(0, []):
+            note_verdict(own, 0, story.verdict)
     stuck: list[int] = []
     healthy = True
     for rank in missing:
@@ -437,7 +443,7 @@ def _conclude(
             game,
             now,
             collective=story.lines.get(rank, "") if story else "",
-            verdict=story.verdict if story else "",
+            verdict=story.verdict if story else Verdict(),
         )
         reports.append(
             unfinished_report(nodeid, location, test_file, rank, rs.world_size, info, wall)
@@ -454,7 +460,13 @@ def own_records(cur: Current) -> str:
     return cur.records
 
 
-def _story(cur: Current, stacks: dict[int, keys.Stack], test_file: str) -> Story | None:
+def _story(
+    cur: Current,
+    stacks: dict[int, keys.Stack],
+    test_file: str,
+    finished: set[int],
+    world_size: int,
+) -> Story | None:
     """Which collective each stuck rank and rank 0 are in, and who is out of step (the ranks
     that finished sent no records: only the stuck ones and rank 0 are compared)."""
     dumps = {0: load(own_records(cur))}
@@ -466,4 +478,4 @@ def _story(cur: Current, stacks: dict[int, keys.Stack], test_file: str) -> Story
         since[rank] = int(stack.get("since_ns", 0))
         if stack.get("dump"):
             where[rank] = where_blocked(str(stack["dump"]), test_file)
-    return explain(dumps, since, where)
+    return explain(dumps, since, where, finished=finished, world_size=world_size)

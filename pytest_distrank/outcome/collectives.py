@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from .merge import ranks_words
@@ -64,14 +64,43 @@ class Call:
     members: tuple[int, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """Who is out of step in a hung test, and whether the records prove it can never finish."""
+
+    #: The line under the summary ("collectives: ..."); "" when nothing is found.
+    text: str = ""
+    #: The ranks it blames: the member that never came, the minority of a mismatch, both sides
+    #: of a mismatch with no majority. () when it blames none.
+    root: tuple[int, ...] = ()
+    #: The root ranks in words ("rank 2/4", "ranks 0, 1 of 2").
+    subject: str = ""
+    #: What they did, following :attr:`subject`: "never entered all_reduce #2 on the default
+    #: group (ranks 0, 1, 3 wait in it)".
+    predicate: str = ""
+    #: Per rank left waiting for the root: "waited in all_reduce #2 on the default group for
+    #: rank 2" (collateral, not a failure of its own).
+    waited: Mapping[int, str] = dataclasses.field(default_factory=dict)
+    #: The records prove the state can never complete (never a guess: :func:`_missing`,
+    #: :func:`_disagreement`), provided the ranks in :attr:`blocked` really are inside the
+    #: collective (their stacks say so: the records alone cannot tell an async op left pending).
+    proven: bool = False
+    blocked: tuple[int, ...] = ()
+
+    @property
+    def cause(self) -> str:
+        """The root cause in words ("rank 2/4 never entered ..."), "" when none is blamed."""
+        return f"{self.subject} {self.predicate}" if self.root else ""
+
+
 @dataclasses.dataclass
 class Story:
     """What the flight recorders say about one hung test."""
 
     #: Per rank waiting in a collective: "in all_reduce #2 on the default group (float32[4])".
     lines: dict[int, str]
-    #: The verdict (mismatch, shape mismatch, missing rank), or "" when none is found.
-    verdict: str
+    #: The verdict (mismatch, shape mismatch, missing rank); its text is "" when none is found.
+    verdict: Verdict
 
 
 def load(raw: bytes | str | None) -> dict[str, Any] | None:
@@ -169,13 +198,20 @@ def explain(
     dumps: Mapping[int, Mapping[str, Any] | None],
     since_ns: int | Mapping[int, int],
     where: Mapping[int, str] | None = None,
+    *,
+    finished: Collection[int] = (),
+    lost: Collection[int] = (),
+    world_size: int = 0,
 ) -> Story | None:
     """Each rank's collective and the verdict; None when no rank has records to read.
 
     ``since_ns``: when the test began (wall clock, ns), one for all ranks or per rank (ranks on
     other machines have clocks of their own). ``where``: per rank, where its stack says it is
     ("blocked in sleep at test_x.py:40, ..."), named for a rank that never entered the
-    collective its peers wait in.
+    collective its peers wait in. ``finished``: the ranks whose last reports for the test
+    arrived; ``lost``: the ranks that died. Only with them can a verdict be proven (a rank that
+    finished without entering a collective never will). ``world_size`` labels the blamed ranks
+    ("rank 2/4"); 0 leaves the size out.
     """
     starts = since_ns if isinstance(since_ns, Mapping) else dict.fromkeys(dumps, since_ns)
     calls = {
@@ -186,7 +222,8 @@ def explain(
     if not calls:
         return None
     lines = {rank: _line(rank_calls) for rank, rank_calls in calls.items()}
-    return Story({rank: line for rank, line in lines.items() if line}, _verdict(calls, where or {}))
+    facts = _Facts(calls, where or {}, frozenset(finished), frozenset(lost), world_size)
+    return Story({rank: line for rank, line in lines.items() if line}, _verdict(facts))
 
 
 def crash_verdict(
@@ -239,43 +276,196 @@ def _line(calls: list[Call]) -> str:
     return f"in {call.op} #{call.number} on {call.group}{tensors}"
 
 
-def _verdict(calls: Mapping[int, list[Call]], where: Mapping[int, str]) -> str:
-    pending = {rank: [c for c in cs if not c.done] for rank, cs in calls.items()}
-    waiting = {rank: cs[-1] for rank, cs in pending.items() if cs}
+#: Ops whose every rank must pass tensors of the same shape and dtype: a difference between two
+#: ranks in the same slot can never complete. Others legitimately differ by rank
+#: (``all_to_all`` with splits, ``gather``/``scatter`` at the root, point-to-point), so their
+#: shapes are never called a mismatch.
+SAME_SHAPES = frozenset(
+    {
+        "all_reduce",
+        "allreduce",
+        "allreduce_coalesced",
+        "all_reduce_coalesced",
+        "broadcast",
+        "reduce",
+        "all_gather",
+        "allgather",
+        "_allgather_base",
+        "all_gather_into_tensor",
+        "allgather_into_tensor_coalesced",
+        "reduce_scatter",
+        "_reduce_scatter_base",
+        "reduce_scatter_tensor",
+        "reduce_scatter_tensor_coalesced",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Facts:
+    calls: Mapping[int, list[Call]]
+    where: Mapping[int, str]
+    finished: frozenset[int]
+    lost: frozenset[int]
+    world_size: int
+
+    def words(self, ranks: Sequence[int]) -> str:
+        """``rank 2/4``, ``ranks 0, 1 of 2`` (``rank 2`` without a world size)."""
+        text = ranks_words(sorted(ranks))
+        if not self.world_size:
+            return text
+        return f"{text}/{self.world_size}" if len(ranks) == 1 else f"{text} of {self.world_size}"
+
+
+def _verdict(facts: _Facts) -> Verdict:
+    """Ranks that disagree in one slot first (an op mismatch), then members that never came
+    (before shapes: uneven shapes are legal for some ops, and a missing rank is the story
+    then), then shapes and dtypes where the op needs them equal. A slot's calls are every
+    rank's, finished or not: on gloo the ranks with the same size can complete an
+    ``all_reduce`` and finish the test, leaving the one with another size waiting alone.
+
+    Ranks waiting in a collective that every other member completed prove nothing: a rank
+    descheduled on a loaded machine is silent too, with its peers' data in its socket."""
+    waiting = {rank: pending[-1] for rank, cs in facts.calls.items() if (pending := _pending(cs))}
     if not waiting:
-        return ""
-    # Ranks inside the same group's n-th collective must agree on its op and tensors.
+        return Verdict()
     by_slot: dict[tuple[str, int], dict[int, Call]] = {}
     for rank, call in waiting.items():
         by_slot.setdefault((call.group, call.number), {})[rank] = call
-    for (group, number), at in sorted(by_slot.items()):
+    slots = {slot: {**_entered(facts, *slot), **waiters} for slot, waiters in by_slot.items()}
+    for (group, number), at in sorted(slots.items()):
         ops = _ranks_by(at, lambda c: c.op)
         if len(ops) > 1:
-            (first_op, first), *others = ops
-            rest = "; ".join(f"{ranks_words(r)} entered {op} #{number}" for op, r in others)
-            return f"{rest} while {ranks_words(first)} entered {first_op} #{number} ({group})"
+            rest = "; ".join(f"{ranks_words(r)} entered {op} #{number}" for op, r in ops[1:])
+            text = f"{rest} while {ranks_words(ops[0][1])} entered {ops[0][0]} #{number} ({group})"
+            waiters = by_slot[group, number]
+            return _disagreement(facts, waiters, ops, text, f"{{}} #{number}", f" on {group}")
+    found = [_missing(facts, slot, at) for slot, at in by_slot.items()]
+    missing = [v for v in found if v.text]
+    if missing:  # a proven one first, then the one most ranks wait in
+        return max(missing, key=lambda v: (v.proven, len(v.waited)))
+    for (group, number), at in sorted(slots.items()):
+        op = next(iter(at.values())).op
         shapes = _ranks_by(at, lambda c: c.tensors)
-        if len(shapes) > 1:
-            parts = ", ".join(f"{ranks_words(r)} {t}" for t, r in shapes)
-            return f"{ops[0][0]} #{number} on {group}: {parts}"
-    # Ranks waiting in a collective that a member never entered.
-    (group, number), at = max(by_slot.items(), key=lambda kv: len(kv[1]))
+        if len(shapes) > 1 and op in SAME_SHAPES:
+            text = f"{op} #{number} on {group}: " + ", ".join(
+                f"{ranks_words(r)} {t}" for t, r in shapes
+            )
+            waiters = by_slot[group, number]
+            what = f"{op} #{number} with {{}}"
+            return _disagreement(facts, waiters, shapes, text, what, f" on {group}")
+    return Verdict()
+
+
+def _entered(facts: _Facts, group: str, number: int) -> dict[int, Call]:
+    """Every rank's collective ``#number`` on ``group``, finished or not."""
+    out = {}
+    for rank, calls in facts.calls.items():
+        on_group = [c for c in calls if c.group == group]
+        if len(on_group) >= number:
+            out[rank] = on_group[number - 1]
+    return out
+
+
+def _group_members(facts: _Facts, call: Call) -> tuple[int, ...]:
+    """A group's members: as its records list them; every rank for the default group."""
+    if call.members:
+        return call.members
+    if call.group == "the default group" and facts.world_size:
+        return tuple(range(facts.world_size))
+    return ()
+
+
+def _pending(calls: list[Call]) -> list[Call]:
+    return [c for c in calls if not c.done]
+
+
+def _disagreement(
+    facts: _Facts,
+    waiters: Mapping[int, Call],
+    sides: list[tuple[str, list[int]]],
+    text: str,
+    what: str,
+    on: str,
+) -> Verdict:
+    """Ranks in one slot that entered different ops (or tensors): it can never complete. The
+    minority is blamed; with no majority, every side. ``what``: a side's key in words, as a
+    format string ("{} #2"); ``on``: the group (" on the default group")."""
+    call = next(iter(waiters.values()))
+    (key, largest), rest = sides[0], sides[1:]
+    blocked = tuple(sorted(r for r in waiters if r not in facts.finished))
+    if len(largest) > len(rest[0][1]):
+        root = sorted(r for _, ranks in rest for r in ranks)
+        majority = f"{ranks_words(largest)} entered {what.format(key)}"
+        others = "; ".join(f"{ranks_words(r)} entered {what.format(k)}" for k, r in rest)
+        predicate = (
+            f"entered {what.format(rest[0][0])} while {majority}{on}"
+            if len(rest) == 1
+            else f"disagree with the majority ({majority}{on}): {others}"
+        )
+        waited = {
+            r: f"waited in {call.op} #{call.number} on {call.group} for {ranks_words(root)}"
+            for r in largest
+        }
+        return Verdict(text, tuple(root), facts.words(root), predicate, waited, True, blocked)
+    root = sorted(r for _, ranks in sides for r in ranks)
+    parts = "; ".join(f"{ranks_words(r)} entered {what.format(k)}" for k, r in sides)
+    predicate = f"disagree with no majority to tell which side is wrong: {parts}{on}"
+    return Verdict(text, tuple(root), facts.words(root), predicate, {}, True, blocked)
+
+
+def _missing(facts: _Facts, slot: tuple[str, int], at: Mapping[int, Call]) -> Verdict:
+    """Ranks wait in a collective that members never entered. Proven when every such member
+    finished the test (its records say it never entered it) or died: it never will."""
+    group, number = slot
     call = next(iter(at.values()))
-    absent = []
-    for rank in sorted(calls):
-        if rank in at or (call.members and rank not in call.members):
-            continue  # waiting, or not a member: a rank outside the group never enters it
-        on_group = [c for c in calls[rank] if c.group == group]
-        if len(on_group) < number:
-            last = on_group[-1] if on_group else None
-            after = f" (after {last.op} #{last.number})" if last else ""
-            at_line = f": it is {where[rank]}" if where.get(rank) else ""
-            absent.append(f"{ranks_words([rank])} never entered it{at_line}{after}")
-    if absent:
-        verb = "waits" if len(at) == 1 else "wait"
-        waiting_ranks = ranks_words(sorted(at))
-        return f"{waiting_ranks} {verb} in {call.op} #{number} on {group}; " + "; ".join(absent)
-    return ""
+    members = _group_members(facts, call)
+    candidates = members or tuple(sorted(facts.calls))  # not listed: whoever has records
+    absent, said = [], []
+    for rank in sorted(candidates):
+        if rank in at:
+            continue
+        if rank in facts.lost and rank not in facts.calls:
+            absent.append(rank)
+            said.append(f"{ranks_words([rank])} never entered it: it died")
+            continue
+        if rank not in facts.calls:
+            continue  # no records: nothing known of it
+        on_group = [c for c in facts.calls[rank] if c.group == group]
+        if len(on_group) >= number:
+            continue
+        last = on_group[-1] if on_group else None
+        after = f" (after {last.op} #{last.number})" if last else ""
+        if rank in facts.finished:
+            at_line = ": it left the test"
+        elif rank in facts.lost:
+            at_line = ": it died"
+        else:
+            at_line = f": it is {facts.where[rank]}" if facts.where.get(rank) else ""
+        absent.append(rank)
+        said.append(f"{ranks_words([rank])} never entered it{at_line}{after}")
+    if not absent:
+        return Verdict()
+    waiting = ranks_words(sorted(at))
+    verb = "waits" if len(at) == 1 else "wait"
+    text = f"{waiting} {verb} in {call.op} #{number} on {group}; " + "; ".join(said)
+    # Every member that is not waiting must be accounted for, and each of them gone for good.
+    others = [r for r in members if r not in at]
+    proven = bool(members) and all(
+        r in facts.lost or (r in facts.finished and r in absent) for r in others
+    )
+    blocked = tuple(sorted(r for r in at if r not in facts.finished))
+    predicate = f"never entered {call.op} #{number} on {group} ({waiting} {verb} in it)"
+    waited = {r: f"waited in {call.op} #{number} on {group} for {ranks_words(absent)}" for r in at}
+    return Verdict(
+        text,
+        tuple(absent),
+        facts.words(absent),
+        predicate,
+        waited,
+        proven and bool(blocked),
+        blocked,
+    )
 
 
 def _ranks_by(at: Mapping[int, Call], key: Callable[[Call], str]) -> list[tuple[str, list[int]]]:

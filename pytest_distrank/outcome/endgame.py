@@ -31,7 +31,16 @@ from collections.abc import Iterable
 from pytest import TestReport
 
 from ..settings import seam_wait
-from .merge import label, synthesized_failure
+from .collectives import Verdict
+from .merge import (
+    CAUSE_ATTR,
+    COLLATERAL_ATTR,
+    NOTE_ATTR,
+    UNFINISHED_ATTR,
+    VERDICT_ATTR,
+    label,
+    synthesized_failure,
+)
 from .stacks import format_stack, where_blocked
 
 Location = tuple[str, int | None, str]
@@ -113,6 +122,9 @@ class Endgame:
     #: Ranks that are gone (crashed, stopped serving): not waited for, not finished.
     lost: set[int] = dataclasses.field(default_factory=set)
     finishing: bool = False
+    #: When the ranks' flight records proved a deadlock (monotonic seconds): the test ends
+    #: then, before its deadline (:mod:`pool.deadlock`). None: no deadlock proven.
+    deadlock_at: float | None = None
 
     @property
     def deadline(self) -> float | None:
@@ -158,9 +170,16 @@ class Endgame:
         self.failed.add(rank)
         self._start_grace(now, f"rank {rank} {what}")
 
+    def note_deadlock(self, now: float) -> None:
+        """The flight records prove the test can never finish: stop waiting now."""
+        if self.deadlock_at is None:
+            self.deadlock_at = now
+
     def limit(self) -> float | None:
         """The moment waiting ends (monotonic seconds), or None: wait for evidence only."""
         limit = self.deadline
+        if self.deadlock_at is not None:
+            limit = self.deadlock_at if limit is None else min(limit, self.deadlock_at)
         if self.failed_at is not None:
             end = self.failed_at + self.grace + (self.finish_wait if self.finishing else 0.0)
             limit = end if limit is None else min(limit, end)
@@ -246,8 +265,8 @@ class Unfinished:
     no_dump_reason: str = ""
     #: The collective it is in, from its flight recorder (:mod:`collectives`), or "".
     collective: str = ""
-    #: Who is out of step, from every rank's flight recorder, or "".
-    verdict: str = ""
+    #: Who is out of step, from every rank's flight recorder.
+    verdict: Verdict = dataclasses.field(default_factory=Verdict)
 
 
 def unfinished_report(
@@ -269,6 +288,8 @@ def unfinished_report(
     )
     if info.collective:
         where = f"{info.collective}; {where}"
+    waited = info.verdict.waited.get(rank, "")
+    ending = ""
     if game.is_collateral(rank):
         assert game.failed_at is not None
         after = info.now - game.failed_at
@@ -282,16 +303,16 @@ def unfinished_report(
         crash += f"(timeout from {game.timeout_source})"
         collateral = False
     else:
-        timeout = game.timeout
-        note = f"timed out {pos.at} after {timeout:g} s; {where}"
-        crash = f"Timeout: {pos.still} after {timeout:g} s (timeout from {game.timeout_source})"
-        collateral = False
+        ending, crash = _ending(game, pos)
+        # Left waiting for the ranks the verdict blames: collateral, not a failure of its own.
+        note = f"{waited}; {ending}" if waited else f"{ending}; {where}"
+        collateral = bool(waited)
     if info.dump:
         stack = format_stack(info.dump, test_file, info.log)
     else:
         stack = f"(no stack; its log: {info.log})"
     text = f"{tag}: {crash}\n{where}\n{stack}"
-    return synthesized_failure(
+    report = synthesized_failure(
         nodeid,
         location,
         pos.when,
@@ -300,8 +321,56 @@ def unfinished_report(
         note=note,
         collateral=collateral,
         stop=wall,
-        verdict=info.verdict,
+        verdict=info.verdict.text,
         in_test=pos.when in ("setup", "call") and pos == Position.in_phase(pos.when),
+    )
+    setattr(report, UNFINISHED_ATTR, True)
+    if ending and not collateral:
+        setattr(report, ENDING_ATTR, ending)
+    if info.verdict.root:
+        verdict = info.verdict
+        setattr(report, CAUSE_ATTR, (verdict.root, verdict.subject, verdict.predicate))
+    return report
+
+
+#: On a rank's report that :func:`unfinished_report` wrote as timed out (or ended by a
+#: deadlock): how it ended, in the table's words, for :func:`note_verdict`.
+ENDING_ATTR = "distrank_ending"
+
+
+def note_verdict(report: TestReport, rank: int, verdict: Verdict) -> None:
+    """The collective verdict on a rank's report written before it was known (launcher mode's
+    rank 0, reported by its watchdog before its peers' records arrived): its blame, and the
+    "waited in ... for rank 2" words when the rank only waited for the blamed ranks."""
+    ending = getattr(report, ENDING_ATTR, None)
+    if ending is None:
+        return
+    if verdict.text:
+        setattr(report, VERDICT_ATTR, verdict.text)
+    if verdict.root:
+        setattr(report, CAUSE_ATTR, (verdict.root, verdict.subject, verdict.predicate))
+    waited = verdict.waited.get(rank)
+    if waited:
+        setattr(report, NOTE_ATTR, f"{waited}; {ending}")
+        setattr(report, COLLATERAL_ATTR, True)
+
+
+def _ending(game: Endgame, pos: Position) -> tuple[str, str]:
+    """How a rank that did not finish was stopped: the table's words and the crash line."""
+    source = f"timeout from {game.timeout_source}"
+    if game.deadlock_at is None:
+        timeout = game.timeout
+        return (
+            f"timed out {pos.at} after {timeout:g} s",
+            f"Timeout: {pos.still} after {timeout:g} s ({source})",
+        )
+    after = game.deadlock_at - game.started
+    seconds = effective_timeout(game.timeout)
+    deadline = f"deadline was {seconds:g} s" if seconds is not None else "no deadline"
+    return (
+        f"ended {pos.at} after {after:.1f} s: a deadlock ({deadline})",
+        f"Deadlock: {pos.still} after {after:.1f} s, which can never finish: ended early "
+        f"({deadline}, {source})",
     )
 
 

@@ -29,9 +29,22 @@ from .._compat import (
     ReprFileLocation,
     ReprTracebackNative,
 )
+from .rootcause import (
+    CAUSE_ATTR,
+    COLLATERAL_ATTR,
+    NOTE_ATTR,
+    UNFINISHED_ATTR,
+    blame,
+    head,
+    label,
+    root_cause,
+)
+
+__all__ = ["CAUSE_ATTR", "COLLATERAL_ATTR", "NOTE_ATTR", "UNFINISHED_ATTR", "label", "root_cause"]
 
 WHENS = ("setup", "call", "teardown")
-_RANK_TAG = re.compile(r"^\[rank \d+/\d+\] ")
+#: The tag a merged report's crash line starts with (rootcause.Blame.tag).
+_RANK_TAG = re.compile(r"^\[(?:ranks? [\d, ]+(?:/\d+| of \d+)|all \d+ ranks)\] ")
 #: PyTorch's repro hint, which its test harness appends to an exception's first argument
 #: (common_utils.print_repro_on_failure); in a one-line summary an exception of several
 #: arguments shows it as literal ``\n`` escapes. The traceback below keeps it.
@@ -40,19 +53,11 @@ _REPRO_HINT = re.compile(
     r"PYTORCH_PRINT_REPRO_ON_FAILURE=0"
 )
 
-#: Attribute of a synthesized report (crash, kill, timeout) with one line on what happened.
-NOTE_ATTR = "distrank_note"
-#: Attribute marking a synthesized report of a rank killed because another rank failed first.
-COLLATERAL_ATTR = "distrank_collateral"
 #: On a collateral report: whether the rank was killed inside the test's setup or call.
 IN_TEST_ATTR = "distrank_in_test"
 #: On a synthesized report: who is out of step, from the ranks' flight recorders (a hang's
 #: verdict, :mod:`collectives`); shown under the summary line.
 VERDICT_ATTR = "distrank_verdict"
-
-
-def label(rank: int, world_size: int) -> str:
-    return f"rank {rank}/{world_size}"
 
 
 def synthesized_failure(
@@ -149,24 +154,6 @@ def _story(reports: Sequence[TestReport]) -> str:
     return "passed" if reports else "no report"
 
 
-def _root_cause(failures: Sequence[tuple[int, TestReport]]) -> tuple[int, TestReport]:
-    """The rank whose failure explains the others.
-
-    A rank that crashed (a synthesized, non-collateral report) comes first: its peers fail
-    *because* it died ("Connection reset by peer"), and their reports often reach the controller
-    before the crash is noticed. Then the first rank to fail on its own, by its report's stop
-    time. Ranks killed as collateral only when there is nothing else.
-    """
-
-    def rank_order(f: tuple[int, TestReport]) -> tuple[int, float, int]:
-        rank, report = f
-        collateral = bool(getattr(report, COLLATERAL_ATTR, False))
-        crashed = getattr(report, NOTE_ATTR, None) is not None and not collateral
-        return (0 if crashed else 2 if collateral else 1, report.stop or 0.0, rank)
-
-    return min(failures, key=rank_order)
-
-
 def _relabel_sections(
     reports: Iterable[tuple[int, TestReport]], world_size: int
 ) -> list[tuple[str, str]]:
@@ -213,49 +200,16 @@ def _user_properties(phase: Sequence[tuple[int, TestReport]]) -> list[tuple[str,
     return seen
 
 
-def _table(
-    world_size: int,
-    stories: Mapping[int, str],
-    root: int,
-    collateral: Sequence[int],
-    verdict: str = "",
-) -> list[str]:
-    bad = [r for r, s in stories.items() if not s.startswith(("passed", "skipped", "xfail"))]
-    failed = len([r for r in bad if r not in collateral])
-    if failed:
-        killed = f", {len(collateral)} killed after it" if collateral else ""
-        head = (
-            f"{failed} of {world_size} ranks failed{killed}; root cause: {label(root, world_size)}"
-        )
-        mark_root = "  <- root cause"
-    else:
-        # Nobody failed on its own: ranks were killed after a peer skipped (see their rows).
-        head = (
-            f"no rank failed on its own; {len(collateral)} of {world_size} killed after the "
-            "grace period"
-        )
-        mark_root = "  <- shown first"
-    lines = [f"distrank: {head}\n"]
-    if verdict:
-        lines.append(f"collectives: {verdict}\n")
-    width = len(label(world_size - 1, world_size))
-    for rank in range(world_size):
-        story = stories.get(rank, "no report")
-        mark = mark_root if rank == root else ""
-        lines.append(f"  {label(rank, world_size):<{width}}  {story}{mark}\n")
-    lines.append(f"---------- traceback of {label(root, world_size)} ----------\n")
-    return lines
-
-
 def _failure(
     phase: Sequence[tuple[int, TestReport]], world_size: int, stories: Mapping[int, str]
 ) -> TestReport:
     failures = [(rank, r) for rank, r in phase if r.failed]
-    root, root_report = _root_cause(failures)
+    found = blame(failures, world_size)
+    root, root_report = found.shown, found.report
     collateral = [rank for rank, r in failures if getattr(r, COLLATERAL_ATTR, False)]
     verdict = next((getattr(r, VERDICT_ATTR) for _, r in phase if hasattr(r, VERDICT_ATTR)), "")
-    table = _table(world_size, stories, root, collateral, verdict)
-    tag = f"[{label(root, world_size)}] "
+    table = head(world_size, stories, found, collateral, verdict)
+    tag = found.tag
     longrepr = root_report.longrepr
     shown = {_same_failure_key(str(longrepr)): root}
     if not isinstance(longrepr, ExceptionRepr):
@@ -273,7 +227,7 @@ def _failure(
     first_tb.reprentries = [ReprEntryNative(table), *first_tb.reprentries]
     crash = longrepr.reprcrash
     if crash is not None and not crash.message.startswith(tag):
-        crash.message = tag + _cut(crash.message, CRASH_LIMIT)
+        crash.message = tag + _cut(found.preface + crash.message, CRASH_LIMIT)
     for rank, report in failures:
         if rank == root:
             continue

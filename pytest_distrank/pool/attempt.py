@@ -26,7 +26,7 @@ from ..outcome.checks import (
     sequences_in_step,
     unmatched_collectives,
 )
-from ..outcome.collectives import crash_verdict, explain, load
+from ..outcome.collectives import Verdict, crash_verdict, explain, load
 from ..outcome.endgame import (
     LATE,
     LATE_REASON,
@@ -45,6 +45,7 @@ from ..outcome.stacks import (
     trim_fault_dump,
     where_blocked,
 )
+from .deadlock import Watch
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
 from .probes import dump_stacks, read_collectives, request_collectives, why_silent
 from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
@@ -98,12 +99,15 @@ class Attempt:
     terminal: DebugTerminal | None = None
     #: ``--distrank-debug-rank``: the rank whose log is shown live.
     live_rank: int | None = None
+    #: ``--distrank-deadlocks=end``: end the test early once its records prove a deadlock.
+    end_deadlocks: bool = False
     result: TestRun = dataclasses.field(init=False)
     #: The rank ``--pdb`` opened the debugger in (one per test: the first to fail).
     post_mortem_rank: int | None = dataclasses.field(init=False, default=None)
     #: Debugger sessions are over: the test's time is up and its ranks are being judged.
     judging: bool = dataclasses.field(init=False, default=False)
     tail: LiveTail | None = dataclasses.field(init=False, default=None)
+    watch: Watch | None = dataclasses.field(init=False, default=None)
     #: Ranks that died inside a collective: (exit status, the collective and where, in words).
     crashes: dict[int, tuple[str, str]] = dataclasses.field(init=False, default_factory=dict)
     crash_reports: dict[int, TestReport] = dataclasses.field(init=False, default_factory=dict)
@@ -116,6 +120,8 @@ class Attempt:
         if live is not None and self.terminal is not None and self.terminal.reporter is not None:
             label = f"rank {live.rank}/{self.pool.key.world_size}"
             self.tail = LiveTail(self.terminal, label, live.log_path, live.log_offset)
+        if self.end_deadlocks:
+            self.watch = Watch(self.pool, self.game, self.test_file, self.sent_ns)
 
     def run(self) -> TestRun:
         """Wait until the end-of-test rule says the test is over; then judge what is left."""
@@ -131,10 +137,21 @@ class Attempt:
             wait = game.seconds_left(time.monotonic())
             if self.tail is not None:
                 wait = LIVE_EVERY if wait is None else min(wait, LIVE_EVERY)
-            for rank, message in pool.wait_for(pending, wait):
+            watch = self.watch
+            if watch is not None:
+                look = watch.wait(time.monotonic())
+                wait = look if wait is None else min(wait, look)
+            messages = pool.wait_for(pending, wait)
+            for rank, message in messages:
                 self._take(rank, message)
             if self.tail is not None:
                 self.tail.pump()
+            if watch is not None and game.pending:
+                # Proven deadlocked: the game's limit is now, and the next round ends the wait.
+                if messages:
+                    watch.progress(time.monotonic())
+                else:
+                    watch.look(time.monotonic())
         if self.tail is not None:
             self.tail.pump(final=True)
         self.judging = True
@@ -337,6 +354,9 @@ class Attempt:
             self.fr_dumps,
             self.sent_ns,
             {rank: where_blocked(dump, self.test_file) for rank, dump in stacks.items() if dump},
+            finished=game.finished,
+            lost=game.lost,
+            world_size=pool.key.world_size,
         )
         for rank, message in pool.wait_for(stuck, 0.0):
             self._take(rank, message)
@@ -372,7 +392,7 @@ class Attempt:
                 now,
                 no_stack,
                 collective=story.lines.get(rank.rank, "") if story else "",
-                verdict=story.verdict if story else "",
+                verdict=story.verdict if story else Verdict(),
             )
             ws = pool.key.world_size
             report = unfinished_report(
@@ -384,6 +404,9 @@ class Attempt:
         game, nodeid = self.game, self.test.nodeid
         victims = [r.rank for r in stuck if r.rank not in self_failed]
         names = ", ".join(str(r) for r in victims or sorted(self_failed))
+        if game.deadlock_at is not None and game.failed_at is None:
+            after = game.deadlock_at - game.started
+            return f"rank(s) {names} ended after {after:.1f} s in a deadlock in {nodeid}"
         if game.failed_at is None:
             return f"rank(s) {names} timed out after {game.timeout:g} s in {nodeid}"
         if victims:

@@ -404,6 +404,7 @@ class Controller:
                     timeout.source,
                     self.settings.failure_grace.value,
                     self.terminal,
+                    end_deadlocks=self.settings.deadlocks.value == "end",
                 )
             except PoolUnfit as exc:
                 self.pools.retire(key, pool, str(exc), graceful=False)

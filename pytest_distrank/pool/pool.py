@@ -319,6 +319,7 @@ class Pool:
         timeout_source: str,
         grace: float,
         terminal: DebugTerminal | None = None,
+        end_deadlocks: bool = False,
     ) -> TestRun:
         """Run one test on every rank (see :class:`~attempt.Attempt`)."""
         sent = self.send(test)
@@ -331,7 +332,16 @@ class Pool:
         )
         live = self.configs[0].debug.live_rank if self.configs and self.configs[0].debug else None
         attempt = Attempt(
-            self, sent.test, location, test_file, deserialize, game, sent.ns, terminal, live
+            self,
+            sent.test,
+            location,
+            test_file,
+            deserialize,
+            game,
+            sent.ns,
+            terminal,
+            live,
+            end_deadlocks,
         )
         return attempt.run()
 

@@ -333,6 +333,7 @@ class Replays:
                     timeout.value,
                     timeout.source,
                     settings.failure_grace.value,
+                    end_deadlocks=settings.deadlocks.value == "end",
                 )
             except PoolUnfit as exc:
                 raise Unreachable(str(exc)) from None

@@ -29,7 +29,7 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
-from ..outcome.merge import _root_cause
+from ..outcome.rootcause import root_cause
 from .worker.rankreruns import VERDICT_ATTR
 
 #: What becomes of one report of an attempt: logged as it is, logged as a rerun, or not logged
@@ -110,7 +110,7 @@ def keep_root_causes(item: pytest.Item, per_rank: Mapping[int, Sequence[TestRepo
             if report.failed:
                 failed.setdefault(report.when, []).append((rank, report))
     if failed:
-        item.stash[ROOT_CAUSES] = {when: _root_cause(f)[1] for when, f in failed.items()}
+        item.stash[ROOT_CAUSES] = {when: root_cause(f)[1] for when, f in failed.items()}
 
 
 class Reruns:

@@ -5,8 +5,8 @@ pool, so each case is a test of its own in one inner file, followed by a healthy
 pass on a working pool, and each outer test reads its own case's outcome (from the session's
 junit report) and lines (its report section, the lines that name it). A session's options are
 the ones its cases need: ``FAULTS`` (default grace), ``EXITFIRST`` (``-x``), ``DEADLINE``
-(``--distrank-timeout=4``, no grace) and ``NO_RECORDER`` (no flight recorder, a tiny deadline
-from the environment). This module also holds what the other fault files share: ``Session``,
+(``--distrank-timeout=4``, no grace, proven deadlocks wait for it too) and ``NO_RECORDER`` (no
+flight recorder, a tiny deadline from the environment). This module also holds what the other fault files share: ``Session``,
 ``Shared`` and ``line_of`` (tests/e2e/test_hangs_explained.py, test_honest.py, test_errors.py,
 test_start_bounds.py import them).
 """
@@ -483,7 +483,7 @@ def test_desync_without_grace(rank):
 DEADLINE = Session(
     "test_faults.DEADLINE",
     {"test_cases.py": DEADLINE_CASES},
-    ("-ra", "--distrank-timeout=4", "--distrank-failure-grace=0"),
+    ("-ra", "--distrank-timeout=4", "--distrank-failure-grace=0", "--distrank-deadlocks=wait"),
 )
 
 #: No flight recorder (TORCH_FR_BUFFER_SIZE=0), a tiny session deadline from the environment
@@ -556,18 +556,29 @@ def test_hang_times_out_with_every_ranks_stack(faults: Shared) -> None:
     assert faults.outcomes("test_hang", "test_hang_then_healthy") == ["failed", "passed"]
     barrier = line_of(FAULTS_CASES, "hang: rank 0 blocked here")
     sleep = line_of(FAULTS_CASES, "hang: rank 1 blocked here")
-    faults.section("test_hang").fnmatch_lines_random(
+    # Rank 1 sleeps: the verdict blames it, and rank 0 only waited for it (issue 28).
+    faults.section("test_hang").fnmatch_lines(
         [
-            "  rank 0/2  timed out in call after 3 s; in barrier #1 on the default group; "
-            f"blocked in barrier at *, called from test_hang at test_cases.py:{barrier}*",
+            "distrank: 2 of 2 ranks failed; root cause: rank 1/2 never entered barrier #1 on the "
+            "default group (rank 0 waits in it)",
+            "*",
+            "  rank 0/2  waited in barrier #1 on the default group for rank 1; timed out in call "
+            "after 3 s",
             "  rank 1/2  timed out in call after 3 s; blocked in test_hang at "
-            f"test_cases.py:{sleep}*",
+            f"test_cases.py:{sleep}  <- root cause",
+            "---------- traceback of rank 1/2 ----------",
+            "*",
+            "*- traceback of rank 0/2 -*",
+            "rank 0/2: Timeout: still in call after 3 s (timeout from @pytest.mark.timeout(3))",
+            "in barrier #1 on the default group; blocked in barrier at *, called from test_hang "
+            f"at test_cases.py:{barrier}",
         ]
     )
     faults.about("test_hang").fnmatch_lines(
         [
-            "FAILED *::test_hang - [[]rank */2[]] Timeout: still in call after 3 s "
-            "(timeout from @pytest.mark.timeout(3))",
+            "FAILED *::test_hang - [[]rank 1/2[]] never entered barrier #1 on the default group "
+            "(rank 0 waits in it); Timeout: still in call after 3 s (timeout from "
+            "@pytest.mark.timeout(3))",
         ]
     )
 
@@ -640,7 +651,7 @@ def test_a_dispatch_mode_left_entered_does_not_reach_the_next_test(faults: Share
 def test_sys_exit_in_a_test_is_a_failure(faults: Shared) -> None:
     assert faults.outcomes("test_sys_exit", "test_sys_exit_then_healthy") == ["failed", "passed"]
     faults.about("test_sys_exit").fnmatch_lines(
-        ["FAILED *::test_sys_exit - [[]rank */2[]] SystemExit: 4"]
+        ["FAILED *::test_sys_exit - [[]all 2 ranks[]] SystemExit: 4"]
     )
 
 
@@ -648,7 +659,7 @@ def test_unpicklable_exception_gives_a_normal_report(faults: Shared) -> None:
     tests = ("test_raise_unpicklable", "test_raise_unpicklable_then_healthy")
     assert faults.outcomes(*tests) == ["failed", "passed"]
     faults.about("test_raise_unpicklable").fnmatch_lines(
-        ["FAILED *::test_raise_unpicklable - [[]rank */2[]] *Unpicklable: cannot travel"]
+        ["FAILED *::test_raise_unpicklable - [[]all 2 ranks[]] *Unpicklable: cannot travel"]
     )
 
 

@@ -144,8 +144,8 @@ def test_conftest_options_reach_every_rank(cmdline: pytest.RunResult) -> None:
 def test_runxfail_reaches_the_ranks(cmdline: pytest.RunResult) -> None:
     cmdline.stdout.fnmatch_lines(
         [
-            "FAILED *::test_known_bug[[]1[]] - [[]rank *] AssertionError: rank * ran the xfail "
-            "test as*"
+            "FAILED *::test_known_bug[[]1[]] - [[]all 2 ranks[]] AssertionError: rank * ran the "
+            "xfail test as*"
         ]
     )
 

@@ -338,7 +338,7 @@ def test_local_mode_fails_when_the_expected_value_changes(simulated: pytest.RunR
     )
     simulated.stdout.fnmatch_lines(
         [
-            "FAILED test_dtensor_fails.py::test_sharded_sum[[]ws4[]] - [[]rank ?/4[]] "
+            "FAILED test_dtensor_fails.py::test_sharded_sum[[]ws4[]] - [[]all 4 ranks[]] "
             "*assert 120.0 *",
             "FAILED test_dtensor_fails.py::test_sharded_sum[[]ws4-local[]] - "
             "[[]ranks 0-3 of 4 (local)[]] *assert 120.0 == (120 + 1)",

@@ -50,7 +50,7 @@ def test_a_missing_rank_is_named_with_where_it_is() -> None:
         {0: waiting, 1: waiting, 2: absent}, START, {2: "blocked in sleep at test_x.py:9"}
     )
     assert story is not None
-    assert story.verdict == (
+    assert story.verdict.text == (
         "ranks 0, 1 wait in all_reduce #2 on the default group; rank 2 never entered it: it is "
         "blocked in sleep at test_x.py:9 (after all_reduce #1)"
     )
@@ -70,7 +70,7 @@ def test_different_ops_in_the_same_slot_are_a_mismatch() -> None:
         START,
     )
     assert story is not None
-    assert story.verdict == (
+    assert story.verdict.text == (
         "rank 1 entered broadcast #1 while ranks 0, 2 entered all_reduce #1 (the default group)"
     )
 
@@ -81,15 +81,15 @@ def test_different_shapes_or_dtypes_are_named() -> None:
         START,
     )
     assert story is not None
-    assert (
-        story.verdict == "all_reduce #1 on the default group: rank 0 float32[4], rank 1 float32[8]"
+    assert story.verdict.text == (
+        "all_reduce #1 on the default group: rank 0 float32[4], rank 1 float32[8]"
     )
     story = explain(
         {0: dump(entry("all_reduce", False)), 1: dump(entry("all_reduce", False, dtype="Double"))},
         START,
     )
     assert story is not None
-    assert story.verdict.endswith("rank 0 float32[4], rank 1 float64[4]")
+    assert story.verdict.text.endswith("rank 0 float32[4], rank 1 float64[4]")
 
 
 def test_a_subgroup_is_named_by_its_ranks() -> None:
@@ -104,7 +104,7 @@ def test_a_subgroup_is_named_by_its_ranks() -> None:
     )
     assert story is not None
     assert story.lines[0] == "in all_gather #1 on the group of ranks 0, 2 (float32[4])"
-    assert story.verdict == (
+    assert story.verdict.text == (
         "rank 0 waits in all_gather #1 on the group of ranks 0, 2; rank 2 never entered it"
     )
 
@@ -130,7 +130,7 @@ def test_a_subgroup_of_a_gloo_dump_is_named_by_the_members_the_rank_adds() -> No
         START,
     )
     assert story is not None
-    assert story.verdict == (
+    assert story.verdict.text == (
         "rank 0 waits in all_reduce #1 on the group of ranks 0, 1; rank 1 never entered it"
     )
     # Without the members (an older dump), the name is still the recorder's.
@@ -168,7 +168,7 @@ def test_point_to_point_ops_are_left_out() -> None:
     story = explain({0: dump(entry("send", False, p2p=True))}, START)
     assert story is not None
     assert story.lines == {}
-    assert story.verdict == ""
+    assert story.verdict.text == ""
 
 
 def test_no_records_no_story() -> None:
@@ -284,3 +284,118 @@ def test_a_crash_inside_a_collective_names_what_the_peers_were_in() -> None:
 def test_a_crash_without_peer_records_names_only_the_crash() -> None:
     verdict = crash_verdict(1, "SIGSEGV", "broadcast", {0: None}, START, False)
     assert verdict == "rank 1 crashed (SIGSEGV) inside broadcast"
+
+
+def test_uneven_all_to_all_is_no_mismatch_and_the_missing_rank_is_named() -> None:
+    """D8 (hostile review 3, row 17): ``all_to_all_single`` with splits passes different sizes
+    on every rank, legally; rank 2 never came."""
+    story = explain(
+        {
+            0: dump(entry("all_to_all", False, size=3)),
+            1: dump(entry("all_to_all", False, size=6)),
+            2: dump(),
+        },
+        START,
+        {2: "blocked in sleep at test_x.py:9"},
+        world_size=3,
+    )
+    assert story is not None
+    verdict = story.verdict
+    assert verdict.text == (
+        "ranks 0, 1 wait in all_to_all #1 on the default group; rank 2 never entered it: it is "
+        "blocked in sleep at test_x.py:9"
+    )
+    assert verdict.root == (2,)
+    assert verdict.cause == (
+        "rank 2/3 never entered all_to_all #1 on the default group (ranks 0, 1 wait in it)"
+    )
+    assert verdict.waited == {
+        0: "waited in all_to_all #1 on the default group for rank 2",
+        1: "waited in all_to_all #1 on the default group for rank 2",
+    }
+    assert not verdict.proven  # rank 2 still runs its test: it may come yet
+
+
+WORLD4 = {"0": {"ranks": "[0, 1, 2, 3]"}}
+
+
+def test_a_member_that_finished_without_entering_proves_a_deadlock() -> None:
+    waiting = dump(entry("all_reduce", True), entry("all_reduce", False), groups=WORLD4)
+    gone = dump(entry("all_reduce", True), groups=WORLD4)
+    dumps = {0: waiting, 1: waiting, 2: gone, 3: waiting}
+    story = explain(dumps, START, finished={2}, world_size=4)
+    assert story is not None and story.verdict.proven
+    assert story.verdict.blocked == (0, 1, 3)
+    assert "rank 2 never entered it: it left the test (after all_reduce #1)" in (
+        story.verdict.text
+    )
+    # Still running (sleeping, slow): it may come yet, so nothing is proven.
+    running = explain(dumps, START, world_size=4)
+    assert running is not None and running.verdict.root == (2,) and not running.verdict.proven
+    # A member that died never comes; one whose records are unknown might.
+    died = explain({0: waiting, 1: waiting, 3: waiting}, START, lost={2}, world_size=4)
+    assert died is not None and died.verdict.proven and died.verdict.root == (2,)
+    unknown = explain({0: waiting, 1: waiting, 3: waiting, 2: None}, START, world_size=4)
+    assert unknown is not None and not unknown.verdict.proven
+    # It finished after entering the collective: the waiting ranks are only slow.
+    entered = dump(entry("all_reduce", True), entry("all_reduce", True), groups=WORLD4)
+    late = explain({**dumps, 2: entered}, START, finished={2}, world_size=4)
+    assert late is not None and not late.verdict.proven
+
+
+def test_a_mismatch_blames_the_minority_or_says_there_is_no_majority() -> None:
+    minority = explain(
+        {
+            0: dump(entry("all_gather", False)),
+            1: dump(entry("broadcast", False)),
+            2: dump(entry("all_gather", False)),
+            3: dump(entry("all_gather", False)),
+        },
+        START,
+        world_size=4,
+    )
+    assert minority is not None and minority.verdict.proven
+    assert minority.verdict.root == (1,)
+    assert minority.verdict.cause == (
+        "rank 1/4 entered broadcast #1 while ranks 0, 2, 3 entered all_gather #1 on the "
+        "default group"
+    )
+    assert minority.verdict.waited[0] == "waited in all_gather #1 on the default group for rank 1"
+    halves = explain(
+        {0: dump(entry("broadcast", False)), 1: dump(entry("all_gather", False))},
+        START,
+        world_size=2,
+    )
+    assert halves is not None and halves.verdict.root == (0, 1)
+    assert halves.verdict.cause == (
+        "ranks 0, 1 of 2 disagree with no majority to tell which side is wrong: rank 0 entered "
+        "broadcast #1; rank 1 entered all_gather #1 on the default group"
+    )
+    assert halves.verdict.waited == {}
+
+
+def test_shapes_are_compared_only_where_the_op_needs_them_equal() -> None:
+    for op, mismatch in (("all_reduce", True), ("gather", False), ("all_to_all", False)):
+        story = explain(
+            {0: dump(entry(op, False)), 1: dump(entry(op, False, size=8))}, START, world_size=2
+        )
+        assert story is not None
+        assert bool(story.verdict.text) is mismatch, op
+        assert story.verdict.proven is mismatch, op
+
+
+def test_a_rank_left_alone_with_another_size_is_the_mismatch() -> None:
+    """On gloo, three ranks with float32[4] complete an all_reduce and finish the test; the one
+    with float32[8] waits alone. The finished ranks' calls count in the comparison."""
+    done = dump(entry("all_reduce", True), groups=WORLD4)
+    alone = dump(entry("all_reduce", False, size=8), groups=WORLD4)
+    story = explain({0: done, 1: alone, 2: done, 3: done}, START, finished={0, 2, 3}, world_size=4)
+    assert story is not None
+    assert story.verdict.text == (
+        "all_reduce #1 on the default group: ranks 0, 2, 3 float32[4], rank 1 float32[8]"
+    )
+    assert story.verdict.cause == (
+        "rank 1/4 entered all_reduce #1 with float32[8] while ranks 0, 2, 3 entered all_reduce #1 "
+        "with float32[4] on the default group"
+    )
+    assert story.verdict.proven and story.verdict.blocked == (1,)

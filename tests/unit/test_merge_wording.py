@@ -82,8 +82,14 @@ def test_every_failing_rank_shows_its_own_traceback() -> None:
         ]
         for rank in range(3)
     }
-    report = text(merge_test(per_rank, 3)[1])
-    assert report.startswith("distrank: 3 of 3 ranks failed; root cause: rank 0/3\n")
+    merged = merge_test(per_rank, 3)[1]
+    report = text(merged)
+    # The same exception type at the same line on every rank: said, not one rank picked.
+    assert report.startswith(
+        "distrank: all 3 ranks failed the same way (ValueError at test_x.py:5); shown: rank 0/3\n"
+    )
+    assert "  rank 0/3  failed in call: ValueError: bad value on 0  <- shown\n" in report
+    assert crash_line(merged) == "[all 3 ranks] ValueError: bad value on 0"
     for rank in range(3):
         assert f"  rank {rank}/3  failed in call: ValueError: bad value on {rank}" in report
         assert f"E       ValueError('bad value on {rank}')" in report
@@ -106,7 +112,7 @@ def test_tracebacks_that_differ_only_in_their_arguments_are_shown_once() -> None
         for rank in range(2)
     }
     report = text(merge_test(per_rank, 2)[1])
-    assert report.startswith("distrank: 2 of 2 ranks failed; root cause: rank 0/2\n")
+    assert report.startswith("distrank: all 2 ranks failed the same way (RuntimeError at ")
     assert "traceback of rank 1/2" in report
     assert "the same as rank 0/2" in report
     assert report.count(f"raise {error}") == 1
@@ -187,3 +193,47 @@ def test_annotate_gives_a_property_per_rank_and_the_rerun_command() -> None:
     # A pid the pool does not know reads "?".
     annotate(merged, per_rank, 3, [101], rerun)
     assert str(dict(merged[-1].user_properties)["distrank rank 2/3"]).endswith("pid ?")
+
+
+def test_the_collective_verdict_decides_the_root_cause_of_a_hang() -> None:
+    """Issue 28: rank 2 finished without entering the all_reduce ranks 0 and 1 wait in; the
+    head, the arrow and the crash line (``-ra``, junit's message=) blame rank 2, not rank 0."""
+    from pytest_distrank.outcome.merge import synthesized_failure
+    from pytest_distrank.outcome.rootcause import CAUSE_ATTR, UNFINISHED_ATTR
+
+    cause = (
+        (2,),
+        "rank 2/3",
+        "never entered all_reduce #2 on the default group (ranks 0, 1 wait in it)",
+    )
+
+    def waited(rank: int) -> TestReport:
+        crash = "Timeout: still in call after 10 s (timeout from marker)"
+        note = (
+            "waited in all_reduce #2 on the default group for rank 2; timed out in call after 10 s"
+        )
+        report = synthesized_failure(
+            NODEID, LOCATION, "call", crash, f"rank {rank}/3: {crash}", note=note, collateral=True
+        )
+        setattr(report, UNFINISHED_ATTR, True)
+        setattr(report, CAUSE_ATTR, cause)
+        return report
+
+    per_rank = {0: [ok("setup"), waited(0)], 1: [ok("setup"), waited(1)], 2: [ok("setup"), ok()]}
+    merged = merge_test(per_rank, 3)[1]
+    lines = text(merged).splitlines()
+    assert lines[0] == (
+        "distrank: 2 of 3 ranks failed; root cause: rank 2/3 never entered all_reduce #2 on the "
+        "default group (ranks 0, 1 wait in it)"
+    )
+    assert lines[3] == "  rank 2/3  passed  <- root cause"
+    assert "<- root cause" not in lines[1] + lines[2]
+    assert lines[4] == "---------- traceback of rank 0/3 ----------"  # the root has none
+    assert crash_line(merged) == (
+        "[rank 2/3] never entered all_reduce #2 on the default group (ranks 0, 1 wait in it); "
+        "Timeout: still in call after 10 s (timeout from marker)"
+    )
+    # A rank that failed on its own still decides: the verdict only explains a hang.
+    own = failed("ValueError: rank 1", traceback_of(1, "ValueError('rank 1')"))
+    mixed = merge_test({**per_rank, 1: [ok("setup"), own]}, 3)[1]
+    assert crash_line(mixed) == "[rank 1/3] ValueError: rank 1"

@@ -1,0 +1,147 @@
+"""Ending a test early when its ranks' flight records prove it can never finish.
+
+Runs in the controller (pool mode), inside :class:`attempt.Attempt`'s wait for a test's ranks.
+
+Healthy tests are never probed. Between the ranks' messages the watch reads, every
+:data:`WATCH_EVERY` seconds, the pending ranks' phases (the shared phase array) and their CPU
+time (``/proc/<pid>/stat``): nothing else. Only when no rank sent a message, changed its phase or
+spent CPU time for :data:`QUIET` seconds does it ask every live rank for its flight records
+(:mod:`probes`), and :func:`collectives.explain` judges them together with the ranks that
+finished the test and those that died. The test ends early only on evidence:
+
+- the records prove the state can never complete (a mismatch in one slot of a group; members
+  that finished the test or died without entering the collective their peers wait in), and
+- every rank the proof rests on answered, and the stacks of the ranks said to wait show each of
+  them inside a ``torch.distributed`` call (the records alone cannot tell a collective a rank
+  waits in from an async one it left pending and went on from).
+
+A rank that is only slow (sleeping, computing, in I/O, in a collective its peers have not
+reached yet but will) proves nothing, and the test waits for its deadline as before; each probe
+that proves nothing doubles the quiet time before the next, until a rank makes progress again.
+On a loaded machine a rank can be descheduled for seconds: silence only decides *when* to look,
+the records decide.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+from ..outcome.collectives import Verdict, explain, load
+from ..outcome.stacks import collective_entered
+from ..settings import seam_wait
+from .probes import dump_stacks, read_collectives, request_collectives
+from .protocol import phase_slots
+
+if TYPE_CHECKING:
+    from ..outcome.endgame import Endgame
+    from .pool import Pool
+
+#: How often the watch looks at the ranks while no message comes (seconds).
+WATCH_EVERY = 0.5
+#: How long the ranks must stand still before their records are read (seconds). Measured: a
+#: rank blocked in a gloo collective spends no CPU time at all; 2 s is many of the watch's looks
+#: and short beside any deadline (``DISTRANK_TEST_WAITS`` sets it for the plugin's own tests).
+QUIET = seam_wait(2.0)
+#: CPU clock ticks (10 ms) a standing-still rank may spend within the quiet time: the threads of
+#: a blocked rank (torch's, the plugin's) wake now and then.
+CPU_SLACK = 2
+#: Bound on the ranks' answers to a records request.
+ANSWER_WAIT = 1.0
+
+
+def cpu_ticks(pid: int) -> int | None:
+    """User plus system CPU time of a process (all its threads), in clock ticks; None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@dataclasses.dataclass
+class Watch:
+    """The progress of one test's ranks, and the probe once they stand still."""
+
+    pool: Pool
+    game: Endgame
+    test_file: str
+    #: Wall clock (ns) when the test was sent: records after it are the test's.
+    sent_ns: int
+    #: When the ranks last made progress (monotonic seconds), and what they looked like then.
+    since: float = dataclasses.field(default_factory=time.monotonic)
+    seen: tuple[tuple[int, ...], ...] = ()
+    ticks: dict[int, int] = dataclasses.field(default_factory=dict)
+    #: The quiet time the next probe waits for (doubled after each probe that proved nothing).
+    quiet: float = QUIET
+    #: What the last probe found proven, once it ended the test.
+    verdict: Verdict | None = None
+
+    def progress(self, now: float) -> None:
+        """A rank sent a message: progress, whatever it was."""
+        self.since, self.quiet = now, QUIET
+
+    def wait(self, now: float) -> float:
+        """How long the attempt may block before the watch wants to look again."""
+        return max(0.0, min(WATCH_EVERY, self.since + self.quiet - now))
+
+    def look(self, now: float) -> bool:
+        """Look at the ranks; True when the test was proven deadlocked (``game`` says when)."""
+        pending = [r for r in self.pool.ranks if r.rank in self.game.pending]
+        if not pending:
+            return False
+        seen = tuple(tuple(self.pool.phases[i] for i in phase_slots(r.rank)) for r in pending)
+        moved = seen != self.seen
+        for r in pending:
+            ticks = cpu_ticks(r.pid)
+            if ticks is None:
+                continue
+            if ticks > self.ticks.get(r.pid, ticks) + CPU_SLACK:
+                moved = True
+                self.ticks[r.pid] = ticks
+            self.ticks.setdefault(r.pid, ticks)
+        if moved:
+            self.seen = seen
+            self.progress(now)
+            return False
+        if now - self.since < self.quiet:
+            return False
+        proven = self._probe()
+        # The probe's own CPU time (the ranks' record dumps) is no progress of theirs.
+        for r in pending:
+            ticks = cpu_ticks(r.pid)
+            if ticks is not None:
+                self.ticks[r.pid] = ticks
+        if proven is None:
+            self.since, self.quiet = time.monotonic(), self.quiet * 2
+            return False
+        self.verdict = proven
+        self.game.note_deadlock(time.monotonic())
+        return True
+
+    def _probe(self) -> Verdict | None:
+        """The ranks' records, judged: a proven verdict whose waiting ranks' stacks confirm
+        they are inside a collective, or None."""
+        alive = [r for r in self.pool.ranks if r.process.exitcode is None]
+        request_collectives(alive)
+        answers = read_collectives(alive, ANSWER_WAIT)
+        dumps = {rank: load(raw) for rank, raw in answers.items()}
+        if any(dumps.get(r.rank) is None for r in alive if r.rank in self.game.pending):
+            return None  # a pending rank that does not answer is unknown: no early end
+        story = explain(
+            dumps,
+            self.sent_ns,
+            finished=self.game.finished,
+            lost=self.game.lost,
+            world_size=self.pool.key.world_size,
+        )
+        if story is None or not story.verdict.proven:
+            return None
+        blocked = [r for r in alive if r.rank in story.verdict.blocked]
+        stacks = dump_stacks(blocked)
+        inside = [collective_entered(stacks[r.rank], self.test_file) for r in blocked]
+        if not blocked or not all(inside):
+            return None
+        return story.verdict
