@@ -31,7 +31,7 @@ import pytest
 from pytest import TestReport
 
 from ..outcome.checks import foreign_report
-from ..outcome.collectives import Story, Verdict, explain, load
+from ..outcome.collectives import Verdict
 from ..outcome.endgame import (
     BEFORE_SETUP,
     DUMP_WAIT,
@@ -47,12 +47,11 @@ from ..outcome.endgame import (
     unfinished_report,
 )
 from ..outcome.records import Reports, RunTest, WarningRecord
-from ..outcome.stacks import where_blocked
 from ..outcome.warnings import warning_record
-from ..rank.groupstate import flight_records
 from ..settings import Value
 from . import keys
 from .channel import POLL_MAX
+from .frrecords import peer_records, verdict_story
 from .report import FRESH_GROUP, relabel, silent_report, stopped_report
 from .session import RankSession
 
@@ -397,8 +396,11 @@ def _conclude(
     now, wall = time.monotonic(), time.time()
     timed_out = game.failed_at is None
     # Rank 0 finished the test unless its watchdog took over from its stuck main thread.
-    finished = {*reported, *(() if cur.taken_over else (0,))}
-    story = _story(cur, stacks, test_file, finished, rs.world_size)
+    finished = set(range(rs.world_size)) - set(stacks) - {r for r in missing if r not in reported}
+    if cur.taken_over:
+        finished.discard(0)
+    peers = peer_records(rs, cur.index, sorted(finished - {0})) if stacks else {}
+    story = verdict_story(cur, stacks, test_file, finished, rs.world_size, peers)
     if story is not None:  # rank 0's own report was written before its peers' records came
         for own in per_rank.get(0, []):
             note_verdict(own, 0, story.verdict)
@@ -449,33 +451,3 @@ def _conclude(
             unfinished_report(nodeid, location, test_file, rank, rs.world_size, info, wall)
         )
     return stuck, healthy
-
-
-def own_records(cur: Current) -> str:
-    """This rank's flight records for ``cur``, JSON text (:func:`collectives.dump`; "" when the
-    recorder is off); dumped once per test (rank 0's watchdog and gather both ask for it)."""
-    if cur.records is None:
-        raw = flight_records()
-        cur.records = raw.decode("utf-8") if raw else ""
-    return cur.records
-
-
-def _story(
-    cur: Current,
-    stacks: dict[int, keys.Stack],
-    test_file: str,
-    finished: set[int],
-    world_size: int,
-) -> Story | None:
-    """Which collective each stuck rank and rank 0 are in, and who is out of step (the ranks
-    that finished sent no records: only the stuck ones and rank 0 are compared)."""
-    dumps = {0: load(own_records(cur))}
-    since = {0: cur.started_ns}
-    where: dict[int, str] = {}
-    for rank, stack in stacks.items():
-        # JSON read off the network (collectives.load checks every field; nothing unpickled).
-        dumps[rank] = load(str(stack.get("records", "")))
-        since[rank] = int(stack.get("since_ns", 0))
-        if stack.get("dump"):
-            where[rank] = where_blocked(str(stack["dump"]), test_file)
-    return explain(dumps, since, where, finished=finished, world_size=world_size)

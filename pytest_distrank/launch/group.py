@@ -27,7 +27,7 @@ from .. import fixtures as fixtures_module
 from ..outcome.checks import sequences_in_step, unmatched_collectives
 from ..outcome.records import RunTest
 from ..rank.context import RANK_CONTEXT, RankContext
-from ..rank.groupstate import collective_counts, flight_mark
+from ..rank.groupstate import collective_counts, flight_mark, flight_records
 from . import keys
 from .channel import ChannelError
 from .gather import Current
@@ -54,8 +54,10 @@ class GroupKeeper:
         self.flight_mark = -1
         #: Rank 0: the groups' sequence numbers per rank after the last test found in step.
         self.sequence_base: dict[int, dict[str, int]] = {}
-        #: Ranks other than 0: the last distributed test this rank ran (rank 0 may ask about it).
+        #: Ranks other than 0: the last distributed test this rank ran (rank 0 may ask about it),
+        #: and this rank's wall clock (ns) when it began it.
         self.last_index = -1
+        self.last_started_ns = 0
         #: Rank 0: what the distrank summary says besides the numbers (a group re-created...).
         self.notes: list[str] = []
 
@@ -126,17 +128,31 @@ class GroupKeeper:
 
     def wait(self, wanted: list[str]) -> str:
         """Ranks other than 0: the first of ``wanted`` keys to exist (no deadline: rank 0's
-        heartbeat bounds it), answering meanwhile rank 0's request for this rank's collective
-        counts after its last test (:meth:`check_collectives`)."""
+        heartbeat bounds it), answering meanwhile rank 0's requests about this rank's last test:
+        its collective counts (:meth:`check_collectives`) and, when the test left peers stuck,
+        its flight records (:func:`frrecords.peer_records`)."""
         channel = self.rs.channel
+        sent_records = False
         while True:
-            asked = [keys.count_request(self.last_index)] if self.last_index >= 0 else []
+            index = self.last_index
+            asked = [keys.count_request(index)] if index >= 0 else []
+            if index >= 0 and not sent_records:
+                asked.append(keys.records_request(index))
             found = channel.wait_any([*wanted, *asked], None, watch_rank0=True)
             assert found is not None  # no deadline: it returns a key or raises
             if found not in asked:
                 return found
+            if found == keys.records_request(index):
+                raw = flight_records()
+                data: keys.Records = {
+                    "records": raw.decode("utf-8") if raw else "",
+                    "since_ns": self.last_started_ns,
+                }
+                channel.put(keys.records(index, self.rs.rank), data)
+                sent_records = True
+                continue
             answer: keys.Counts = {"counts": collective_counts(self.flight_mark)}
-            channel.put(keys.counts(self.last_index, self.rs.rank), answer)
+            channel.put(keys.counts(index, self.rs.rank), answer)
             self.last_index = -1
 
     # -- rank 0: are the groups in step after a test? -----------------------------------------

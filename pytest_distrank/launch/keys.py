@@ -27,6 +27,8 @@ key                                writer    meaning
 ``stray/<test>/<rank>``            forks     :class:`Identity` of a forked process
 ``count/<test>``                   0 main    rank 0 asks for collective counts after the test
 ``counts/<test>/<rank>``           N main    :class:`Counts`: the rank's collective counts
+``records/<test>``                 0 main    rank 0 asks the ranks that finished a hung test
+``records/<test>/<rank>``          N main    :class:`Records`: the rank's flight records
 ``heartbeat`` (counter)            0 wdog    bumped every second while rank 0 lives
 ``exit``                           0         rank 0's exit code (an int)
 ``bye`` (counter)                  all       ranks that reached the end (they leave together)
@@ -108,6 +110,16 @@ def counts(index: int, rank: int) -> str:
     return f"counts/{index}/{rank}"
 
 
+def records_request(index: int) -> str:
+    """Rank 0's request, when test ``index`` left ranks stuck, for the flight records of the
+    ranks that finished it (the collective verdict compares every rank's)."""
+    return f"records/{index}"
+
+
+def records(index: int, rank: int) -> str:
+    return f"records/{index}/{rank}"
+
+
 # -- payloads ----------------------------------------------------------------------------------
 
 
@@ -179,7 +191,7 @@ class Stack(Identity):
     when: str
     reports: list[dict[str, Any]]
     warnings: list[Any]
-    #: The flight records, JSON text (:func:`gather.own_records`; "" when the recorder is off).
+    #: The flight records, JSON text (:func:`frrecords.own_records`; "" when the recorder is off).
     records: str
     #: This rank's wall clock (ns) when it began the test: its records after it are the test's.
     since_ns: int
@@ -195,6 +207,13 @@ class Fatal(Identity):
 
 class Abort(TypedDict):
     reason: str
+
+
+class Records(TypedDict):
+    #: The flight records, JSON text (:func:`frrecords.own_records`; "" when the recorder is off).
+    records: str
+    #: The rank's wall clock (ns) when it began the test: its records after it are the test's.
+    since_ns: int
 
 
 class Counts(TypedDict):

@@ -330,6 +330,7 @@ class LaunchPlugin:
         rs.channel.put(keys.report(index, self.rank), payload)
         rs.channel.add(keys.done_count(index), 1)
         self.group.last_index = index
+        self.group.last_started_ns = cur.started_ns
         self.current = None
         rs.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
         for report in cur.reports:

@@ -38,7 +38,8 @@ from ..outcome.endgame import Position, Unfinished, failed_itself, fill_passed, 
 from ..outcome.stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
-from .gather import Current, own_records, poll_early, poll_finished, warning_records
+from .frrecords import own_records
+from .gather import Current, poll_early, poll_finished, warning_records
 from .session import RankSession, open_log
 
 TICK = 0.05

@@ -6,9 +6,9 @@ pass on a working pool, and each outer test reads its own case's outcome (from t
 junit report) and lines (its report section, the lines that name it). A session's options are
 the ones its cases need: ``FAULTS`` (default grace), ``EXITFIRST`` (``-x``), ``DEADLINE``
 (``--distrank-timeout=4``, no grace, proven deadlocks wait for it too) and ``NO_RECORDER`` (no
-flight recorder, a tiny deadline from the environment). This module also holds what the other fault files share: ``Session``,
-``Shared`` and ``line_of`` (tests/e2e/test_hangs_explained.py, test_honest.py, test_errors.py,
-test_start_bounds.py import them).
+flight recorder, a tiny deadline from the environment). This module also holds what the other
+fault files share: ``Session``, ``Shared`` and ``line_of`` (tests/e2e/test_hangs_explained.py,
+test_honest.py, test_errors.py, test_start_bounds.py import them).
 """
 
 from __future__ import annotations

@@ -275,6 +275,21 @@ def test_never_reached(rank):
 """
 )
 
+#: Rank 2 leaves the test before the second all_reduce; ranks 0 and 1 wait in it to the deadline
+#: (rank 0's watchdog reports rank 0; rank 1 sends its stack; rank 2 its flight records).
+LEAVES = (
+    HEADER
+    + """
+@pytest.mark.world_size(3)
+@pytest.mark.timeout(3)
+def test_rank_two_leaves(rank, pg):
+    t = torch.ones(2)
+    dist.all_reduce(t, group=pg)
+    if rank != 2:
+        dist.all_reduce(t, group=pg)
+"""
+)
+
 FOUR = (
     HEADER
     + """
@@ -475,6 +490,12 @@ def _two_nodes_world(env: dict[str, str], folder: Path) -> Run:
     return start(cmds, [env, env], folder)
 
 
+def _leaves_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun, 3 ranks: rank 2 leaves a collective its peers wait in, which ends the run."""
+    write(folder, {"test_z_leaves.py": LEAVES})
+    return torchrun(env, folder, 3, "--junitxml=junit.xml")
+
+
 def _slurm_world(env: dict[str, str], folder: Path) -> Run:
     """Slurm's variables by hand, every test passes: the mapped variables, warnings; no
     --basetemp and a fresh TMPDIR, so the run folder goes to pytest-of-<user>."""
@@ -527,6 +548,7 @@ def _mismatch_world(env: dict[str, str], folder: Path) -> Run:
 WORLDS: dict[str, Callable[[dict[str, str], Path], Run]] = {
     "torchrun": _torchrun_world,
     "four": _four_world,
+    "leaves": _leaves_world,
     "two-nodes": _two_nodes_world,
     "slurm": _slurm_world,
     "mpi": _mpi_world,
@@ -921,3 +943,27 @@ def test_slurm_without_rendezvous_is_a_usage_error(
             '*export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
         ]
     )
+
+
+def test_torchrun_verdict_compares_the_records_of_the_ranks_that_finished(
+    world: Callable[[str], Run],
+) -> None:
+    """Issue 28: launcher mode explains as much as pool mode. Rank 2 finished the test; its
+    flight records (asked for while it waits for rank 0's verdict) say it never entered the
+    all_reduce its peers wait in, and the root cause follows them."""
+    run = world("leaves")
+    run.match(
+        0,
+        [
+            "distrank: 2 of 3 ranks failed; root cause: rank 2/3 never entered all_reduce #2 on "
+            "the default group (ranks 0, 1 wait in it)",
+            "collectives: ranks 0, 1 wait in all_reduce #2 on the default group; rank 2 never "
+            "entered it: it left the test (after all_reduce #1)",
+            "  rank 0/3  waited in all_reduce #2 on the default group for rank 2; timed out in "
+            "call after 3 s",
+            "  rank 1/3  waited in all_reduce #2 on the default group for rank 2; timed out in "
+            "call after 3 s",
+            "  rank 2/3  passed  <- root cause",
+        ],
+    )
+    run.match(0, ["FAILED test_z_leaves.py::test_rank_two_leaves - [[]rank 2/3[]] never entered *"])

@@ -1,0 +1,82 @@
+"""Rank 0's reading of every rank's flight records when a launched test left ranks stuck.
+
+Runs in rank 0 of a launched world (launcher mode): in its main thread (:mod:`gather`, when peers
+are stuck) and in its watchdog (:mod:`watchdog`, when rank 0 itself is). The records of rank 0
+itself are dumped here; the stuck ranks' travel with their stacks (``keys.Stack``); the ranks that
+finished the test answer :func:`peer_records` while they wait for rank 0's verdict
+(``Group.wait``). All of it is JSON read off the control store (:func:`collectives.load` checks
+every field; nothing is unpickled), judged by :func:`collectives.explain` as in pool mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING
+
+from ..outcome.collectives import Story, explain, load
+from ..outcome.stacks import where_blocked
+from ..rank.groupstate import flight_records
+from . import keys
+from .channel import ChannelError
+
+if TYPE_CHECKING:
+    from .gather import Current
+    from .session import RankSession
+
+#: Bound on the answers of the ranks that finished a hung test to :func:`peer_records` (each
+#: dumps its flight records: tens of ms, and a store round trip).
+RECORDS_WAIT = 1.0
+
+
+def own_records(cur: Current) -> str:
+    """This rank's flight records for ``cur``, JSON text (:func:`collectives.dump`; "" when the
+    recorder is off); dumped once per test (rank 0's watchdog and gather both ask for it)."""
+    if cur.records is None:
+        raw = flight_records()
+        cur.records = raw.decode("utf-8") if raw else ""
+    return cur.records
+
+
+def peer_records(rs: RankSession, index: int, ranks: list[int]) -> dict[int, keys.Records]:
+    """Rank 0: the flight records of ``ranks``, which finished test ``index`` while others are
+    stuck in it (each answers while it waits for rank 0's verdict: ``Group.wait``); a rank that
+    does not answer within :data:`RECORDS_WAIT` is left out (unknown)."""
+    if not ranks:
+        return {}
+    out: dict[int, keys.Records] = {}
+    with contextlib.suppress(ChannelError):
+        rs.channel.put(keys.records_request(index), 1)
+        end = time.monotonic() + RECORDS_WAIT
+        for rank in ranks:
+            key = keys.records(index, rank)
+            if rs.channel.wait_any([key], end) is None:
+                continue
+            out[rank] = rs.channel.take(key)
+    return out
+
+
+def verdict_story(
+    cur: Current,
+    stacks: dict[int, keys.Stack],
+    test_file: str,
+    finished: set[int],
+    world_size: int,
+    peers: dict[int, keys.Records],
+) -> Story | None:
+    """Which collective each rank is in, and who is out of step: rank 0's records, the stuck
+    ranks' (with their stacks) and those of the ranks that finished (:func:`peer_records`)."""
+    dumps = {0: load(own_records(cur))}
+    since = {0: cur.started_ns}
+    for rank, data in peers.items():
+        # JSON read off the network (collectives.load checks every field; nothing unpickled).
+        dumps[rank] = load(str(data.get("records", "")))
+        since[rank] = int(data.get("since_ns", 0))
+    where: dict[int, str] = {}
+    for rank, stack in stacks.items():
+        # JSON read off the network (collectives.load checks every field; nothing unpickled).
+        dumps[rank] = load(str(stack.get("records", "")))
+        since[rank] = int(stack.get("since_ns", 0))
+        if stack.get("dump"):
+            where[rank] = where_blocked(str(stack["dump"]), test_file)
+    return explain(dumps, since, where, finished=finished, world_size=world_size)
