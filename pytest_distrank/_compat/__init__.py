@@ -20,7 +20,8 @@ docstring says why the private access is needed and what breaks if it changes; t
   LocalTensor, dispatch modes;
 - ``harness``: PyTorch's ``MultiProcessTestCase`` / ``MultiProcContinuousTest`` harness;
 - ``deepspeed``: DeepSpeed's ``DistributedTest`` harness (its test tree's ``unit/common.py``);
-- ``plugins``: pytest-rerunfailures' decision functions and pytest-cov's controller.
+- ``plugins``: pytest-rerunfailures' decision functions, pytest-cov's controller and
+  pytest-json-report's data on reports.
 """
 
 from __future__ import annotations
@@ -78,11 +79,13 @@ from .mp_internals import (
     stop_fork_server,
 )
 from .plugins import (
+    JSON_REPORT_ATTR,
     PYTEST_COV_PLUGIN,
     RANDOMLY_PLUGIN,
     RERUNFAILURES_MODULE,
     RERUNFAILURES_PLUGIN,
     count_execution,
+    json_report_data,
     keep_rerun_counts_out_of_ranks,
     mark_rerun,
     pytest_cov_settings,
@@ -149,6 +152,7 @@ __all__ = [
     "DS_STATE_MODULES",
     "HARNESS_MODULE",
     "HARNESS_SPAWNERS",
+    "JSON_REPORT_ATTR",
     "LOCAL_TENSOR_MODULE",
     "PYTEST_COV_PLUGIN",
     "RANDOMLY_PLUGIN",
@@ -198,6 +202,7 @@ __all__ = [
     "harness_run_spawned",
     "harness_skip_message",
     "harness_world_size",
+    "json_report_data",
     "keep_rerun_counts_out_of_ranks",
     "kill_fork_server",
     "local_tensor_mode",

@@ -1,8 +1,9 @@
-"""Other plugins' internals: pytest-rerunfailures' decision functions and pytest-cov's
-controller.
+"""Other plugins' internals: pytest-rerunfailures' decision functions, pytest-cov's
+controller, pytest-json-report's data on reports.
 
-Runs in pool mode's controller (reruns, coverage settings for the ranks) and in its ranks
-(rerunfailures' verdict on a failure); through :mod:`pytest_distrank._compat`.
+Runs in pool mode's controller (reruns, coverage settings for the ranks, merged reports) and in
+its ranks (rerunfailures' verdict on a failure), and in rank 0 of a launched world (merged
+reports); through :mod:`pytest_distrank._compat`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import inspect
 import os
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -201,3 +202,39 @@ def randomly_reseeds(config: pytest.Config) -> bool:
     if config.pluginmanager.get_plugin(RANDOMLY_PLUGIN) is None:
         return False
     return bool(getattr(config.option, "randomly_reset_seed", False))
+
+
+# -- pytest-json-report (its data on each report) ------------------------------------------------
+
+#: pytest-json-report's data on a report, read in 1.5.0: each phase's output and log records
+#: (``report._json_report_extra[when]``) and the test's ``metadata`` (``json_metadata`` fixture,
+#: ``pytest_json_runtest_metadata`` hook). Its worker part attaches it in each rank (it finds
+#: ``config.workerinput`` there), and it travels in the serialized report as under pytest-xdist;
+#: its ``pytest_runtest_logreport`` in the process that writes the file keeps the metadata of
+#: the last report that has some. If renamed: merged reports lose the ranks' metadata.
+JSON_REPORT_ATTR = "_json_report_extra"
+
+
+def json_report_data(
+    merged: pytest.TestReport, phase: Sequence[tuple[int, Any]], template: Any
+) -> None:
+    """pytest-json-report's data on a merged report (``phase``: each ``(rank, report)``): the
+    phase's output and logs of ``template``, the rank report it was built from (else of the
+    lowest rank that has some), and the ``metadata`` of every rank, key by key, the lowest
+    rank's value where ranks set different ones."""
+    extras = [
+        (rank, extra)
+        for rank, report in phase
+        if isinstance(extra := getattr(report, JSON_REPORT_ATTR, None), dict)
+    ]
+    if not extras:
+        return
+    own = getattr(template, JSON_REPORT_ATTR, None)
+    data = dict(own if isinstance(own, dict) else min(extras, key=lambda pair: pair[0])[1])
+    metadata: dict[Any, Any] = {}
+    for _, extra in sorted(extras, key=lambda pair: pair[0], reverse=True):
+        if isinstance(extra.get("metadata"), dict):
+            metadata.update(extra["metadata"])
+    if metadata:
+        data["metadata"] = metadata
+    setattr(merged, JSON_REPORT_ATTR, data)

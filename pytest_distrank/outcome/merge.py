@@ -28,6 +28,7 @@ from .._compat import (
     ReprEntryNative,
     ReprFileLocation,
     ReprTracebackNative,
+    json_report_data,
 )
 from .rootcause import (
     CAUSE_ATTR,
@@ -188,6 +189,7 @@ def _base(
     wasxfail = getattr(template, "wasxfail", None)
     if wasxfail is not None:
         report.wasxfail = wasxfail
+    json_report_data(report, phase, template)  # pytest-json-report's metadata, of every rank
     return report
 
 
@@ -328,6 +330,7 @@ def merge_phase(
         template.start = min(r.start for _, r in phase)
         template.stop = max(r.stop for _, r in phase)
         template.sections = _relabel_sections(phase, world_size)
+        json_report_data(template, phase, template)
         return template
     return _base(template, phase, world_size, "passed", None)
 

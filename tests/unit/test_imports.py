@@ -274,6 +274,8 @@ PRIVATE_SPELLINGS = (
     "_fixtureinfo",
     "_use_item_location",
     "_rewrite_test",
+    # other plugins
+    "_json_report_extra",
     # CPython
     "_forkserver",
     "_start_method",

@@ -294,3 +294,31 @@ def test_pytorchs_repro_hint_stays_out_of_the_one_line_story() -> None:
     assert rank_story([report("setup", "passed"), crash]) == (
         "failed in call: RuntimeError: ('boom', 3)"
     )
+
+
+def test_json_report_metadata_of_every_rank_lowest_rank_first() -> None:
+    """pytest-json-report's metadata set in the ranks reaches every merged report: every key
+    any rank set, the lowest rank's value where ranks differ; each phase's output stays the
+    rank's whose report the merged one was built from (rank 1's: the failure)."""
+
+    def extra(rank: int, when: str) -> dict[str, object]:
+        meta = {"rank": rank, **({"only_1": True} if rank == 1 else {})}
+        return {when: {"stdout": f"out {rank}"}, "metadata": meta}
+
+    per_rank = {
+        rank: [
+            report(when, "failed" if (rank, when) == (1, "call") else "passed")
+            for when in ("setup", "call", "teardown")
+        ]
+        for rank in (0, 1)
+    }
+    for rank, reports in per_rank.items():
+        for r in reports:
+            r._json_report_extra = extra(rank, r.when)  # type: ignore[attr-defined]
+    merged = merge_test(per_rank, 2)
+    assert outcomes(merged) == [("setup", "passed"), ("call", "failed"), ("teardown", "passed")]
+    for r in merged:
+        data = r._json_report_extra
+        assert data["metadata"] == {"rank": 0, "only_1": True}, r.when
+    assert merged[1]._json_report_extra["call"] == {"stdout": "out 1"}
+    assert merged[0]._json_report_extra["setup"] == {"stdout": "out 0"}
