@@ -30,6 +30,10 @@ MARKERS = (
     "before any rank starts when they are missing.",
     "requires_gpus(n, memory=None): skipped unless at least n GPUs are visible; memory='8GiB': "
     "the test needs that much of each GPU, and pools that declare it share GPUs while it fits.",
+    "distrank_gpus(n): the test needs n GPUs, for --distrank-gpus tiers, where its markers "
+    "cannot tell: a harness class whose world size counts GPUs, a test that starts its own GPU "
+    "processes. Wins over what the other markers say; the class attribute distrank_gpus = n "
+    "does the same.",
     "distrank_isolate: run this distributed test on fresh rank processes of its own, started "
     "for it and ended after it (for tests that need a fresh process).",
     "simulate(mode, *sizes, ranks=(0,), device='cpu'): also run the test in a simulated world "

@@ -7,6 +7,7 @@ the option, the value and where it came from.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import secrets
@@ -169,3 +170,74 @@ def parse_order(text: str) -> tuple[str, int | None]:
     if seed < 0:
         raise ValueError(expected)
     return name, seed
+
+
+#: ``--distrank-gpus``'s value that keeps every test (no tier).
+ALL_TIERS = "all"
+_TIER_FORMS = "N, A-B, >=N (or N+), <=N, or all; e.g. 0, 1-2, >=4"
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuRange:
+    """A GPU tier: the tests that need ``low`` to ``high`` GPUs (``high`` None: no bound)."""
+
+    low: int
+    high: int | None
+    #: The tier as the user wrote it.
+    text: str
+
+    def __contains__(self, gpus: object) -> bool:
+        if not isinstance(gpus, int):
+            return False
+        return self.low <= gpus and (self.high is None or gpus <= self.high)
+
+    def describe(self) -> str:
+        """``0 GPUs``, ``1 GPU``, ``1 to 2 GPUs``, ``4 GPUs or more``."""
+        if self.high is None:
+            return f"{self.low} GPU{'' if self.low == 1 else 's'} or more"
+        if self.low == self.high:
+            return f"{self.low} GPU{'' if self.low == 1 else 's'}"
+        return f"{self.low} to {self.high} GPUs"
+
+
+def _count(text: str) -> int:
+    if not re.fullmatch(r"[0-9]+", text):
+        raise ValueError(f"expected a GPU tier: {_TIER_FORMS}")
+    return int(text)
+
+
+def parse_gpu_range(text: str) -> GpuRange | None:
+    """A GPU tier: ``N``, ``A-B``, ``>=N`` or ``N+``, ``>N``, ``<=N``, ``<N``; ``all`` (None)
+    keeps every test. An empty text or range selects nothing and is refused."""
+    value = re.sub(r"\s+", "", text)
+    if value.lower() == ALL_TIERS:
+        return None
+    if not value:
+        raise ValueError(
+            f"an empty tier selects no test; expected a GPU tier: {_TIER_FORMS} (in a shell, an "
+            "unquoted >=4 is a redirection: quote it, '>=4', or write 4+)"
+        )
+    if value.endswith("+"):
+        return GpuRange(_count(value[:-1]), None, value)
+    for op in (">=", "<=", ">", "<"):
+        if value.startswith(op):
+            n = _count(value[len(op) :])
+            if op == ">=":
+                return GpuRange(n, None, value)
+            if op == ">":
+                return GpuRange(n + 1, None, value)
+            high = n if op == "<=" else n - 1
+            if high < 0:
+                raise ValueError(f"{value} is an empty tier: no test needs fewer than 0 GPUs")
+            return GpuRange(0, high, value)
+    low, dash, high_text = value.partition("-")
+    if not dash:
+        n = _count(value)
+        return GpuRange(n, n, value)
+    a, b = _count(low), _count(high_text)
+    if a > b:
+        raise ValueError(
+            f"{value} is an empty tier: no test needs {a} or more GPUs and {b} or fewer; "
+            f"write it low-high, e.g. {b}-{a}"
+        )
+    return GpuRange(a, b, value)

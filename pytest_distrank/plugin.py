@@ -14,6 +14,7 @@ import pytest
 
 from . import __version__, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
+from .planning.tierselect import pytest_collection_modifyitems as pytest_collection_modifyitems
 from .settings import (
     LEFTOVERS_IGNORE_ENV,
     LEFTOVERS_IGNORE_THREADS,
@@ -88,8 +89,10 @@ def pytest_configure(config: pytest.Config) -> None:
         _take_existing_suites(config)
         return
     from .launch.env import launch_of
+    from .planning.tierselect import register_gpu_tier
 
     launch = launch_of(config)
+    register_gpu_tier(config, launch.title if launch is not None else None)  # --distrank-gpus
     if launch is not None:  # launcher mode: this process is one rank of a launched world
         from .launch.plugin import start_launched
 

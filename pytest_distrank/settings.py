@@ -18,10 +18,12 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from .parsing import (
+    ALL_TIERS,
     one_of,
     parse_backend,
     parse_bool,
     parse_bytes,
+    parse_gpu_range,
     parse_modules,
     parse_order,
     parse_path,
@@ -158,6 +160,19 @@ GPU_FALLBACK = Option(
     "gloo on the same CUDA tensors (collectives gloo cannot run on CUDA skip, naming the op); "
     "'none' skips them (default: none).",
     one_of(("none", "gloo")),
+)
+GPUS = Option(
+    "distrank_gpus",
+    "--distrank-gpus",
+    "DISTRANK_GPUS",
+    ALL_TIERS,
+    "GPU tier of a CI runner: keep only the tests whose GPU need falls in it and deselect the "
+    "rest: N, A-B, >=N (or N+), <=N, or 'all' (default). A test's need comes from its markers "
+    "and the options (an NCCL test needs one GPU per rank, or one under "
+    "--distrank-gpu-oversubscribe; requires_gpus(n) at least n), never from this machine's "
+    "GPUs, so the tiers of a fleet partition the suite and --collect-only lists the same "
+    "everywhere. Pool mode only.",
+    parse_gpu_range,
 )
 CUDA_GROWTH = Option(
     "distrank_cuda_growth",
@@ -301,6 +316,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     GPU_WAIT,
     GPU_OVERSUBSCRIBE,
     GPU_FALLBACK,
+    GPUS,
     CUDA_GROWTH,
     LAUNCHER,
     SUITES,

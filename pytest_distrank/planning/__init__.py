@@ -9,6 +9,8 @@ torch imports it when called.
   (``DISTRANK_FAKE_GPU_COUNT``).
 - ``gpuplan``: which GPU each rank gets: one each, shared (opt-in), or a skip that says why
   (``DISTRANK_FAKE_NCCL_VERSION``).
+- ``tiers``: how many GPUs a test needs, from its markers and the options only, for
+  ``--distrank-gpus``; ``tierselect``: the collection hook that keeps one tier's tests.
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports either mode
 (:mod:`pytest_distrank.pool`, :mod:`pytest_distrank.launch`) or torch at module level.
