@@ -103,7 +103,7 @@ def undeclared_note(classes: Mapping[str, int]) -> str:
     names = ", ".join(sorted(classes))
     return (
         f"distrank: {count} test{'' if count == 1 else 's'} of harness classes ({names}) "
-        f"declare no GPU need: counted as 0 GPUs (tier 0), whatever their world size reads on "
-        f"this machine; declare it with @pytest.mark.{DECLARATION}(N) or {DECLARATION} = N on "
-        "the class (docs/gpus.md#gpu-tiers)"
+        f"declare{'s' if count == 1 else ''} no GPU need: counted as 0 GPUs (tier 0), whatever "
+        f"their world size reads on this machine; declare it with @pytest.mark.{DECLARATION}(N) "
+        f"or {DECLARATION} = N on the class (docs/gpus.md#gpu-tiers)"
     )

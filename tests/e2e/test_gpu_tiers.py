@@ -124,7 +124,7 @@ def test_the_tiers_list_their_tests_and_partition_the_suite(
         )
         # Every tier says which harness tests it counted as needing no GPU.
         result.stdout.fnmatch_lines(
-            ["distrank: 1 test of harness classes (TestUndeclared) declare no GPU need: *"]
+            ["distrank: 1 test of harness classes (TestUndeclared) declares no GPU need: *"]
         )
     assert sorted(seen) == sorted(suite), "each test in exactly one tier"
 
