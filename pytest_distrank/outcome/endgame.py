@@ -125,6 +125,10 @@ class Endgame:
     #: When the ranks' flight records proved a deadlock (monotonic seconds): the test ends
     #: then, before its deadline (:mod:`pool.deadlock`). None: no deadlock proven.
     deadlock_at: float | None = None
+    #: When a signal interrupted the session during the test (monotonic seconds), and which
+    #: ("SIGTERM"): the test ends then, reported as a deadline would report it.
+    interrupted_at: float | None = None
+    interrupt: str = ""
 
     @property
     def deadline(self) -> float | None:
@@ -175,11 +179,17 @@ class Endgame:
         if self.deadlock_at is None:
             self.deadlock_at = now
 
+    def note_interrupt(self, now: float, signal_name: str) -> None:
+        """The session was interrupted (a CI cancel, Ctrl-C): stop waiting now."""
+        if self.interrupted_at is None:
+            self.interrupted_at, self.interrupt = now, signal_name
+
     def limit(self) -> float | None:
         """The moment waiting ends (monotonic seconds), or None: wait for evidence only."""
         limit = self.deadline
-        if self.deadlock_at is not None:
-            limit = self.deadlock_at if limit is None else min(limit, self.deadlock_at)
+        for end in (self.deadlock_at, self.interrupted_at):
+            if end is not None:
+                limit = end if limit is None else min(limit, end)
         if self.failed_at is not None:
             end = self.failed_at + self.grace + (self.finish_wait if self.finishing else 0.0)
             limit = end if limit is None else min(limit, end)
@@ -358,6 +368,12 @@ def note_verdict(report: TestReport, rank: int, verdict: Verdict) -> None:
 def _ending(game: Endgame, pos: Position) -> tuple[str, str]:
     """How a rank that did not finish was stopped: the table's words and the crash line."""
     source = f"timeout from {game.timeout_source}"
+    if game.interrupted_at is not None:
+        after = game.interrupted_at - game.started
+        return (
+            f"interrupted {pos.at} by {game.interrupt} after {after:.1f} s",
+            f"Interrupted: {pos.still} when {game.interrupt} came after {after:.1f} s",
+        )
     if game.deadlock_at is None:
         timeout = game.timeout
         return (

@@ -47,6 +47,7 @@ from ..outcome.stacks import (
 )
 from .deadlock import Watch
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
+from .interrupts import interrupt_signal
 from .probes import dump_stacks, read_collectives, request_collectives, why_silent
 from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
 
@@ -81,6 +82,9 @@ class TestRun:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: Per rank: what the test left behind there and was restored, in words (Reports.leftovers).
     leftovers: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: The interrupt (a signal, Ctrl-C) that ended the test: the controller raises it again once
+    #: the test's reports are logged (interrupts.py).
+    interrupted: BaseException | None = None
 
 
 @dataclasses.dataclass
@@ -124,7 +128,35 @@ class Attempt:
             self.watch = Watch(self.pool, self.game, self.test_file, self.sent_ns)
 
     def run(self) -> TestRun:
-        """Wait until the end-of-test rule says the test is over; then judge what is left."""
+        """Wait until the end-of-test rule says the test is over; then judge what is left.
+
+        An interrupt while waiting (SIGTERM, SIGINT: a CI cancel) ends the test as a deadline
+        would: the ranks still running are judged, and the interrupt travels on in the result.
+        """
+        pool, game = self.pool, self.game
+        try:
+            self._wait()
+        except KeyboardInterrupt as exc:
+            game.note_interrupt(time.monotonic(), interrupt_signal(exc))
+            self.result.interrupted = exc
+            self._unfit(f"interrupted by {game.interrupt} in {self.test.nodeid}")
+        if self.tail is not None:
+            self.tail.pump(final=True)
+        self.judging = True
+        if game.pending:
+            self._unfinished()
+        if self.crashes:
+            self._explain_crashes()
+        if not pool.closed:
+            self._strays()
+        if not pool.closed and pool.broken is None:
+            self._check_collectives()
+        self.result.broken = pool.broken
+        self.result.notes.extend(leftover_lines(self.test.nodeid, self.result.leftovers))
+        return self.result
+
+    def _wait(self) -> None:
+        """Take the ranks' messages until the end-of-test rule says the test is over."""
         pool, game = self.pool, self.game
         while game.pending:
             if game.expired(time.monotonic()):
@@ -152,20 +184,6 @@ class Attempt:
                     watch.progress(time.monotonic())
                 else:
                     watch.look(time.monotonic())
-        if self.tail is not None:
-            self.tail.pump(final=True)
-        self.judging = True
-        if game.pending:
-            self._unfinished()
-        if self.crashes:
-            self._explain_crashes()
-        if not pool.closed:
-            self._strays()
-        if not pool.closed and pool.broken is None:
-            self._check_collectives()
-        self.result.broken = pool.broken
-        self.result.notes.extend(leftover_lines(self.test.nodeid, self.result.leftovers))
-        return self.result
 
     def _drain(self) -> None:
         """Take every message already waiting in the pending ranks' pipes (bounded: a rank
@@ -404,6 +422,8 @@ class Attempt:
         game, nodeid = self.game, self.test.nodeid
         victims = [r.rank for r in stuck if r.rank not in self_failed]
         names = ", ".join(str(r) for r in victims or sorted(self_failed))
+        if game.interrupted_at is not None:
+            return f"rank(s) {names} killed when {game.interrupt} interrupted {nodeid}"
         if game.deadlock_at is not None and game.failed_at is None:
             after = game.deadlock_at - game.started
             return f"rank(s) {names} ended after {after:.1f} s in a deadlock in {nodeid}"

@@ -38,7 +38,9 @@ from . import reruns, simreport
 from .attempt import TestRun
 from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable
+from .interrupts import session_capped, take_signals
 from .ownreports import (
+    charge_pool_start,
     deserializer,
     error_reports,
     missing_message,
@@ -115,6 +117,8 @@ class Controller:
         self.nested = bool(config.invocation_params.plugins)
         #: The signals install_sigterm took over (from SIG_DFL), given back at unconfigure.
         self._taken_signals: list[signal.Signals] = []
+        #: The interrupt that ended the test in flight, raised again once it is reported.
+        self.interrupted: BaseException | None = None
         #: The controller's terminal, lent to rank debuggers (debugrelay.py).
         self.terminal = self.pools.terminal = DebugTerminal(config)
         #: Undoes _share_rewrites at the session's end.
@@ -306,6 +310,8 @@ class Controller:
             ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
             self.stats.controller_cpu.append(time.process_time() - cpu)
             self.stats.ended.append(time.monotonic())
+            if self.interrupted is not None:  # reported: now stop as pytest stops on Ctrl-C
+                raise self.interrupted
             if self.terminal.quit:
                 item.session.shouldstop = self.terminal.quit  # q in a rank's debugger
                 break
@@ -334,8 +340,8 @@ class Controller:
         if self.settings.isolate.value:
             self.isolated += 1
             key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
-        timeout = entry.timeout
-        assert timeout is not None
+        assert entry.timeout is not None
+        timeout = session_capped(self.config, entry.timeout)
         # The ranks tear down for pytest's real next item, as pytest would (under pytest-xdist
         # it is not the plan's: the worker's next test); the plan's next test of this pool
         # decides only whether the pool lives on. Before a rerun, nothing is torn down.
@@ -346,6 +352,7 @@ class Controller:
         if isinstance(outcome, list):
             return outcome  # the test could not reach its ranks: an error or skip report
         pool, run = outcome
+        self.interrupted = run.interrupted
         self.replays.served(pool, key, item)
         if len(run.started) == key.world_size:
             self.stats.start_spread.append(max(run.started.values()) - min(run.started.values()))
@@ -362,6 +369,7 @@ class Controller:
             merged = merge_test(run.reports, key.world_size)
         forward_warnings(item, run.warnings, key.world_size)
         self.pools.notes.extend(run.notes)
+        charge_pool_start(merged, pool)
         rerun = self.repro.command(str(item.path), item.nodeid, self.seed.value)
         annotate(merged, run.reports, key.world_size, pool.pids, rerun)
         if key.simulated is not None:
@@ -485,16 +493,6 @@ class Controller:
             gc.freeze()
 
     def install_sigterm(self) -> None:
-        """SIGTERM and SIGHUP (a closed terminal or ssh session) end the session like Ctrl-C:
-        interrupted summary, every pool stopped, what the tests started killed. A signal
-        someone ignores (``nohup``) or handles stays theirs."""
-
-        def _on_signal(signum: int, frame: object) -> None:
-            raise KeyboardInterrupt(f"pytest-distrank: got {signal.Signals(signum).name}")
-
-        if self.nested:
-            return  # the process's own session decides what its signals do
-        for signum in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(signum) is signal.SIG_DFL:
-                signal.signal(signum, _on_signal)
-                self._taken_signals.append(signum)
+        """SIGTERM and SIGHUP end the session like Ctrl-C (interrupts.take_signals)."""
+        if not self.nested:  # else the process's own session decides what its signals do
+            self._taken_signals.extend(take_signals())

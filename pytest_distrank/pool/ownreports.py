@@ -4,7 +4,8 @@ Runs in the controller (pool mode). A rank's plain passing phase travels as a tu
 here from the controller's own item; a test that could not reach its ranks (its pool did not
 start, its ranks did not collect it, its GPUs were not free) gets an error or a skip made here;
 and the controller's own fixtures (those of ordinary tests) are torn down here when a distributed
-test ends a module, as pytest's teardown phase would.
+test ends a module, as pytest's teardown phase would. A pool's start is charged to the setup of
+the first test it serves.
 """
 
 from __future__ import annotations
@@ -106,3 +107,15 @@ def teardown_controller_side(
     if add_section is not None:
         add_section("controller-side teardown (ordinary tests' fixtures)", str(report.longrepr))
     return reports
+
+
+def charge_pool_start(merged: list[TestReport], pool: Pool) -> None:
+    """The pool's start, charged once to the setup of the test that waited for it: stored
+    durations (pytest-split's ``--store-durations``, junit's ``time``) then add up to a shard's
+    wall time, as a fixture's set-up time would."""
+    setup = next((r for r in merged if r.when == "setup"), None)
+    if setup is None or not pool.uncharged:
+        return
+    setup.duration += pool.uncharged
+    setup.start -= pool.uncharged
+    pool.uncharged = 0.0

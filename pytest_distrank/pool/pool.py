@@ -118,6 +118,9 @@ class Pool:
         self.closed = False
         self.started_at = 0.0
         self.start_seconds = 0.0
+        #: The pool's start (the fork server's wait included) not yet charged to a test: the
+        #: first test it serves carries it in its setup report's duration (controller).
+        self.uncharged = 0.0
         self.fork_seconds = 0.0
         self.ready_seconds = 0.0
         #: Per rank: its groups' sequence numbers after the last test found in step.

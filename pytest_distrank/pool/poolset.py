@@ -266,6 +266,7 @@ class PoolSet:
             except BaseException:
                 pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
                 raise
+        pool.uncharged = pool.start_seconds + fork_server_wait
         self.stats.pools.append(
             PoolStart(
                 world_size=key.world_size,

@@ -326,9 +326,8 @@ def test_a_member_that_finished_without_entering_proves_a_deadlock() -> None:
     story = explain(dumps, START, finished={2}, world_size=4)
     assert story is not None and story.verdict.proven
     assert story.verdict.blocked == (0, 1, 3)
-    assert "rank 2 never entered it: it left the test (after all_reduce #1)" in (
-        story.verdict.text
-    )
+    left = "rank 2 never entered it: it left the test (after all_reduce #1)"
+    assert left in story.verdict.text
     # Still running (sleeping, slow): it may come yet, so nothing is proven.
     running = explain(dumps, START, world_size=4)
     assert running is not None and running.verdict.root == (2,) and not running.verdict.proven
