@@ -392,11 +392,14 @@ def test_ctrl_c_at_the_prompt_ends_the_session(slow_session: TerminalRun) -> Non
     assert "KeyboardInterrupt" in run.output
     lines = run.lines()
     assert any(line.startswith("test_c_ctrl_c.py::test_debug_me") for line in lines)
-    # the interrupted test has no outcome, the next never ran (in_terminal: no rank is left)
-    assert not any(
-        line.split(" ", 1)[0] in ("PASSED", "FAILED", "ERROR") and "test_c_ctrl_c.py" in line
+    # The interrupted test is reported as an interrupt reports the test in flight (issue 29:
+    # its ranks' stacks, failed), the next never ran (in_terminal: no rank is left).
+    assert any(
+        line.startswith("FAILED test_c_ctrl_c.py::test_debug_me - ")
+        and "Interrupted: still in call when SIGINT came after" in line
         for line in lines
     ), run.output
+    assert "interrupted in call by SIGINT after" in run.output
     assert not any("test_c_ctrl_c.py::test_after" in line for line in lines), run.output
 
 
