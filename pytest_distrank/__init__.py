@@ -6,6 +6,21 @@ Imported in the controller and in every rank process. Re-exports only; the plugi
 
 from __future__ import annotations
 
+from .rank.parity import (
+    assert_close_across_ranks,
+    assert_differs_across_ranks,
+    assert_equal_across_ranks,
+)
+from .rank.reference import assert_close_to_reference, rank_inputs, reference
+
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "assert_close_across_ranks",
+    "assert_close_to_reference",
+    "assert_differs_across_ranks",
+    "assert_equal_across_ranks",
+    "rank_inputs",
+    "reference",
+]

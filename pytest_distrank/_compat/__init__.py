@@ -18,6 +18,7 @@ docstring says why the private access is needed and what breaks if it changes; t
 - ``mp_internals``: multiprocessing's fork server;
 - ``torch_internals``: rendezvous handlers, the flight recorder, process groups, the fake store,
   LocalTensor, dispatch modes;
+- ``oneworld``: a one-rank world swapped in for the test's while ``reference()`` runs;
 - ``harness``: PyTorch's ``MultiProcessTestCase`` / ``MultiProcContinuousTest`` harness;
 - ``deepspeed``: DeepSpeed's ``DistributedTest`` harness (its test tree's ``unit/common.py``);
 - ``plugins``: pytest-rerunfailures' decision functions, pytest-cov's controller and
@@ -78,6 +79,7 @@ from .mp_internals import (
     mp_process_config,
     stop_fork_server,
 )
+from .oneworld import one_rank_world
 from .plugins import (
     JSON_REPORT_ATTR,
     PYTEST_COV_PLUGIN,
@@ -209,6 +211,7 @@ __all__ = [
     "mark_rerun",
     "mesh_dim_groups",
     "mp_process_config",
+    "one_rank_world",
     "print_stacks_on_fatal_signal",
     "process_groups",
     "pytest_cov_settings",

@@ -29,6 +29,8 @@ from .. import _compat
 
 #: numpy's legacy global state takes 32-bit seeds.
 NUMPY_SEED_MASK = 2**32 - 1
+#: (session seed, node id) of the distributed test being run, for ``rank_inputs``'s default seed.
+_CURRENT: list[tuple[int, str]] = []
 
 
 def seed_of(session_seed: int, nodeid: str, rank: int) -> int:
@@ -39,6 +41,11 @@ def seed_of(session_seed: int, nodeid: str, rank: int) -> int:
     """
     text = f"{session_seed}\0{nodeid}\0{rank}".encode(errors="surrogatepass")
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+
+
+def current_test_seed() -> tuple[int, str] | None:
+    """(session seed, node id) of the distributed test this rank runs; None when seeding is off."""
+    return _CURRENT[-1] if _CURRENT else None
 
 
 def seed_random_state(seed: int, torch_only: bool) -> None:
@@ -78,6 +85,7 @@ class SeedPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         if self.distributed(item):
+            _CURRENT[:] = [(self.session_seed, item.nodeid)]
             seed = seed_of(self.session_seed, item.nodeid, self.rank)
             seed_random_state(seed, self.torch_only)
 

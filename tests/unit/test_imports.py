@@ -294,6 +294,9 @@ PRIVATE_SPELLINGS = (
     "_get_msg_dict",
     "_dim_group_names",
     "_pg_registry",
+    "_register_process_group",
+    "_set_global_rank",
+    "_pg_map",
     # PyTorch's test harness (torch.testing._internal.common_distributed)
     "common_distributed",
     "_ensure_processes_spawned",
