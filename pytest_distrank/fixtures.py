@@ -1,5 +1,5 @@
 """The fixtures distributed tests take: rank, world_size, local_rank, backend, pg, device,
-dist_store, shared_tmp_path.
+dist_store, shared_tmp_path, faults.
 
 Registered in the controller and in every rank process; their values exist only in ranks. In the
 controller a distributed test never sets them up (it runs in its ranks), and an ordinary test that
@@ -13,6 +13,7 @@ may depend on them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
 
+    from .rank.faults import Faults
+
 RANK_FIXTURES = (
     "rank",
     "world_size",
@@ -34,6 +37,7 @@ RANK_FIXTURES = (
     "device",
     "dist_store",
     "shared_tmp_path",
+    "faults",
 )
 
 
@@ -133,3 +137,14 @@ def shared_tmp_path(request: pytest.FixtureRequest) -> Path:
     path = Path(_context(request).test.shared_dir)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+@pytest.fixture
+def faults(request: pytest.FixtureRequest) -> Iterator[Faults]:
+    """Inject a fault at a chosen collective, for this test only: ``faults.kill``,
+    ``raise_in``, ``delay``, ``hang`` (docs/fault-tolerance.md)."""
+    from .rank.faults import Faults
+
+    ctx = _context(request)
+    with Faults.for_test(ctx.rank, ctx.world_size, _compat.request_item(request)) as armed:
+        yield armed

@@ -36,6 +36,10 @@ MARKERS = (
     "does the same.",
     "distrank_isolate: run this distributed test on fresh rank processes of its own, started "
     "for it and ended after it (for tests that need a fresh process).",
+    "expect_rank_exit(rank, signal=None, exit_code=None, match=None): `rank` (or a tuple of "
+    "ranks) is meant to die in this test, by `signal` ('SIGKILL') or with `exit_code`, its last "
+    "output matching the regex `match`; the test passes when exactly those ranks die that way "
+    "and every other rank passes. Pool mode only (docs/fault-tolerance.md).",
     "simulate(mode, *sizes, ranks=(0,), device='cpu'): also run the test in a simulated world "
     "of each of `sizes` ranks, in one process, with ids ws<N>-<mode>; mode 'fake' (PyTorch's "
     "fake process group: collectives return at once and move no data; `ranks`: the simulated "

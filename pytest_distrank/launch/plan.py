@@ -19,6 +19,8 @@ import pytest
 
 from .. import _compat
 from ..markers import MarkerError, spec_of
+from ..outcome.expectations import MARKER as EXPECT_MARKER
+from ..outcome.expectations import POOL_ONLY
 from ..planning.capabilities import check_ordinary_test, skip_reason
 from ..planning.gpuplan import LAUNCHED
 from ..settings import Settings, item_timeout
@@ -140,6 +142,8 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
             f"{spec.simulated.describe()} runs in pool mode only (pytest without a launcher); "
             f"this is a launched world of {ws} ({launcher})",
         )
+    if item.get_closest_marker(EXPECT_MARKER) is not None:
+        return Step("skip", f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})")
     if spec.world_size != ws:
         ranks = "rank" if ws == 1 else "ranks"
         return Step(

@@ -47,9 +47,10 @@ from ..outcome.stacks import (
 )
 from .deadlock import Watch
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
+from .exits import Exits
 from .interrupts import interrupt_signal
 from .probes import dump_stacks, read_collectives, request_collectives, why_silent
-from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank
+from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank, RankNote
 
 if TYPE_CHECKING:
     from .pool import Pool, Rank
@@ -105,6 +106,8 @@ class Attempt:
     live_rank: int | None = None
     #: ``--distrank-deadlocks=end``: end the test early once its records prove a deadlock.
     end_deadlocks: bool = False
+    #: The test's expected exits and fired faults (exits.py).
+    exits: Exits = dataclasses.field(default_factory=Exits)
     result: TestRun = dataclasses.field(init=False)
     #: The rank ``--pdb`` opened the debugger in (one per test: the first to fail).
     post_mortem_rank: int | None = dataclasses.field(init=False, default=None)
@@ -126,6 +129,7 @@ class Attempt:
             self.tail = LiveTail(self.terminal, label, live.log_path, live.log_offset)
         if self.end_deadlocks:
             self.watch = Watch(self.pool, self.game, self.test_file, self.sent_ns)
+        self.exits.start(self)
 
     def run(self) -> TestRun:
         """Wait until the end-of-test rule says the test is over; then judge what is left.
@@ -145,6 +149,7 @@ class Attempt:
         self.judging = True
         if game.pending:
             self._unfinished()
+        self.exits.finish(self)
         if self.crashes:
             self._explain_crashes()
         if not pool.closed:
@@ -209,6 +214,11 @@ class Attempt:
             return
         if isinstance(message, DEBUG_MESSAGES):
             self._debug(rank, message)
+            return
+        if isinstance(message, RankNote):
+            self.exits.note(self, message)
+            return
+        if message is None and self.exits.died(self, rank):
             return
         now = time.monotonic()
         if isinstance(message, Reports) and message.index != test.index:

@@ -27,6 +27,7 @@ from pytest import TestReport
 
 from .. import _compat
 from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
+from ..outcome.expectations import item_expectations
 from ..outcome.merge import annotate, merge_test
 from ..outcome.records import RunTest
 from ..outcome.warnings import forward_warnings
@@ -143,6 +144,7 @@ class Controller:
                 spec = self._spec(item)
                 if spec is not None:
                     timeout = item_timeout(item, self.settings.timeout)
+                    item_expectations(item, spec.world_size)  # a bad marker errors here
             except (MarkerError, ValueError) as exc:
                 plan[item.nodeid] = Planned(None, error=f"{item.nodeid}: {exc}")
                 continue
@@ -413,6 +415,7 @@ class Controller:
                     self.settings.failure_grace.value,
                     self.terminal,
                     end_deadlocks=self.settings.deadlocks.value == "end",
+                    expected=item_expectations(item, key.world_size),
                 )
             except PoolUnfit as exc:
                 self.pools.retire(key, pool, str(exc), graceful=False)

@@ -29,6 +29,7 @@ from ..outcome.endgame import (
     Position,
     clamp_wait,
 )
+from ..outcome.expectations import ExpectedExit
 from ..outcome.records import Reports, RunTest
 from ..outcome.stacks import (
     format_stack,
@@ -41,6 +42,7 @@ from ..outcome.stacks import (
 from ..rank import reaper
 from .attempt import Attempt, Deserialize, TestRun
 from .debugrelay import DebugTerminal
+from .exits import Exits
 from .gpus import GpuLease
 from .poolkey import PoolKey
 from .probes import dump_stacks, why_silent
@@ -323,8 +325,10 @@ class Pool:
         grace: float,
         terminal: DebugTerminal | None = None,
         end_deadlocks: bool = False,
+        expected: dict[int, ExpectedExit] | None = None,
     ) -> TestRun:
-        """Run one test on every rank (see :class:`~attempt.Attempt`)."""
+        """Run one test on every rank (see :class:`~attempt.Attempt`); ``expected``: the ranks
+        its markers expect to exit (exits.py)."""
         sent = self.send(test)
         game = Endgame(
             frozenset(r.rank for r in self.ranks),
@@ -345,6 +349,7 @@ class Pool:
             terminal,
             live,
             end_deadlocks,
+            Exits(dict(expected or {})),
         )
         return attempt.run()
 

@@ -232,6 +232,23 @@ class Collectives:
 
 
 @dataclasses.dataclass(frozen=True)
+class RankNote:
+    """What the controller must know during a test before the rank dies (outcome/expectations):
+    the rank is meant to exit (``code``: ``-N`` a signal, ``N`` an exit code; None: it is not),
+    why (``source``: the call or the harness's rule), and the line of an injected fault that
+    fired ("" for none: rank/faults.py)."""
+
+    rank: int
+    #: The test it belongs to (RunTest.index).
+    index: int
+    code: int | None
+    source: str
+    injected: str = ""
+    #: The phase the line belongs to in the rank's report ("setup", "call", "teardown").
+    when: str = "call"
+
+
+@dataclasses.dataclass(frozen=True)
 class Fatal:
     """The rank cannot serve: its start-up failed or its pytest session ended early."""
 
@@ -252,7 +269,7 @@ class Stopped:
 
 
 FromRank = (
-    Ready | Reports | Collectives | Fatal | Stopped
+    Ready | Reports | Collectives | Fatal | Stopped | RankNote
     | DebugOpen | DebugOutput | DebugRead | DebugClose
 )  # fmt: skip
 #: The messages of a debugger session (served by the controller's debugrelay.py).

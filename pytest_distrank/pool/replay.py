@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from pytest import TestReport
 
+from ..outcome.expectations import item_expectations
 from ..outcome.merge import merge_test
 from ..settings import REPLAY, REPLAY_BUDGET, Value
 from .gpus import GpuUnavailable
@@ -334,6 +335,7 @@ class Replays:
                     timeout.source,
                     settings.failure_grace.value,
                     end_deadlocks=settings.deadlocks.value == "end",
+                    expected=item_expectations(item, pool.key.world_size),
                 )
             except PoolUnfit as exc:
                 raise Unreachable(str(exc)) from None

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import _compat
 from ..outcome.collectives import dump, load
+from .faultplan import MODE_NAME
 
 
 def group_words(pg: Any) -> str:
@@ -44,7 +45,7 @@ def left_modes() -> str:
     """After a test: the torch dispatch modes it left entered ("" when none). Every later test
     of the rank would run under them (a FakeTensorMode makes every tensor fake), so the pool is
     not fit to serve another test."""
-    modes = _compat.dispatch_modes()
+    modes = [m for m in _compat.dispatch_modes() if m != MODE_NAME]  # the faults fixture's
     if not modes:
         return ""
     return f"left torch dispatch mode{'s' if len(modes) > 1 else ''} entered: {', '.join(modes)}"

@@ -43,7 +43,7 @@ import pytest
 from ... import _compat
 from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ...outcome.stacks import interruption_message
-from ...rank import reaper, seeding
+from ...rank import faults, reaper, seeding
 from ...rank.context import RANK_CONTEXT, RankContext
 from ...rank.groupstate import collective_counts, left_modes, sequence_numbers
 from ...rank.hygiene import Leftovers, cap_section, next_node, stray_forks
@@ -55,6 +55,7 @@ from ..protocol import (
     Fatal,
     Phase,
     RankConfig,
+    RankNote,
     Ready,
     Shutdown,
     Stopped,
@@ -392,6 +393,8 @@ class WorkerPlugin:
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
             self.ctx = start_rank(self.cfg)
+            ctx, rank = self.ctx, self.cfg.rank  # what a test must say before it dies
+            faults.set_channel(lambda *note: self.conn.send(RankNote(rank, ctx.test.index, *note)))
             config.stash[RANK_CONTEXT] = self.ctx
             config.hook.pytest_distrank_rank_setup(
                 config=config, rank=self.cfg.rank, world_size=self.cfg.world_size

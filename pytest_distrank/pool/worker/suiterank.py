@@ -54,6 +54,8 @@ from typing import Any
 import pytest
 
 from ... import _compat
+from ...outcome.expectations import harness_source
+from ...rank import faults
 from ...rank.context import RANK_CONTEXT, RankContext
 from ..suites import CASE, Case
 from .suiteclass import ClassState, child_view
@@ -227,6 +229,7 @@ def _run_spawned(
         # return-code rules (the method as the instance saw it when it was made).
         method = getattr(parent, name)
         fn = getattr(method, "__wrapped__", method)
+        source = _announce_exit(parent, fn)
         with _skip_reasons() as reasons, child_view(cls, child):
             code = _exit_code(
                 lambda: _compat.harness_run_spawned(
@@ -238,6 +241,8 @@ def _run_spawned(
                     fake_pg=getattr(parent, "fake_pg", False),
                 )
             )
+        if source:
+            faults.announce_exit(None, source)  # it lives: judged here, as the parent would
         error = _received(ours)
     finally:
         ours.close()
@@ -252,6 +257,19 @@ def _run_spawned(
     _judge(parent, fn, ctx.rank, code, error, reasons)
     if _expecting_failure(cls, name):
         _unexpected_success(ctx.rank)
+
+
+def _announce_exit(parent: Any, fn: Any) -> str:
+    """A return-code rule that expects the rank to end with another code than 0 (NCCL's abort
+    tests: ``-signal.SIGABRT``): the controller must know before the rank dies, and then
+    judges its death as an expected exit (outcome/expectations.py). Returns its words."""
+    unchecked, special = _compat.harness_return_code_rules(parent)
+    code = special.get(fn, 0)
+    if not code or fn in unchecked:
+        return ""
+    source = harness_source(fn, code)
+    faults.announce_exit(code, source)
+    return source
 
 
 def _expecting_failure(cls: type, name: str) -> bool:
