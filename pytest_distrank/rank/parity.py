@@ -153,7 +153,8 @@ def _tables(
                 rows.append(Row(rank, data.kind_words(leaves[path]), note="not on the reference"))
             else:
                 rows.append(data.compare(rank, leaves[path], theirs, exact=exact, **tolerance))
-        if any(row.differs for row in rows) or _nan_only(rows, per_rank, path, exact, tolerance):
+        nan = _nan_only(rows, per_rank, path, exact, tolerance)
+        if nan or any(row.differs for row in rows):
             tables.append(LeafTable(f"{name}{path}", rows))
     return tables
 
