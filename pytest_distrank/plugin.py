@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from . import __version__, fixtures, hookspecs
+from . import __version__, _compat, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
 from .planning.tierselect import pytest_collection_modifyitems as pytest_collection_modifyitems
 from .settings import (
@@ -77,6 +77,23 @@ def _in_rank(config: pytest.Config) -> bool:
     from .pool.worker.main import WorkerPlugin
 
     return any(isinstance(p, WorkerPlugin) for p in config.pluginmanager.get_plugins())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Launcher mode, ranks other than 0: none of the user's report files (pytest-reportlog,
+    pytest-html, pytest-json-report), turned off before those plugins open them at configure
+    time; rank 0 writes them with every rank's merged reports. Pool ranks have
+    ``config.workerinput``, which keeps those plugins quiet as in xdist workers; launched ranks
+    cannot have it (pytest-cov and pytest-rerunfailures would take them for xdist workers of a
+    controller that does not exist)."""
+    if _in_rank(config):
+        return
+    from .launch.env import launch_of
+
+    launch = launch_of(config)
+    if launch is not None and launch.rank != 0:
+        _compat.drop_report_files(config)
 
 
 @pytest.hookimpl(trylast=True)

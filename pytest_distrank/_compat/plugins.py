@@ -238,3 +238,22 @@ def json_report_data(
     if metadata:
         data["metadata"] = metadata
     setattr(merged, JSON_REPORT_ATTR, data)
+
+
+#: The options by which report plugins that write a file are asked to: pytest-reportlog's
+#: ``--report-log``, pytest-html's ``--html``, pytest-json-report's ``--json-report`` (their
+#: ``dest`` names and the value that turns each off).
+_REPORT_FILE_OPTIONS = {"report_log": None, "htmlpath": None, "json_report": False}
+
+
+def drop_report_files(config: pytest.Config) -> list[str]:
+    """Turn off the report files of the user's in this process (a launched rank other than 0:
+    rank 0 writes them, with every rank's merged reports). Called before those plugins'
+    ``pytest_configure``, where they open their files; returns the options it turned off. If
+    a plugin renames its option, this rank writes that file again over rank 0's, as before."""
+    dropped = []
+    for dest, off in _REPORT_FILE_OPTIONS.items():
+        if getattr(config.option, dest, off) not in (off, None, False, ""):
+            setattr(config.option, dest, off)
+            dropped.append(dest)
+    return dropped

@@ -18,6 +18,7 @@ in its file shows how. The decisions and the texts have unit tests without a wor
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -508,7 +509,9 @@ def _slurm_world(env: dict[str, str], folder: Path) -> Run:
     tmp = folder / "tmp"
     tmp.mkdir()
     env["TMPDIR"] = str(tmp)
-    return by_hand(env, folder, ranks, "--junitxml=junit.xml", basetemp=False)
+    return by_hand(
+        env, folder, ranks, "--junitxml=junit.xml", "--report-log=log.jsonl", basetemp=False
+    )
 
 
 def _mpi_world(env: dict[str, str], folder: Path) -> Run:
@@ -967,3 +970,19 @@ def test_torchrun_verdict_compares_the_records_of_the_ranks_that_finished(
         ],
     )
     run.match(0, ["FAILED test_z_leaves.py::test_rank_two_leaves - [[]rank 2/3[]] never entered *"])
+
+
+def test_launched_report_log_is_rank_0s_alone(world: Callable[[str], Run]) -> None:
+    """Issue 29: pytest-reportlog writes one file, rank 0's, with the merged reports; rank 1
+    opens none. (It used to: each rank opened the shared file at configure time and wrote its
+    own session's lines at its own offsets, over rank 0's.)"""
+    pytest.importorskip("pytest_reportlog")
+    run = world("slurm")
+    lines = (run.folder / "log.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line whole
+    kinds = [r.get("$report_type") for r in records]
+    assert kinds[0] == "SessionStart" and kinds[-1] == "SessionFinish", lines
+    assert kinds.count("SessionStart") == kinds.count("SessionFinish") == 1, lines
+    phases = [(r["nodeid"], r["when"]) for r in records if r.get("$report_type") == "TestReport"]
+    assert phases and len(phases) == len(set(phases)), lines  # each phase once
+    assert {when for _, when in phases} == {"setup", "call", "teardown"}
