@@ -73,6 +73,16 @@ def executor_worker(thread: Any) -> bool:
     return target is not None and target is getattr(futures_thread, "_worker", None)
 
 
+def foreign_thread(thread: Any) -> bool:
+    """Whether ``thread`` is a thread Python did not start (``threading._DummyThread``: a C++
+    thread, such as RPC's or gloo's, that called into Python): it cannot be joined, and no test
+    started it. If renamed, such threads count as daemon threads a test left running."""
+    import threading
+
+    dummy = getattr(threading, "_DummyThread", None)
+    return dummy is not None and isinstance(thread, dummy)
+
+
 def environ_data() -> dict[Any, Any]:
     """A copy of the process environment as ``os.environ`` keeps it (encoded: bytes on POSIX,
     ``os.environ._data``, private): 0.2 us against 26 us for ``dict(os.environ)``, which decodes

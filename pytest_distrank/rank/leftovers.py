@@ -307,6 +307,8 @@ class LeftoverCheck:
     def _threads(self, threads: list[tuple[threading.Thread, str]]) -> None:
         until = time.monotonic() + ENDING_WAIT
         for thread, by in threads:
+            if _compat.foreign_thread(thread):
+                continue  # C++ threads that called into Python (RPC's): not started by a test
             if _matches(thread.name, self.ignore_threads) or _ending(thread, until):
                 continue
             if thread.daemon or _compat.executor_worker(thread):
