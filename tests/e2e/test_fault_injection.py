@@ -287,7 +287,9 @@ def test_a_bad_call_fails_its_test_naming_the_value(shared_session: SharedSessio
 def test_a_harness_class_expecting_a_signal(shared_session: SharedSession) -> None:
     shared = INJECTION.run(shared_session)
     assert shared.outcomes("test_abort", "test_abort_missing") == ["passed", "failed"]
-    shared.section("TestAbort.test_abort_missing").fnmatch_lines(["*exited with code 0, expected -6*"])
+    shared.section("TestAbort.test_abort_missing").fnmatch_lines(
+        ["*exited with code 0, expected -6*"]
+    )
 
 
 XDIST_CASES = (
