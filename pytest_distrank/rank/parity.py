@@ -7,12 +7,12 @@ gathered facts), so a difference on one rank fails the test on every rank at onc
 peer waiting. The collectives run on the plugin's twin of the group (:mod:`rank.ownedgroups`,
 gloo, CPU tensors), never on the test's groups.
 
-Cost on the passing path: equality and difference, one ``all_gather`` of three int64 (a 128-bit
-checksum of every leaf and a NaN flag, computed on the tensors' own device); closeness, an
-``all_gather`` of two int64 (the shapes and dtypes), one ``broadcast`` of rank 0's tensors
-packed in one buffer, and an ``all_gather`` of one int64 (each rank's verdict). On failure the
-ranks gather everything (``all_gather_object``) to build the per-rank table. What is compared,
-and how DTensors are, is :mod:`rank.paritydata`'s docstring.
+Cost on the passing path: equality, one ``all_gather`` of three int64 (a 128-bit checksum of
+every leaf, computed on the tensors' own device, and a NaN flag); difference, of the checksum
+alone; closeness, an ``all_gather`` of two int64 (the shapes and dtypes), one ``broadcast`` of
+rank 0's tensors packed in one buffer, and an ``all_gather`` of one int64 (each rank's
+verdict). On failure the ranks gather everything (``all_gather_object``) to build the per-rank
+table. What is compared, and how DTensors are, is :mod:`rank.paritydata`'s docstring.
 """
 
 from __future__ import annotations
