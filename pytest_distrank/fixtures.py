@@ -1,5 +1,5 @@
 """The fixtures distributed tests take: rank, world_size, local_rank, backend, pg, device,
-dist_store, shared_tmp_path, faults.
+dist_store, shared_tmp_path, faults, mesh.
 
 Registered in the controller and in every rank process; their values exist only in ranks. In the
 controller a distributed test never sets them up (it runs in its ranks), and an ordinary test that
@@ -25,6 +25,7 @@ from .rank.context import RANK_CONTEXT, RankContext
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
 
     from .rank.faults import Faults
 
@@ -38,6 +39,7 @@ RANK_FIXTURES = (
     "dist_store",
     "shared_tmp_path",
     "faults",
+    "mesh",
 )
 
 
@@ -148,3 +150,17 @@ def faults(request: pytest.FixtureRequest) -> Iterator[Faults]:
     ctx = _context(request)
     with Faults.for_test(ctx.rank, ctx.world_size, _compat.request_item(request)) as armed:
         yield armed
+
+
+@pytest.fixture
+def mesh(request: pytest.FixtureRequest) -> DeviceMesh:
+    """The test's named ``DeviceMesh`` (``@pytest.mark.mesh(dp=2, tp=2)``) on the ``device``
+    fixture's device type; made once per pool and shape, owned by the plugin (docs/fixtures.md)."""
+    from .rank.meshes import device_mesh, missing_message, shape_of
+
+    ctx = _context(request)
+    item = _compat.request_item(request)
+    shape = shape_of(item)
+    if shape is None:
+        pytest.fail(missing_message(item.nodeid), pytrace=False)
+    return device_mesh(shape, ctx.device().type)

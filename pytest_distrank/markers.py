@@ -16,6 +16,18 @@ from typing import Any
 import pytest
 
 from .parsing import parse_backend, parse_bytes
+from .planning.meshes import MARKER_HELP as MESH_HELP
+from .planning.meshes import (
+    Mesh,
+    MeshError,
+    Variant,
+    applies,
+    backend_tuple,
+    compose,
+    mesh_marker,
+    parse_backends,
+    parse_meshes,
+)
 
 #: Name of the hidden parameter that ``world_size(2, 4)`` parametrizes (ids ``ws2``, ``ws4``).
 WS_PARAM = "_distrank_world_size"
@@ -24,8 +36,9 @@ MARKERS = (
     "world_size(*sizes, backend=None, init_process_group=True): run the test on each of `sizes` "
     "ranks of a torch.distributed process group, one test per size with ids ws<N> when several "
     "are given; no size uses --distrank-world-size. `backend` picks the backend (default "
-    "--distrank-backend); init_process_group=False starts the ranks without a default group, "
-    "with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set for env:// initialisation.",
+    "--distrank-backend; a tuple gives one test per backend, ids ws<N>-<backend>, each skipped "
+    "on its own when unavailable); init_process_group=False starts the ranks without a default "
+    "group, with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set for env:// initialisation.",
     "requires_nccl: the test needs NCCL and one GPU per rank (implies backend='nccl'); skipped "
     "before any rank starts when they are missing.",
     "requires_gpus(n, memory=None): skipped unless at least n GPUs are visible; memory='8GiB': "
@@ -47,6 +60,7 @@ MARKERS = (
     "'local' (LocalTensorMode: every rank's tensors in the one process, collectives on the "
     "world and on DeviceMesh dimensions computed exactly, on other groups refused; `rank` is a "
     "symbolic int of every rank).",
+    MESH_HELP,
 )
 #: Modes of ``@pytest.mark.simulate``.
 SIMULATION_MODES = ("fake", "local")
@@ -104,6 +118,8 @@ class DistSpec:
     simulated: Simulated | None = None
     #: Bytes of each of its GPUs the test needs (``requires_gpus(n, memory=...)``); 0: whole.
     gpu_memory: int = 0
+    #: The shape of the test's ``mesh`` fixture (``@pytest.mark.mesh``), or None.
+    mesh: Mesh | None = None
 
 
 def _format_marker(marker: pytest.Mark) -> str:
@@ -148,8 +164,11 @@ def _backend(marker: pytest.Mark | None, needs_nccl: bool, default: str) -> str:
         raise MarkerError(f"{_format_marker(marker)}: unknown backend {raw!r}; {exc}.") from None
 
 
-def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
-    """The simulated worlds the ``simulate`` markers of a test ask for (none without)."""
+def simulations(
+    item: pytest.Item | pytest.Function, sizes_if_none: tuple[int, ...] = ()
+) -> tuple[Simulated, ...]:
+    """The simulated worlds the ``simulate`` markers of a test ask for (none without);
+    ``sizes_if_none``: the sizes of a marker that names none (a mesh test's shapes)."""
     out: list[Simulated] = []
     for marker in item.iter_markers("simulate"):
         unknown = sorted(set(marker.kwargs) - {"ranks", "device"})
@@ -166,6 +185,7 @@ def simulations(item: pytest.Item | pytest.Function) -> tuple[Simulated, ...]:
                 "@pytest.mark.simulate('fake', 1024)."
             )
         mode, sizes = marker.args[0], tuple(_simulated_size(a, marker) for a in marker.args[1:])
+        sizes = sizes or tuple(_simulated_size(a, marker) for a in sizes_if_none)
         if not sizes:
             raise MarkerError(f"{_format_marker(marker)}: give the simulated world size(s).")
         device = _simulated_device(marker, mode)
@@ -295,6 +315,8 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
     if error is not None:
         raise MarkerError(error)
     marker = world_size_marker(item)
+    if applies(item, marker):
+        return _variant_spec(item, marker, default_size, default_backend)
     simulated = simulations(item)
     if marker is None and not simulated:
         return None
@@ -351,6 +373,15 @@ def parametrize_world_sizes(metafunc: pytest.Metafunc, default_size: int) -> Non
     A marker that does not parse is left alone here; the test reports it as its own error.
     """
     marker = metafunc.definition.get_closest_marker("world_size")
+    if applies(metafunc.definition, marker):
+        try:
+            found = variants(metafunc.definition, default_size)
+        except (MarkerError, MeshError):
+            return
+        if WS_PARAM not in metafunc.fixturenames:
+            metafunc.fixturenames.append(WS_PARAM)
+        metafunc.parametrize(WS_PARAM, found, ids=[v.id for v in found])
+        return
     try:
         sizes: tuple[int | Simulated, ...] = (
             world_sizes(marker, default_size) if marker is not None else ()
@@ -365,6 +396,65 @@ def parametrize_world_sizes(metafunc: pytest.Metafunc, default_size: int) -> Non
         metafunc.fixturenames.append(WS_PARAM)
     ids = [v.id if isinstance(v, Simulated) else f"ws{v}" for v in values]
     metafunc.parametrize(WS_PARAM, values, ids=ids)
+
+
+def variants(item: pytest.Item, default_size: int) -> tuple[Variant, ...]:
+    """The test ids of a test with a ``mesh`` marker or a tuple of backends (planning/meshes.py
+    says how they compose)."""
+    marker = world_size_marker(item)
+    found = mesh_marker(item)
+    shapes = parse_meshes(found) if found is not None else ()
+    simulated = simulations(item, tuple(dict.fromkeys(m.size for m in shapes)))
+    real: tuple[int, ...] | None = None  # None: the shapes' sizes
+    if marker is not None and (marker.args or not shapes):
+        real = world_sizes(marker, default_size)
+    elif marker is None and simulated:
+        real = ()  # a simulated test runs in its simulated worlds alone
+    backends = parse_backends(marker) if marker is not None and backend_tuple(marker) else None
+    where = " beside ".join(_format_marker(m) for m in (found, marker) if m is not None)
+    return compose(shapes, real, simulated, backends, where)
+
+
+def _variant_spec(
+    item: pytest.Item, marker: pytest.Mark | None, default_size: int, default_backend: str
+) -> DistSpec:
+    """:func:`spec_of` for a test with a ``mesh`` marker or a tuple of backends."""
+    try:
+        found = variants(item, default_size)
+    except MeshError as exc:
+        raise MarkerError(str(exc)) from None
+    init_pg = marker.kwargs.get("init_process_group", True) if marker is not None else True
+    where = _format_marker(marker) if marker is not None else ""
+    if not isinstance(init_pg, bool):
+        raise MarkerError(f"{where}: init_process_group must be True or False, got {init_pg!r}.")
+    if item.get_closest_marker("mesh") is not None and not init_pg:
+        raise MarkerError(
+            f"@pytest.mark.mesh beside {where}: the mesh is made over the default process group "
+            "the plugin creates, which init_process_group=False leaves out. Drop one of them."
+        )
+    cls = getattr(item, "cls", None)
+    if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
+        raise MarkerError(
+            f"the mesh or backend ids of the unittest.TestCase method {item.name!r}: pytest never "
+            "parametrizes unittest.TestCase methods, so the ids cannot be made. Write the test "
+            "as a plain pytest function."
+        )
+    callspec = getattr(item, "callspec", None)
+    param = callspec.params.get(WS_PARAM) if callspec is not None else None
+    variant = param if isinstance(param, Variant) else found[0]
+    if variant.simulated is not None:
+        return DistSpec(1, "fake", True, False, 0, simulated=variant.simulated, mesh=variant.mesh)
+    needs_nccl = item.get_closest_marker("requires_nccl") is not None
+    backend = variant.backend or _backend(marker, needs_nccl, default_backend)
+    return DistSpec(
+        world_size=variant.size,
+        backend=backend,
+        init_process_group=init_pg,
+        needs_nccl=needs_nccl,
+        min_gpus=min_gpus(item),
+        gpu_memory=gpu_memory(item),
+        mesh=variant.mesh,
+    )
 
 
 def wants_fresh_ranks(item: pytest.Item, patterns: list[str]) -> bool:

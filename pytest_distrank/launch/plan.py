@@ -146,9 +146,11 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
         return Step("skip", f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})")
     if spec.world_size != ws:
         ranks = "rank" if ws == 1 else "ranks"
+        # A mesh's size is the product of its dimensions: say which shape does not fit.
+        shape = f"mesh {spec.mesh.id} " if spec.mesh is not None else ""
         return Step(
             "skip",
-            f"needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
+            f"{shape}needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
             f"({launcher})",
         )
     if not spec.init_process_group:

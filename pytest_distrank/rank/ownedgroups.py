@@ -7,7 +7,9 @@ that they never advance the sequence numbers of the test's own groups, which the
 and the sequence-number check read. A twin is made with ``use_local_synchronization=True``: only
 its members take part, and it takes a hashed name, so the counter that names the test's later
 groups ("1", "2", ...) does not move. :mod:`rank.leftovers` leaves owned groups alone
-(:func:`is_owned`). torch is imported only when a function is called.
+(:func:`is_owned`). The ``mesh`` fixture's groups (:mod:`rank.meshes`) are owned too
+(:func:`own`): the fixture keeps each shape's mesh for the pool's life. torch is imported only
+when a function is called.
 """
 
 from __future__ import annotations
@@ -20,11 +22,22 @@ from .. import _compat
 OWNED_DESC = "distrank_checks"
 #: (id of the default group, ranks) -> the owned twin of that rank set.
 _TWINS: dict[tuple[int, tuple[int, ...]], Any] = {}
+#: Other groups the plugin keeps (the ``mesh`` fixture's), by ``id``.
+_OWNED: dict[int, Any] = {}
 
 
 def is_owned(pg: Any) -> bool:
     """Whether ``pg`` is one of the plugin's own groups (not the test's)."""
-    return any(pg is twin for twin in _TWINS.values())
+    return any(pg is twin for twin in _TWINS.values()) or _OWNED.get(id(pg)) is pg
+
+
+def own(pg: Any) -> None:
+    """Count ``pg`` among the plugin's groups from now on: never a test's leftover."""
+    _OWNED[id(pg)] = pg
+
+
+def disown(pg: Any) -> None:
+    _OWNED.pop(id(pg), None)
 
 
 def twin(ranks: list[int]) -> Any:
