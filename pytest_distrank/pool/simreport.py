@@ -129,5 +129,7 @@ def _retag(text: str, name: str) -> str:
 
 
 def _table_line(line: str, name: str) -> str:
-    line = line.replace(f"1 of 1 ranks failed; root cause: {_PROCESS}", f"{name} failed")
+    head = f"1 of 1 ranks failed; root cause: {_PROCESS}"
+    if head in line:  # "rank 0/1" is in the new words too ("rank 0/1024"): replaced once
+        return line.replace(head, f"{name} failed")
     return line.replace(_PROCESS, name)

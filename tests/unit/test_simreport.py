@@ -98,3 +98,13 @@ def test_other_failures_inside_local_tensor_are_the_modes() -> None:
     path = "/x/torch/distributed/_local_tensor/__init__.py"
     crash = "AttributeError: 'LocalTensor' object has no attribute '__src_rank__'"
     assert "raised inside PyTorch's LocalTensor" in explain(LOCAL64, crash, path)
+
+
+def test_rank_0_of_a_simulated_world_is_named_once() -> None:
+    """"rank 0/1" is inside "simulated rank 0/1024": the head was replaced twice, reading
+    "simulated simulated rank 0/1024024 failed"."""
+    merged = merge_test({0: failed_call("AssertionError: 3 != 4")}, 1)
+    relabel(merged, Simulated("fake", 1024, 0, named_rank=True))
+    text = str(merged[1].longrepr)
+    assert "distrank: simulated rank 0/1024 failed\n" in text
+    assert "simulated simulated" not in text and "1024024" not in text
