@@ -312,6 +312,19 @@ def test_raise(rank, faults):
     if rank == 0:
         with pytest.raises(RuntimeError, match="injected by faults.raise_in"):
             dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.flaky(reruns=1)
+@pytest.mark.world_size(2)
+def test_fault_then_rerun(rank, faults):
+    # The first attempt arms a fault on rank 0; the rerun, on all its ranks, arms none.
+    first = pathlib.Path(f"attempt-{rank}")
+    if not first.exists():
+        first.write_text("1")
+        faults.raise_in(rank=0, at="all_reduce")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
 """
     + healthy("raise")
 )
@@ -322,6 +335,9 @@ def test_faults_under_xdist(shared_session: SharedSession) -> None:
         "test_fault_injection.XDIST", {"test_cases.py": XDIST_CASES}, ("-n", "2", "-ra")
     ).run(shared_session)
     assert shared.outcomes("test_kill", "test_raise", "test_raise_then_healthy") == ["passed"] * 3
+    # pytest-rerunfailures: the failed attempt (the fault fired) is rerun, faults disarmed.
+    # (junit lists both attempts: the summary line says how it ended.)
+    shared.result.stdout.fnmatch_lines(["*= 4 passed, 1 rerun in *"])
 
 
 @pytest.mark.parametrize("case", ["code_met", "no_match"])
