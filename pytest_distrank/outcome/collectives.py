@@ -1,15 +1,13 @@
 """Which collective each rank is in, and who is out of step: a hang explained at that level.
 
-Runs where a test's outcome is decided (the controller in pool mode), over what the ranks' flight
-recorders hold when a test hangs (PyTorch's flight-recorder dump: per collective the op, the group,
+Runs where a test's outcome is decided (the controller in pool mode, rank 0 of a launched world),
+over what the ranks' flight recorders hold when a test hangs (PyTorch's flight-recorder dump: per collective the op, the group,
 its sequence number, input shapes and dtypes, and whether it completed; without the Python frames,
 whose symbolization takes seconds: the rank's stack says where it entered). Pure logic over those
 records: stdlib only, no torch.
 
-The records travel as JSON in both modes (a file beside the rank's log in pool mode, the control
-store in launcher mode): :func:`dump` writes the fields read here, :func:`load` reads them back
-(or torch's own JSON dump) as plain checked data. Nothing here unpickles: in launcher mode the
-bytes come from the network.
+The records travel as JSON in both modes (:mod:`frjson`: :func:`dump` writes the fields read
+here, :func:`load` reads them back as plain checked data, never unpickled).
 
 Collectives are numbered from the test's start (``#1`` is the first the test issued on that
 group), since a warm pool's groups outlive tests: only records created after the test was sent
@@ -24,15 +22,21 @@ one line a person reads first:
 - a crash inside a collective (:func:`crash_verdict`; gloo aborts a rank whose peer sends another
   size, with no message): ``rank 0 crashed (SIGABRT) inside all_reduce, called from test_x at
   test_x.py:10; rank 1 was in all_reduce #2 on the default group (float32[8]): ...``.
+
+A verdict (:class:`Verdict`) also says whom it blames (the root cause of the report:
+:mod:`rootcause`) and whether the records prove the test can never finish (the early end of
+:mod:`pool.deadlock`): never a guess, only records of the group's members, with the ranks that
+finished the test or died.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from .frjson import dump as dump
+from .frjson import load as load
 from .merge import ranks_words
 
 #: torch's scalar type names, as the flight recorder writes them, in the words users write.
@@ -101,69 +105,6 @@ class Story:
     lines: dict[int, str]
     #: The verdict (mismatch, shape mismatch, missing rank); its text is "" when none is found.
     verdict: Verdict
-
-
-def load(raw: bytes | str | None) -> dict[str, Any] | None:
-    """A rank's flight records from JSON (:func:`dump`'s, or torch's own JSON dump):
-    ``entries`` and ``pg_config`` with the fields this module reads, each of its type, anything
-    else dropped. None: no answer, the recorder off, or unreadable (never unpickled)."""
-    if not raw:
-        return None
-    text = raw.encode() if isinstance(raw, str) else raw
-    if text.startswith(b"no records"):
-        return None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    entries = data.get("entries")
-    configs = data.get("pg_config")
-    return {
-        "entries": [_entry(e) for e in entries if isinstance(e, dict)]
-        if isinstance(entries, list)
-        else [],
-        "pg_config": {
-            str(name): {"ranks": str(config.get("ranks", "?"))}
-            for name, config in configs.items()
-            if isinstance(config, dict)
-        }
-        if isinstance(configs, dict)
-        else {},
-    }
-
-
-def dump(data: Mapping[str, Any]) -> bytes:
-    """Flight records as :func:`load` reads them: the few fields the plugin reads (torch's dump
-    has several times more), compact JSON."""
-    return json.dumps(data, separators=(",", ":")).encode()
-
-
-def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
-    """One record with the fields the plugin reads, each of its type."""
-    group = entry.get("process_group")
-    sizes = entry.get("input_sizes")
-    dtypes = entry.get("input_dtypes")
-    return {
-        "record_id": _int(entry.get("record_id"), -1),
-        "collective_seq_id": _int(entry.get("collective_seq_id"), 0),
-        "process_group": [str(g) for g in group[:2]]
-        if isinstance(group, list) and group
-        else ["?"],
-        "profiling_name": str(entry.get("profiling_name", "?")),
-        "time_created_ns": _int(entry.get("time_created_ns"), 0),
-        "is_p2p": entry.get("is_p2p") is True,
-        "retired": entry.get("retired") is True,
-        "input_dtypes": [str(d) for d in dtypes] if isinstance(dtypes, list) else [],
-        "input_sizes": [[_int(n, 0) for n in size] for size in sizes if isinstance(size, list)]
-        if isinstance(sizes, list)
-        else [],
-    }
-
-
-def _int(value: object, default: int) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
@@ -243,8 +184,8 @@ def crash_verdict(
     """
     op = entered.split(",")[0]
     peers: dict[int, Call] = {}
-    for peer, dump in dumps.items():
-        calls = calls_of(dump, since_ns) if dump is not None and peer != rank else []
+    for peer, records in dumps.items():
+        calls = calls_of(records, since_ns) if records is not None and peer != rank else []
         same = [c for c in calls if c.op == op] or calls
         if same:
             peers[peer] = same[-1]
