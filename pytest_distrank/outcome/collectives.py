@@ -1,10 +1,10 @@
 """Which collective each rank is in, and who is out of step: a hang explained at that level.
 
-Runs where a test's outcome is decided (the controller in pool mode, rank 0 of a launched world),
-over what the ranks' flight recorders hold when a test hangs (PyTorch's flight-recorder dump: per collective the op, the group,
-its sequence number, input shapes and dtypes, and whether it completed; without the Python frames,
-whose symbolization takes seconds: the rank's stack says where it entered). Pure logic over those
-records: stdlib only, no torch.
+Runs where a test's outcome is decided (the controller in pool mode, rank 0 of a launched
+world), over what the ranks' flight recorders hold when a test hangs (PyTorch's flight-recorder
+dump: per collective the op, the group, its sequence number, input shapes and dtypes, and whether
+it completed; without the Python frames, whose symbolization takes seconds: the rank's stack says
+where it entered). Pure logic over those records: stdlib only, no torch.
 
 The records travel as JSON in both modes (:mod:`frjson`: :func:`dump` writes the fields read
 here, :func:`load` reads them back as plain checked data, never unpickled).
