@@ -382,7 +382,8 @@ def test_quit_fails_the_test_and_stops_the_session(no_grace_session: TerminalRun
     assert any(">>> PDB quit in rank 1/2 >>>" in line for line in lines), run.output
     assert "rank 1/2: quit the debugger (q); the session stops" in run.output
     assert any("Interrupted: Quitting debugger (q in rank 1/2)" in line for line in lines)
-    assert any(line.startswith("FAILED test_b_quit.py::test_debug_me") for line in lines)
+    failed = [line for line in lines if line.startswith("FAILED test_b_quit.py::test_debug_me")]
+    assert failed, run.output
     assert not any("test_b_quit.py::test_after" in line for line in lines), run.output  # not run
 
 

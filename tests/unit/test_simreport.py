@@ -101,7 +101,7 @@ def test_other_failures_inside_local_tensor_are_the_modes() -> None:
 
 
 def test_rank_0_of_a_simulated_world_is_named_once() -> None:
-    """"rank 0/1" is inside "simulated rank 0/1024": the head was replaced twice, reading
+    """The text "rank 0/1" is inside "simulated rank 0/1024": the head was replaced twice, reading
     "simulated simulated rank 0/1024024 failed"."""
     merged = merge_test({0: failed_call("AssertionError: 3 != 4")}, 1)
     relabel(merged, Simulated("fake", 1024, 0, named_rank=True))
