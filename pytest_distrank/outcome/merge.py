@@ -408,7 +408,9 @@ def merge_test(per_rank: Mapping[int, Sequence[TestReport]], world_size: int) ->
     # before the test's own call report, as pytest shows them.
     out_subtests = [_merge_subtest(phase, world_size, stories) for phase in subtests.values()]
     if setup:
-        setup_failed = any(r.failed for _, r in setup)
+        # A rank killed before its setup began, because a peer failed in call, did not fail the
+        # setup: the call's failure is the test's (its table names the killed rank).
+        setup_failed = any(r.failed and not _collateral(r) for _, r in setup)
         call_failed = any(r.failed for _, r in call)
         if not setup_failed and call_failed:
             ran = [(rank, r) for rank, r in setup if r.passed] or setup[:1]

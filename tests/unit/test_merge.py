@@ -322,3 +322,25 @@ def test_json_report_metadata_of_every_rank_lowest_rank_first() -> None:
         assert data["metadata"] == {"rank": 0, "only_1": True}, r.when
     assert merged[1]._json_report_extra["call"] == {"stdout": "out 1"}
     assert merged[0]._json_report_extra["setup"] == {"stdout": "out 0"}
+
+
+def test_a_rank_killed_before_its_setup_after_a_peers_call_failure_is_no_setup_error() -> None:
+    """With no failure grace, a slow rank is killed before its setup began when its peer fails
+    in call (seen under load: `--pdb`, `q` in the peer's debugger). The test failed in call; its
+    setup did not fail."""
+    from pytest_distrank.outcome.merge import COLLATERAL_ATTR, NOTE_ATTR
+
+    killed = report(
+        "setup",
+        "failed",
+        **{
+            COLLATERAL_ATTR: True,
+            NOTE_ATTR: "killed before its setup began 0.1 s after rank 1 failed",
+        },
+    )
+    own = [report("setup", "passed"), report("call", "failed", stop=2.0)]
+    merged = merge_test({0: [killed], 1: own}, 2)
+    assert outcomes(merged) == [("setup", "passed"), ("call", "failed")]
+    text = str(merged[1].longrepr)
+    assert "rank 0/2  killed before its setup began 0.1 s after rank 1 failed" in text
+    assert "root cause: rank 1/2" in text
