@@ -330,14 +330,9 @@ def test_a_rank_killed_before_its_setup_after_a_peers_call_failure_is_no_setup_e
     setup did not fail."""
     from pytest_distrank.outcome.merge import COLLATERAL_ATTR, NOTE_ATTR
 
-    killed = report(
-        "setup",
-        "failed",
-        **{
-            COLLATERAL_ATTR: True,
-            NOTE_ATTR: "killed before its setup began 0.1 s after rank 1 failed",
-        },
-    )
+    killed = report("setup", "failed")
+    setattr(killed, COLLATERAL_ATTR, True)
+    setattr(killed, NOTE_ATTR, "killed before its setup began 0.1 s after rank 1 failed")
     own = [report("setup", "passed"), report("call", "failed", stop=2.0)]
     merged = merge_test({0: [killed], 1: own}, 2)
     assert outcomes(merged) == [("setup", "passed"), ("call", "failed")]
