@@ -216,7 +216,7 @@ class Attempt:
             self._debug(rank, message)
             return
         if isinstance(message, RankNote):
-            self.exits.note(self, message)
+            self.exits.note(self, rank, message)
             return
         if message is None and self.exits.died(self, rank):
             return

@@ -54,9 +54,10 @@ class Exits:
         if self.expected:
             attempt.game.grace = FOREVER
 
-    def note(self, attempt: Attempt, message: RankNote) -> None:
-        """A rank's :class:`~protocol.RankNote` (sent before it acts)."""
-        if message.index != attempt.test.index:
+    def note(self, attempt: Attempt, rank: Rank, message: RankNote) -> None:
+        """A rank's :class:`~protocol.RankNote` (sent before it acts), credited only when it
+        is this test's and came from that rank's own process through its own pipe."""
+        if (message.index, message.rank, message.pid) != (attempt.test.index, rank.rank, rank.pid):
             return
         if message.injected:
             self.injected.setdefault(message.rank, []).append((message.when, message.injected))

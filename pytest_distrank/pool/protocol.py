@@ -246,6 +246,8 @@ class RankNote:
     injected: str = ""
     #: The phase the line belongs to in the rank's report ("setup", "call", "teardown").
     when: str = "call"
+    #: The process that sent it (a process the test forked shares the rank's pipe).
+    pid: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

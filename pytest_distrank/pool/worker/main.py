@@ -26,6 +26,7 @@ A rank process:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import faulthandler
 import os
 import pickle
@@ -394,7 +395,11 @@ class WorkerPlugin:
         try:
             self.ctx = start_rank(self.cfg)
             ctx, rank = self.ctx, self.cfg.rank  # what a test must say before it dies
-            faults.set_channel(lambda *note: self.conn.send(RankNote(rank, ctx.test.index, *note)))
+            faults.set_channel(
+                lambda *note: self.conn.send(
+                    dataclasses.replace(RankNote(rank, ctx.test.index, *note), pid=os.getpid())
+                )
+            )
             config.stash[RANK_CONTEXT] = self.ctx
             config.hook.pytest_distrank_rank_setup(
                 config=config, rank=self.cfg.rank, world_size=self.cfg.world_size
