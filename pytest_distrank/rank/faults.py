@@ -98,18 +98,7 @@ class Faults:
         call = call_words("kill", {"rank": rank, "at": at, "nth": nth, "signal": signal})
         if _channel is None:
             pytest.skip(f"{call}: kills are pool mode only: {POOL_ONLY}")
-        self._arm(
-            make_fault(
-                "kill",
-                self.world_size,
-                rank=rank,
-                at=at,
-                nth=nth,
-                optional=optional,
-                signal_=signal,
-                call=call,
-            )
-        )
+        self._fault("kill", call, rank, at, nth, optional, signal_=signal)
 
     def raise_in(
         self,
@@ -124,18 +113,7 @@ class Faults:
         its ``nth`` ``at`` op."""
         __tracebackhide__ = True
         call = call_words("raise_in", {"rank": rank, "at": at, "nth": nth, "exc": exc})
-        self._arm(
-            make_fault(
-                "raise_in",
-                self.world_size,
-                rank=rank,
-                at=at,
-                nth=nth,
-                optional=optional,
-                exc=exc,
-                call=call,
-            )
-        )
+        self._fault("raise_in", call, rank, at, nth, optional, exc=exc)
 
     def delay(
         self, *, rank: int, at: str, seconds: float, nth: int = 1, optional: bool = False
@@ -143,32 +121,29 @@ class Faults:
         """Sleep ``seconds`` on ``rank`` before its ``nth`` ``at`` op, then run it."""
         __tracebackhide__ = True
         call = call_words("delay", {"rank": rank, "at": at, "nth": nth, "seconds": seconds})
-        self._arm(
-            make_fault(
-                "delay",
-                self.world_size,
-                rank=rank,
-                at=at,
-                nth=nth,
-                optional=optional,
-                seconds=seconds,
-                call=call,
-            )
-        )
+        self._fault("delay", call, rank, at, nth, optional, seconds=seconds)
 
     def hang(self, *, rank: int, at: str, nth: int = 1, optional: bool = False) -> None:
         """Block ``rank`` forever before its ``nth`` ``at`` op: the test's deadline ends it."""
         __tracebackhide__ = True
         call = call_words("hang", {"rank": rank, "at": at, "nth": nth})
+        self._fault("hang", call, rank, at, nth, optional)
+
+    def _fault(
+        self, kind: str, call: str, rank: int, at: str, nth: int, optional: bool, **extra: Any
+    ) -> None:
+        """Arm one fault of ``kind`` (``extra``: its own argument, as make_fault takes it)."""
+        __tracebackhide__ = True
         self._arm(
             make_fault(
-                "hang",
+                kind,
                 self.world_size,
                 rank=rank,
                 at=at,
                 nth=nth,
                 optional=optional,
                 call=call,
+                **extra,
             )
         )
 
