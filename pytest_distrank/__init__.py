@@ -6,6 +6,7 @@ Imported in the controller and in every rank process. Re-exports only; the plugi
 
 from __future__ import annotations
 
+from .planning.crossize import fixture
 from .rank.parity import (
     assert_close_across_ranks,
     assert_differs_across_ranks,
@@ -21,6 +22,7 @@ __all__ = [
     "assert_close_to_reference",
     "assert_differs_across_ranks",
     "assert_equal_across_ranks",
+    "fixture",
     "rank_inputs",
     "reference",
 ]

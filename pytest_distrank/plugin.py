@@ -14,6 +14,7 @@ import pytest
 
 from . import __version__, _compat, fixtures, hookspecs
 from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
+from .planning import crossize
 from .planning.tierselect import pytest_collection_modifyitems as pytest_collection_modifyitems
 from .settings import (
     LEFTOVERS_IGNORE_ENV,
@@ -102,8 +103,11 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", line)
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "distrank-fixtures")
+    if not config.pluginmanager.is_registered(crossize):  # fixture_path
+        config.pluginmanager.register(crossize, "distrank-crossize-fixtures")
     if _in_rank(config):
         _take_existing_suites(config)
+        config.pluginmanager.register(crossize.ProducerItems(), "distrank-producer-items")
         return
     from .launch.env import launch_of
     from .planning.tierselect import register_gpu_tier

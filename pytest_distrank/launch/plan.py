@@ -22,6 +22,7 @@ from ..markers import MarkerError, spec_of
 from ..outcome.expectations import MARKER as EXPECT_MARKER
 from ..outcome.expectations import POOL_ONLY
 from ..planning.capabilities import check_ordinary_test, skip_reason
+from ..planning.crossize import launcher_step
 from ..planning.gpuplan import LAUNCHED
 from ..settings import Settings, item_timeout
 from . import keys
@@ -134,6 +135,9 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
         item_timeout(item, settings.timeout)
     except (MarkerError, ValueError) as exc:
         return Step("error", f"{item.nodeid}: {exc}")
+    crossize = launcher_step(item, ws, launcher)  # a fixture at another world size
+    if crossize is not None:
+        return Step(*crossize)
     if spec is None:
         return Step("rank0")
     if spec.simulated is not None:

@@ -24,6 +24,8 @@ class RunTest:
     nodeid: str
     next_nodeid: str | None
     shared_dir: str
+    #: The folders of the fixtures at another world size it requests: (producer key, folder).
+    fixtures: tuple[tuple[str, str], ...] = ()
 
 
 #: ``(category module, category qualname, message, filename, lineno)`` of one warning.

@@ -37,6 +37,7 @@ from ..planning.order import WORKERINPUT_KEY, order_seed, reorder, session_seed
 from ..settings import Settings, Value, item_timeout
 from . import reruns, simreport
 from .attempt import TestRun
+from .crossize import CrossSize
 from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable
 from .interrupts import session_capped, take_signals
@@ -127,6 +128,17 @@ class Controller:
         #: Failures after earlier tests of their pool, replayed after the session (replay.py).
         self.replays = Replays(config, settings.replay, settings.replay_budget)
         config.pluginmanager.register(self.replays, "distrank-replays")
+        #: Fixtures at another world size: each runs once, on its own pool (crossize.py).
+        self.crossize = CrossSize(
+            config,
+            settings.timeout,
+            settings.backend.value,
+            self.gpu_policy,
+            lambda item, spec, key, timeout: self._execute(
+                item, None, Planned(spec, key=key, timeout=timeout), keep_pool=False
+            ),
+            self.pools.notes,
+        )
 
     # -- planning ------------------------------------------------------------------------------
 
@@ -386,6 +398,9 @@ class Controller:
         A pool whose rank died just before the test reached it (after the idle check) is
         replaced and the test sent once more: the test did nothing wrong.
         """
+        prepared = self.crossize.prepare(item)  # its fixtures at another world size ran
+        if prepared is not None:
+            return prepared
         for attempt in (1, 2):
             failed_start = self.failed_starts.get(key)
             if failed_start is not None:
@@ -432,12 +447,8 @@ class Controller:
         """The message that runs ``item`` on its ranks, with a new index and shared folder."""
         self.next_test_index += 1
         index = self.next_test_index
-        return RunTest(
-            index=index,
-            nodeid=item.nodeid,
-            next_nodeid=next_nodeid,
-            shared_dir=str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}"),
-        )
+        shared_dir = str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}")
+        return self.crossize.amend(item, RunTest(index, item.nodeid, next_nodeid, shared_dir))
 
     # -- pools ---------------------------------------------------------------------------------
 
