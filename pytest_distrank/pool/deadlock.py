@@ -3,11 +3,12 @@
 Runs in the controller (pool mode), inside :class:`attempt.Attempt`'s wait for a test's ranks.
 
 Healthy tests are never probed. Between the ranks' messages the watch reads, every
-:data:`WATCH_EVERY` seconds, the pending ranks' phases (the shared phase array) and their CPU
-time (``/proc/<pid>/stat``): nothing else. Only when no rank sent a message, changed its phase or
-spent CPU time for :data:`QUIET` seconds does it ask every live rank for its flight records
-(:mod:`probes`), and :func:`collectives.explain` judges them together with the ranks that
-finished the test and those that died. The test ends early only on evidence:
+:data:`~outcome.progress.WATCH_EVERY` seconds, the pending ranks' phases (the shared phase array)
+and their CPU time (:class:`~outcome.progress.Stillness`): nothing else. Only when no rank sent a
+message, changed its phase or spent CPU time for :data:`~outcome.progress.QUIET` seconds does it
+ask every live rank for its flight records (:mod:`probes`), and :func:`collectives.explain`
+judges them together with the ranks that finished the test and those that died. The test ends
+early only on evidence:
 
 - the records prove the state can never complete (a mismatch in one slot of a group; members
   that finished the test or died without entering the collective their peers wait in), and
@@ -29,8 +30,8 @@ import time
 from typing import TYPE_CHECKING
 
 from ..outcome.collectives import Verdict, explain, load
+from ..outcome.progress import WATCH_EVERY, Stillness
 from ..outcome.stacks import collective_entered
-from ..settings import seam_wait
 from .probes import dump_stacks, read_collectives, request_collectives
 from .protocol import phase_slots
 
@@ -38,27 +39,8 @@ if TYPE_CHECKING:
     from ..outcome.endgame import Endgame
     from .pool import Pool
 
-#: How often the watch looks at the ranks while no message comes (seconds).
-WATCH_EVERY = 0.5
-#: How long the ranks must stand still before their records are read (seconds). Measured: a
-#: rank blocked in a gloo collective spends no CPU time at all; 2 s is many of the watch's looks
-#: and short beside any deadline (``DISTRANK_TEST_WAITS`` sets it for the plugin's own tests).
-QUIET = seam_wait(2.0)
-#: CPU clock ticks (10 ms) a standing-still rank may spend within the quiet time: the threads of
-#: a blocked rank (torch's, the plugin's) wake now and then.
-CPU_SLACK = 2
 #: Bound on the ranks' answers to a records request.
 ANSWER_WAIT = 1.0
-
-
-def cpu_ticks(pid: int) -> int | None:
-    """User plus system CPU time of a process (all its threads), in clock ticks; None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 @dataclasses.dataclass
@@ -70,52 +52,34 @@ class Watch:
     test_file: str
     #: Wall clock (ns) when the test was sent: records after it are the test's.
     sent_ns: int
-    #: When the ranks last made progress (monotonic seconds), and what they looked like then.
-    since: float = dataclasses.field(default_factory=time.monotonic)
-    seen: tuple[tuple[int, ...], ...] = ()
-    ticks: dict[int, int] = dataclasses.field(default_factory=dict)
-    #: The quiet time the next probe waits for (doubled after each probe that proved nothing).
-    quiet: float = QUIET
+    #: When the pending ranks last made progress (their phases, their CPU time).
+    stillness: Stillness = dataclasses.field(default_factory=lambda: Stillness(time.monotonic()))
     #: What the last probe found proven, once it ended the test.
     verdict: Verdict | None = None
 
     def progress(self, now: float) -> None:
         """A rank sent a message: progress, whatever it was."""
-        self.since, self.quiet = now, QUIET
+        self.stillness.progress(now)
 
     def wait(self, now: float) -> float:
         """How long the attempt may block before the watch wants to look again."""
-        return max(0.0, min(WATCH_EVERY, self.since + self.quiet - now))
+        still = self.stillness
+        return max(0.0, min(WATCH_EVERY, still.since + still.quiet - now))
 
     def look(self, now: float) -> bool:
         """Look at the ranks; True when the test was proven deadlocked (``game`` says when)."""
         pending = [r for r in self.pool.ranks if r.rank in self.game.pending]
         if not pending:
             return False
-        seen = tuple(tuple(self.pool.phases[i] for i in phase_slots(r.rank)) for r in pending)
-        moved = seen != self.seen
-        for r in pending:
-            ticks = cpu_ticks(r.pid)
-            if ticks is None:
-                continue
-            if ticks > self.ticks.get(r.pid, ticks) + CPU_SLACK:
-                moved = True
-                self.ticks[r.pid] = ticks
-            self.ticks.setdefault(r.pid, ticks)
-        if moved:
-            self.seen = seen
-            self.progress(now)
-            return False
-        if now - self.since < self.quiet:
+        marks = tuple(tuple(self.pool.phases[i] for i in phase_slots(r.rank)) for r in pending)
+        pids = [r.pid for r in pending]
+        if self.stillness.observe(now, marks, pids) or not self.stillness.still(now):
             return False
         proven = self._probe()
         # The probe's own CPU time (the ranks' record dumps) is no progress of theirs.
-        for r in pending:
-            ticks = cpu_ticks(r.pid)
-            if ticks is not None:
-                self.ticks[r.pid] = ticks
+        self.stillness.rebase(pids)
         if proven is None:
-            self.since, self.quiet = time.monotonic(), self.quiet * 2
+            self.stillness.unproven(time.monotonic())
             return False
         self.verdict = proven
         self.game.note_deadlock(time.monotonic())
