@@ -38,22 +38,22 @@ def own_records(cur: Current) -> str:
     return cur.records
 
 
-def peer_records(rs: RankSession, index: int, ranks: list[int]) -> dict[int, keys.Records]:
-    """Rank 0: the flight records of ``ranks``, which finished test ``index`` while others are
-    stuck in it (each answers while it waits for rank 0's verdict: ``Group.wait``); a rank that
-    does not answer within :data:`RECORDS_WAIT` is left out (unknown)."""
-    if not ranks:
-        return {}
-    out: dict[int, keys.Records] = {}
-    with contextlib.suppress(ChannelError):
-        rs.channel.put(keys.records_request(index), 1)
-        end = time.monotonic() + RECORDS_WAIT
-        for rank in ranks:
-            key = keys.records(index, rank)
-            if rs.channel.wait_any([key], end) is None:
-                continue
-            out[rank] = rs.channel.take(key)
-    return out
+def peer_records(rs: RankSession, cur: Current, ranks: list[int]) -> dict[int, keys.Records]:
+    """Rank 0: the flight records of ``ranks``, which finished test ``cur`` while others are
+    still in it (each answers once, while it waits for rank 0's verdict: ``Group.wait``; kept in
+    ``cur.peer_records``); a rank that does not answer within :data:`RECORDS_WAIT` is left out
+    (unknown)."""
+    wanted = [rank for rank in ranks if rank not in cur.peer_records]
+    if wanted:
+        with contextlib.suppress(ChannelError):
+            rs.channel.put(keys.records_request(cur.index), 1)
+            end = time.monotonic() + RECORDS_WAIT
+            for rank in wanted:
+                key = keys.records(cur.index, rank)
+                if rs.channel.wait_any([key], end) is None:
+                    continue
+                cur.peer_records[rank] = rs.channel.take(key)
+    return {rank: cur.peer_records[rank] for rank in ranks if rank in cur.peer_records}
 
 
 def verdict_story(

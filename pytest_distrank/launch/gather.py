@@ -24,7 +24,7 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -90,12 +90,24 @@ class Current:
     started_ns: int = dataclasses.field(default_factory=time.time_ns)
     #: This rank's flight records once taken (:func:`own_records`), JSON text.
     records: str | None = None
+    #: ``--distrank-deadlocks=end``: end the test early once its records prove a deadlock.
+    end_deadlocks: bool = False
+    #: Rank 0: the records of the ranks that finished while others were still in the test
+    #: (:func:`frrecords.peer_records`: each rank answers once).
+    peer_records: dict[int, keys.Records] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def begin(
-        cls, index: int, item: pytest.Item, world_size: int, timeout: Value[float], grace: float
+        cls,
+        index: int,
+        item: pytest.Item,
+        world_size: int,
+        timeout: Value[float],
+        grace: float,
+        end_deadlocks: bool = False,
     ) -> Current:
-        """The test starts now, with its timeout (and where it came from) and the failure grace."""
+        """The test starts now, with its timeout (and where it came from), the failure grace and
+        whether a proven deadlock ends it early."""
         game = Endgame(
             frozenset(range(world_size)),
             time.monotonic(),
@@ -103,7 +115,7 @@ class Current:
             grace,
             timeout_source=timeout.source,
         )
-        return cls(index, item, game)
+        return cls(index, item, game, end_deadlocks=end_deadlocks)
 
 
 def publish_early(rs: RankSession, cur: Current, report: TestReport) -> None:
@@ -257,15 +269,19 @@ def warnings_of(cur: Current) -> dict[int, list[WarningRecord]]:
 
 
 def gather(
-    rs: RankSession, cur: Current, own: list[TestReport] | None = None
+    rs: RankSession,
+    cur: Current,
+    own: list[TestReport] | None = None,
+    look: Callable[[float], bool] | None = None,
 ) -> tuple[dict[int, list[TestReport]], list[int], bool]:
     """Every rank's reports of the test (rank 0's: ``own``, else what it made).
 
     Without ``own`` the main thread calls it, its part of the test over: rank 0 has finished on
     evidence (its reports are in hand). With ``own`` (the watchdog's, synthesized while the main
-    thread is stuck) rank 0 stays pending. Returns the reports per rank, the ranks that did not
-    finish (reported from their stacks: the run cannot go on with them), and whether every
-    peer's process group survived.
+    thread is stuck) rank 0 stays pending. ``look``: called while peers are waited for, it ends
+    the wait early when the ranks' records prove a deadlock (:meth:`deadwatch.Judge.look`).
+    Returns the reports per rank, the ranks that did not finish (reported from their stacks: the
+    run cannot go on with them), and whether every peer's process group survived.
     """
     channel = rs.channel
     game = cur.game
@@ -291,6 +307,8 @@ def gather(
             delay = 0.0005
             if not missing:
                 break
+        if look is not None:
+            look(time.monotonic())
         if game.expired(time.monotonic()):
             break
         time.sleep(delay)
@@ -353,8 +371,10 @@ def stopped_serving(cur: Current) -> str:
 def left_stuck(cur: Current, ranks: list[int]) -> str:
     """Why the run ends after ``cur`` left ``ranks`` stuck (the remaining tests' skip reason)."""
     names = ", ".join(str(r) for r in ranks)
+    game = cur.game
+    why = game.trigger or ("a proven deadlock" if game.deadlock_at is not None else "timeout")
     return (
-        f"{cur.item.nodeid} left rank(s) {names} stuck ({cur.game.trigger or 'timeout'}); a rank "
+        f"{cur.item.nodeid} left rank(s) {names} stuck ({why}); a rank "
         "stuck in a collective cannot be interrupted, so the launched world stops here"
     )
 
@@ -399,7 +419,7 @@ def _conclude(
     finished = set(range(rs.world_size)) - set(stacks) - {r for r in missing if r not in reported}
     if cur.taken_over:
         finished.discard(0)
-    peers = peer_records(rs, cur.index, sorted(finished - {0})) if stacks else {}
+    peers = peer_records(rs, cur, sorted(finished - {0})) if stacks else {}
     story = verdict_story(cur, stacks, test_file, finished, rs.world_size, peers)
     if story is not None:  # rank 0's own report was written before its peers' records came
         for own in per_rank.get(0, []):

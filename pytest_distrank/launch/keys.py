@@ -29,6 +29,8 @@ key                                writer    meaning
 ``counts/<test>/<rank>``           N main    :class:`Counts`: the rank's collective counts
 ``records/<test>``                 0 main    rank 0 asks the ranks that finished a hung test
 ``records/<test>/<rank>``          N main    :class:`Records`: the rank's flight records
+``still/<test>`` (counter)         N wdog    how many stillness payloads were written
+``still/<test>/<rank>``            N wdog    :class:`Still`: the rank stands still (or moved)
 ``heartbeat`` (counter)            0 wdog    bumped every second while rank 0 lives
 ``exit``                           0         rank 0's exit code (an int)
 ``bye`` (counter)                  all       ranks that reached the end (they leave together)
@@ -118,6 +120,15 @@ def records_request(index: int) -> str:
 
 def records(index: int, rank: int) -> str:
     return f"records/{index}/{rank}"
+
+
+def still_count(index: int) -> str:
+    """Bumped whenever a rank says it stands still in test ``index``, or moves again."""
+    return f"still/{index}"
+
+
+def still(index: int, rank: int) -> str:
+    return f"still/{index}/{rank}"
 
 
 # -- payloads ----------------------------------------------------------------------------------
@@ -214,6 +225,21 @@ class Records(TypedDict):
     records: str
     #: The rank's wall clock (ns) when it began the test: its records after it are the test's.
     since_ns: int
+
+
+class Still(Identity):
+    """A rank's word about itself while test ``index`` runs (:mod:`deadwatch`)."""
+
+    #: It stands still now (False: it moved again since it last said so).
+    still: bool
+    #: Its flight records, JSON text, when it last stood still ("" when the recorder is off).
+    records: str
+    #: Its wall clock (ns) when it began the test: its records after it are the test's.
+    since_ns: int
+    #: The ``torch.distributed`` call its main thread is inside (:func:`stacks.collective_entered`;
+    #: "" when none) and where it is blocked (:func:`stacks.where_blocked`).
+    inside: str
+    where: str
 
 
 class Counts(TypedDict):

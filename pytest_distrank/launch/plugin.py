@@ -59,6 +59,7 @@ from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
 from . import keys
 from .channel import ChannelError
+from .deadwatch import Judge
 from .env import Launch, rerun_command
 from .gather import (
     Current,
@@ -232,7 +233,8 @@ class LaunchPlugin:
         except ValueError:
             timeout = self.settings.timeout
         grace = self.settings.failure_grace.value
-        cur = Current.begin(index, item, self.world_size, timeout, grace)
+        end_deadlocks = self.settings.deadlocks.value == "end"
+        cur = Current.begin(index, item, self.world_size, timeout, grace, end_deadlocks)
         self.current = cur
         self.distributed_tests += 1
         return cur
@@ -292,7 +294,8 @@ class LaunchPlugin:
             park()  # the watchdog reports this test and ends the run; it exits the process
         healthy = fine and group.healthy()
         sequence = sequence_numbers() if healthy else {}
-        per_rank, stuck, peers_healthy = gather(self.rs, cur)
+        look = Judge(self.rs, cur).look if cur.end_deadlocks else None
+        per_rank, stuck, peers_healthy = gather(self.rs, cur, look=look)
         if group.inits != inits:
             group.sequence_base = {}  # a new group: its sequence numbers start from 0
         if healthy and peers_healthy and not stuck:

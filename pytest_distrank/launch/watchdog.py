@@ -5,6 +5,9 @@ a C++ collective, where no Python signal handler runs and nothing can interrupt 
 does not need it:
 
 - rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
+- with ``--distrank-deadlocks=end`` (the default) every rank watches its own progress in the
+  running test and says when it stands still, and rank 0 judges whether the ranks' records prove
+  a deadlock (:mod:`deadwatch`): then the test ends now, as at its deadline;
 - while a distributed test runs, rank 0 watches the other ranks' early failures, last reports
   and ended sessions (``pytest.exit()``). When :class:`endgame.Endgame`'s rule ends the wait
   (the rule :func:`gather.gather` follows once the main thread is out of the test) and
@@ -38,6 +41,7 @@ from ..outcome.endgame import Position, Unfinished, failed_itself, fill_passed, 
 from ..outcome.stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
+from .deadwatch import Judge, SelfWatch
 from .frrecords import own_records
 from .gather import Current, poll_early, poll_finished, warning_records
 from .session import RankSession, open_log
@@ -64,6 +68,9 @@ class Watchdog(threading.Thread):
         self.finish = finish
         self._beat_at = 0.0
         self._complained = False
+        #: The running test's watch for a proven deadlock (:mod:`deadwatch`).
+        self._watch: SelfWatch | None = None
+        self._judge: Judge | None = None
 
     def run(self) -> None:
         stopping = self.rs.stopping
@@ -94,9 +101,14 @@ class Watchdog(threading.Thread):
         if cur is None or cur.done:
             return
         game = cur.game
+        watch = self._watch_of(cur)
+        if watch is not None:
+            watch.tick(now)
         if rs.rank == 0:
             # Rank 0 itself is pending until its main thread is done (then gather decides).
             poll_early(rs, cur)
+            if self._judge is not None and watch is not None:
+                self._judge.look(now, watch.beacon)
             if game.seconds_left(now) == 0.0:
                 poll_finished(rs, cur)  # who is left decides whether FINISH_WAIT applies
                 if game.expired(now):
@@ -109,6 +121,16 @@ class Watchdog(threading.Thread):
             self._send_stack(cur, "its deadline passed" if late else "rank 0 asked")
         if abort or rs.channel.has(keys.EXIT):
             self._leave_stuck(cur)
+
+    def _watch_of(self, cur: Current) -> SelfWatch | None:
+        """This rank's own watch over ``cur`` (and rank 0's judge), made at its first tick; None
+        with ``--distrank-deadlocks=wait``."""
+        if not cur.end_deadlocks:
+            return None
+        if self._watch is None or self._watch.cur is not cur:
+            self._watch = SelfWatch(self.rs, cur)
+            self._judge = Judge(self.rs, cur) if self.rs.rank == 0 else None
+        return self._watch
 
     # -- ranks other than 0 --------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ import pytest
 from pytest_distrank.settings import OPTIONS, TEST_WAITS_ENV
 
 from ..helpers import TAG_ENV, RunPytest, wait_gone
+from .test_deadlocks import LEGAL_SIZES
 
 #: Bound on one launched world (each rank imports torch: ~2-4 s per process on 2 cores).
 RUN_TIMEOUT = 180
@@ -276,18 +277,66 @@ def test_never_reached(rank):
 """
 )
 
-#: Rank 2 leaves the test before the second all_reduce; ranks 0 and 1 wait in it to the deadline
-#: (rank 0's watchdog reports rank 0; rank 1 sends its stack; rank 2 its flight records).
+#: Issue 28: what must never end early (a rank that joins late, a legal uneven all_to_all_single,
+#: object collectives and point-to-point ops of different sizes), each with a rank standing still
+#: beyond the quiet time (1 s here); and issue 31's assertions across ranks in launcher mode.
+LEGAL = (
+    HEADER
+    + """from pytest_distrank import assert_equal_across_ranks
+
+@pytest.mark.world_size(3)
+def test_late_joiner_passes(rank, pg):
+    if rank == 2:
+        time.sleep(1.5)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 3
+
+@pytest.mark.world_size(3)
+def test_equal_across_ranks(rank, pg):
+    assert_equal_across_ranks(torch.arange(4.0))
+
+@pytest.mark.world_size(3)
+def test_rank_one_differs(rank, pg):
+    t = torch.arange(4.0)
+    if rank == 1:
+        t[2] = 7.0
+    assert_equal_across_ranks(t, name="weights")
+
+"""
+    + LEGAL_SIZES
+)
+
+#: Rank 2 leaves the test before the second all_reduce; ranks 0 and 1 wait in it. Issue 28: the
+#: ranks' records prove it, and the test ends within seconds of its 60 s deadline (rank 0's
+#: watchdog reports rank 0; rank 1 sends its stack; rank 2 its flight records).
 LEAVES = (
     HEADER
     + """
 @pytest.mark.world_size(3)
-@pytest.mark.timeout(3)
+@pytest.mark.timeout(60)
 def test_rank_two_leaves(rank, pg):
     t = torch.ones(2)
     dist.all_reduce(t, group=pg)
     if rank != 2:
         dist.all_reduce(t, group=pg)
+"""
+)
+
+#: Rank 0 finishes the test without entering the all_reduce on the pair group that rank 1 waits
+#: in. Issue 28: rank 0, in its main thread now (gathering), ends the test early.
+GROUP_LEFT = (
+    HEADER
+    + """
+@pytest.fixture(scope="module")
+def pair():
+    return dist.new_group([0, 1])  # outlives the test: rank 0 leaves it open
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(60)
+def test_group_left(rank, pg, pair):
+    if rank == 1:
+        dist.all_reduce(torch.ones(2), group=pair)
 """
 )
 
@@ -492,9 +541,16 @@ def _two_nodes_world(env: dict[str, str], folder: Path) -> Run:
 
 
 def _leaves_world(env: dict[str, str], folder: Path) -> Run:
-    """torchrun, 3 ranks: rank 2 leaves a collective its peers wait in, which ends the run."""
-    write(folder, {"test_z_leaves.py": LEAVES})
+    """torchrun, 3 ranks: what must not end early, then rank 2 leaves a collective its peers
+    wait in, which ends the run early."""
+    write(folder, {"test_a_legal.py": LEGAL, "test_z_leaves.py": LEAVES})
     return torchrun(env, folder, 3, "--junitxml=junit.xml")
+
+
+def _group_left_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun, 2 ranks: rank 0 leaves a group's collective that rank 1 waits in."""
+    write(folder, {"test_z_group_left.py": GROUP_LEFT})
+    return torchrun(env, folder, 2, "--junitxml=junit.xml")
 
 
 def _slurm_world(env: dict[str, str], folder: Path) -> Run:
@@ -552,6 +608,7 @@ WORLDS: dict[str, Callable[[dict[str, str], Path], Run]] = {
     "torchrun": _torchrun_world,
     "four": _four_world,
     "leaves": _leaves_world,
+    "group-left": _group_left_world,
     "two-nodes": _two_nodes_world,
     "slurm": _slurm_world,
     "mpi": _mpi_world,
@@ -962,14 +1019,85 @@ def test_torchrun_verdict_compares_the_records_of_the_ranks_that_finished(
             "the default group (ranks 0, 1 wait in it)",
             "collectives: ranks 0, 1 wait in all_reduce #2 on the default group; rank 2 never "
             "entered it: it left the test (after all_reduce #1)",
-            "  rank 0/3  waited in all_reduce #2 on the default group for rank 2; timed out in "
-            "call after 3 s",
-            "  rank 1/3  waited in all_reduce #2 on the default group for rank 2; timed out in "
-            "call after 3 s",
+            "  rank 0/3  waited in all_reduce #2 on the default group for rank 2; ended in call "
+            "after *.* s: a deadlock (deadline was 60 s)",
+            "  rank 1/3  waited in all_reduce #2 on the default group for rank 2; ended in call "
+            "after *.* s: a deadlock (deadline was 60 s)",
             "  rank 2/3  passed  <- root cause",
         ],
     )
     run.match(0, ["FAILED test_z_leaves.py::test_rank_two_leaves - [[]rank 2/3[]] never entered *"])
+
+
+def test_torchrun_a_proven_deadlock_ends_early_and_slow_ranks_do_not(
+    world: Callable[[str], Run],
+) -> None:
+    """Issue 28 in launcher mode: each rank's watchdog says when its rank stands still, and rank
+    0 ends the test once their records prove it can never finish: within seconds of a 60 s
+    deadline. Ranks that stand still beyond the quiet time (1 s) only because a peer is late, a
+    legal uneven all_to_all_single, object collectives and p2p of different sizes pass."""
+    run = world("leaves")
+    assert run.outcomes("test_a_legal", "junit.xml") == {
+        "test_late_joiner_passes": "passed",
+        "test_uneven_all_to_all_passes": "passed",
+        "test_object_collectives_and_p2p_of_different_sizes_pass": "passed",
+        "test_equal_across_ranks": "passed",
+        "test_rank_one_differs": "failure",
+    }
+    cases = ET.parse(run.folder / "junit.xml").getroot().iter("testcase")
+    (leaves,) = [c for c in cases if c.get("name") == "test_rank_two_leaves"]
+    assert float(leaves.get("time", "inf")) < 30, leaves.get("time")  # its deadline: 60 s
+    run.match(
+        0,
+        [
+            "*rank 0/3: Deadlock: still in call after *.* s, which can never finish: ended early "
+            "(deadline was 60 s, timeout from @pytest.mark.timeout(60))",
+            "*left rank(s) 0, 1 stuck (a proven deadlock); a rank stuck in a collective cannot be "
+            "interrupted, so the launched world stops here",
+        ],
+    )
+
+
+def test_torchrun_a_rank_left_in_a_group_its_peer_left_ends_early(
+    world: Callable[[str], Run],
+) -> None:
+    """Issue 28 in launcher mode, rank 0 finished: its main thread judges while it gathers."""
+    run = world("group-left")
+    run.match(
+        0,
+        [
+            "distrank: 1 of 2 ranks failed; root cause: rank 0/2 never entered all_reduce #1 on "
+            "the group of ranks 0, 1 (rank 1 waits in it)",
+            "*rank 0/2  passed  <- root cause",
+            "*rank 1/2: Deadlock: still in call after *.* s, which can never finish: ended early "
+            "(deadline was 60 s, timeout from @pytest.mark.timeout(60))",
+        ],
+    )
+    cases = ET.parse(run.folder / "junit.xml").getroot().iter("testcase")
+    (case,) = [c for c in cases if c.get("name") == "test_group_left"]
+    assert float(case.get("time", "inf")) < 30, case.get("time")  # its deadline: 60 s
+    (failure,) = case.iter("failure")
+    assert failure.get("message", "").startswith("[rank 0/2] never entered all_reduce #1"), failure
+
+
+def test_torchrun_assertions_across_ranks_show_every_ranks_table(
+    world: Callable[[str], Run],
+) -> None:
+    """Issue 31 in launcher mode: an assertion across ranks gives every rank the same verdict
+    (no rank is left waiting) with the per-rank table; rank 0 shows it once."""
+    run = world("leaves")
+    run.match(
+        0,
+        [
+            "distrank: all 3 ranks failed the same way (AssertionError at test_a_legal.py:*); "
+            "shown: rank 0/3",
+            "E       weights differs on rank 1 at (2,): 7 there, 2 on rank 0",
+            "E       1     (4,) float32  5            2.5          1/4        (2,)      7      2 "
+            "               differs",
+            "*traceback of rank 1/3*",
+            "the same as rank 0/3",
+        ],
+    )
 
 
 def test_launched_report_log_is_rank_0s_alone(world: Callable[[str], Run]) -> None:
