@@ -306,6 +306,15 @@ def world_size_marker(item: pytest.Item) -> pytest.Mark | None:
     return item.get_closest_marker("world_size")
 
 
+def _check_mesh_shape(item: pytest.Item) -> None:
+    """The ``mesh`` fixture needs a shape from ``@pytest.mark.mesh``: an error before any rank
+    starts, not in every rank."""
+    from .rank.meshes import missing_message, shape_of
+
+    if shape_of(item) is None and item.get_closest_marker("mesh") is None:
+        raise MarkerError(missing_message(item.name))
+
+
 def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistSpec | None:
     """The distributed spec of an item, or None for an ordinary test.
 
@@ -314,6 +323,8 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
     error = item.stash.get(SPEC_ERROR, None)
     if error is not None:
         raise MarkerError(error)
+    if "mesh" in getattr(item, "fixturenames", ()):
+        _check_mesh_shape(item)
     marker = world_size_marker(item)
     if applies(item, marker):
         return _variant_spec(item, marker, default_size, default_backend)

@@ -11,9 +11,12 @@ world does not fit is a unit test (tests/unit/test_meshes.py): a launched world 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+
+from pytest_distrank.pool.controller import STATS_ENV
 
 from ..helpers import RunPytest, SharedSession, failure_section
 
@@ -160,8 +163,11 @@ def test_bad_input_errors_that_test_alone_naming_what_is_wrong(
 
 
 def test_the_mesh_fixture_without_a_shape_names_the_marker(
-    pytester: pytest.Pytester, run_pytest: RunPytest
+    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """An error before any rank starts (the controller's plan), not in every rank."""
+    stats = pytester.path / "stats.json"
+    monkeypatch.setenv(STATS_ENV, str(stats))
     pytester.makepyfile(
         test_no_shape="""
 import pytest
@@ -179,3 +185,4 @@ def test_no_shape(mesh):
             "@pytest.mark.mesh(dp=2, tp=2)*"
         ]
     )
+    assert json.loads(stats.read_text())["pools"] == []
