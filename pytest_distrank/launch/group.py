@@ -155,7 +155,27 @@ class GroupKeeper:
             channel.put(keys.counts(index, self.rs.rank), answer)
             self.last_index = -1
 
-    # -- rank 0: are the groups in step after a test? -----------------------------------------
+    # -- rank 0: the verdict on a test, and are the groups in step after it? -------------------
+
+    def publish_verdict(self, index: int, ended: str | None, session: pytest.Session) -> None:
+        """Rank 0: go on, stop (``-x``, ``--maxfail``) or abort (``ended``: a rank was left stuck
+        or stopped serving) after test ``index``, with the group generation the next test runs
+        in; the other ranks wait for it (:meth:`wait`)."""
+        verdict: keys.Verdict
+        if ended is not None:
+            verdict = {"action": "abort", "reason": ended, "gen": self.gen}
+        elif session.shouldfail or session.shouldstop:
+            reason = str(session.shouldfail or session.shouldstop)
+            verdict = {"action": "stop", "reason": reason, "gen": self.gen}
+        else:
+            verdict = {"action": "continue", "reason": "", "gen": self.gen}
+        channel = self.rs.channel
+        try:
+            if verdict["action"] != "continue" and not channel.has(keys.STOPPED):
+                channel.put(keys.STOPPED, verdict)
+            channel.put(keys.verdict(index), verdict)
+        except ChannelError as exc:
+            self.rs.lost(exc)
 
     def check_collectives(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> bool:
         """Rank 0, after a test that every rank finished with its group intact: did the members of

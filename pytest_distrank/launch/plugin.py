@@ -405,23 +405,7 @@ class LaunchPlugin:
         self.rs.leave_if_fork(self.index, nodeid)  # a fork of a test run by rank 0 alone
         if self.rank != 0 or self.session is None:
             return
-        session = self.session
-        gen = self.group.gen
-        verdict: keys.Verdict
-        if self.ended is not None:
-            verdict = {"action": "abort", "reason": self.ended, "gen": gen}
-        elif session.shouldfail or session.shouldstop:
-            reason = str(session.shouldfail or session.shouldstop)
-            verdict = {"action": "stop", "reason": reason, "gen": gen}
-        else:
-            verdict = {"action": "continue", "reason": "", "gen": gen}
-        channel = self.rs.channel
-        try:
-            if verdict["action"] != "continue" and not channel.has(keys.STOPPED):
-                channel.put(keys.STOPPED, verdict)
-            channel.put(keys.verdict(self.index), verdict)
-        except ChannelError as exc:
-            self.rs.lost(exc)
+        self.group.publish_verdict(self.index, self.ended, self.session)
 
     @pytest.hookimpl
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
