@@ -72,6 +72,15 @@ def test_{name}(rank, pg):
     return barrier + healthy(name, marker=marker)
 
 
+def check_huge_deadline(shared: Shared, test: str, source: str) -> None:
+    """The case ``test`` of :func:`huge_deadline_case` and its healthy test passed; a deadline
+    of the session's (not a marker's) is named in the header with ``source``."""
+    assert shared.outcomes(test, f"{test}_then_healthy") == ["passed", "passed"]
+    assert "INTERNALERROR" not in shared.text + shared.result.stderr.str()
+    if not source.startswith("@"):  # the session's deadline, in the header: this source's
+        shared.result.stdout.fnmatch_lines([f"distrank: *timeout * ({source})*"])
+
+
 @dataclasses.dataclass
 class Shared:
     """One inner session that several tests check: its result, and each test's part of it."""
@@ -696,6 +705,12 @@ def test_collection_mismatch_names_the_rank_and_test(faults: Shared) -> None:
 @pytest.fixture
 def exitfirst(shared_session: SharedSession) -> Shared:
     return EXITFIRST.run(shared_session)
+
+
+def test_huge_deadline_from_the_environment_means_no_deadline(exitfirst: Shared) -> None:
+    """DISTRANK_TIMEOUT=inf (moved from tests/e2e/test_honest.py's huge-deadline cases: this
+    file runs the ``EXITFIRST`` session anyway, so no other file starts it again)."""
+    check_huge_deadline(exitfirst, "test_huge_env", "DISTRANK_TIMEOUT=inf (environment)")
 
 
 def test_exitfirst_stops_dispatching(exitfirst: Shared) -> None:
