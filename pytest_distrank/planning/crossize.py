@@ -51,8 +51,11 @@ class Producer:
 
     @property
     def key(self) -> str:
-        """Its identity across processes (controller, ranks, xdist workers): where it is defined."""
-        return f"{self.func.__module__}.{self.func.__qualname__}"
+        """Its identity across processes (controller, ranks, xdist workers): where it is defined
+        (the file too: two folders' ``conftest.py`` may both import as ``conftest``)."""
+        code = getattr(self.func, "__code__", None)
+        where = code.co_filename if code is not None else self.func.__module__
+        return f"{where}:{self.func.__module__}.{self.func.__qualname__}"
 
     @property
     def folder_name(self) -> str:

@@ -41,7 +41,7 @@ def test_the_decorator_registers_a_session_fixture_of_the_functions_name() -> No
     function = made._get_wrapped_function()
     found = getattr(function, PRODUCER_ATTR)
     assert (found.name, found.func, found.world_size) == ("produce", produce, 4)
-    assert found.key == f"{__name__}.produce"
+    assert found.key == f"{__file__}:{__name__}.produce"
     assert found.folder_name.startswith("produce-") and len(found.folder_name) == 16
 
 
@@ -241,3 +241,14 @@ def test_a_bad_producer_fails_once_without_running_and_a_cycle_is_named(tmp_path
     assert cs.ensure(looping, item).text == (
         "fixture 'produce' (world size 2) requests itself: produce -> produce."
     )
+
+
+def test_two_conftests_producers_of_one_name_get_two_folders() -> None:
+    """Two folders' conftest.py files both import as ``conftest``: the file tells them apart."""
+    made = []
+    for path in ("a/conftest.py", "b/conftest.py"):
+        space: dict[str, Any] = {"__name__": "conftest"}
+        exec(compile("def data(fixture_path):\n    pass\n", path, "exec"), space)
+        made.append(Producer("data", space["data"], 2))
+    assert made[0].key != made[1].key
+    assert made[0].folder_name != made[1].folder_name
