@@ -1,26 +1,26 @@
 """End-to-end: distributed tests that pass, their ids, fixtures and pools.
 
 Scenarios share inner sessions (a session start costs seconds): ``basics`` runs most of them,
-each in its own file, with the plugin loaded by ``-p distrank`` while autoloading is off;
-``isolate`` runs the two that need ``--distrank-isolate``, ``spawn`` the one that needs
-``--distrank-start-method=spawn``. Each test below checks its own scenario's lines. Sessions
-that start no rank (ordinary tests, ``--markers``, a bad option) run in-process.
+each in its own file, with the plugin loaded by ``-p distrank`` while autoloading is off, and
+beside it a second session on the same machine (``BESIDE``, two sessions at once);
+``isolate`` runs the two that need ``--distrank-isolate``; the one that needs
+``--distrank-start-method=spawn`` is a case of tests/e2e/test_ecosystem.py's spawn session. Each
+test below checks its own scenario's lines. Sessions that start no rank (ordinary tests,
+``--markers``, a bad option) run in-process.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..helpers import RUN_TIMEOUT, TAG_ENV, RunPytest, SharedSession, wait_gone
+from ..helpers import RUN_TIMEOUT, RunPytest, SharedSession
 
 #: The folder each shared session ran in, by name (its files record what the ranks saw).
 _FOLDERS: dict[str, Path] = {}
@@ -248,16 +248,65 @@ BASICS = {
 }
 
 
+#: The second of two sessions on one machine (test_two_sessions_at_once_do_not_collide): it runs
+#: beside ``basics``, started just before it, in a folder of its own (its file is no ``test_*.py``
+#: of the folder ``basics`` collects). Its output and exit code, once it ran.
+BESIDE = """
+    import os, pytest, torch, torch.distributed as dist
+
+    @pytest.mark.world_size(2)
+    @pytest.mark.parametrize("i", range(10))
+    def test_sum(rank, pg, dist_store, i):
+        dist_store.set(f"k{rank}", str(os.getpid()))
+        dist.barrier()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        assert t.item() == 2
+    """
+_BESIDE: dict[str, tuple[int, str]] = {}
+
+
 @pytest.fixture
 def basics(shared_session: SharedSession) -> pytest.RunResult:
-    return shared_session(
-        "basics",
-        _writer("basics", BASICS),
-        "-v",
-        "--distrank-world-size=3",
-        "--distrank-preload=heavy,json",
-        env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
-    )
+    """The ``basics`` session, and beside it the session of :data:`BESIDE` (started by the
+    first test that runs ``basics``, with its environment: the process tag of ``run_pytest``,
+    whose leak check after that test covers both sessions)."""
+    beside: list[subprocess.Popen[str]] = []
+
+    def write(folder: Path) -> None:
+        _writer("basics", BASICS)(folder)
+        (folder / "beside").mkdir()
+        (folder / "beside" / "beside_check.py").write_text(textwrap.dedent(BESIDE))
+        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+        cmd = [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider"]
+        beside.append(
+            subprocess.Popen(
+                [*cmd, f"--basetemp={folder / 'beside' / 'base'}", "beside_check.py"],
+                cwd=folder / "beside",
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+
+    try:
+        return shared_session(
+            "basics",
+            write,
+            "-v",
+            "--distrank-world-size=3",
+            "--distrank-preload=heavy,json",
+            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        )
+    finally:
+        for proc in beside:  # the first run: the session beside it ends before the leak check
+            try:
+                output = proc.communicate(timeout=RUN_TIMEOUT)[0]
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                output = proc.communicate()[0] + f"\n(ran past {RUN_TIMEOUT} s: killed)"
+            _BESIDE["basics"] = (proc.returncode, output)
 
 
 def test_basics_session_outcomes(basics: pytest.RunResult) -> None:
@@ -451,82 +500,14 @@ def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult
     isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
 
 
-# -- --distrank-start-method=spawn --------------------------------------------------------------
-
-
-@pytest.fixture
-def spawn(shared_session: SharedSession) -> pytest.RunResult:
-    files = {
-        "test_spawn.py": """
-            import pytest, torch, torch.distributed as dist
-
-            @pytest.mark.world_size(2)
-            def test_sum(rank):
-                t = torch.ones(1)
-                dist.all_reduce(t)
-                assert t.item() == 2
-            """
-    }
-    return shared_session("spawn", _writer("spawn", files), "--distrank-start-method=spawn", "-v")
-
-
-def test_spawn_start_method(spawn: pytest.RunResult) -> None:
-    spawn.assert_outcomes(passed=1)
-    spawn.stdout.fnmatch_lines(
-        [
-            "distrank: *start method spawn*",
-            "*::test_sum PASSED*",
-            "1 distributed test; pools started: 1 at world size 2",
-        ]
-    )
-
-
 # -- two sessions on one machine ----------------------------------------------------------------
 
 
-def test_two_sessions_at_once_do_not_collide(
-    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rendezvous never guesses a port: two sessions on one machine run side by side. Both are
-    tagged for the process-leak check, as run_pytest's are."""
-    tag = uuid.uuid4().hex
-    monkeypatch.setenv(TAG_ENV, tag)
-    pytester.makepyfile(
-        """
-        import os, pytest, torch, torch.distributed as dist
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(10))
-        def test_sum(rank, pg, dist_store, i):
-            dist_store.set(f"k{rank}", str(os.getpid()))
-            dist.barrier()
-            t = torch.ones(1)
-            dist.all_reduce(t)
-            assert t.item() == 2
-        """
-    )
-    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-    cmd = [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider"]
-    procs = [
-        subprocess.Popen(
-            [*cmd, f"--basetemp={pytester.path / f'base{n}'}"],
-            cwd=pytester.path,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for n in range(2)
-    ]
-    try:
-        outputs = [p.communicate(timeout=RUN_TIMEOUT)[0] for p in procs]
-    finally:
-        for proc in procs:
-            proc.kill()
-        leftover = wait_gone(tag, 15)
-        for pid in leftover:
-            os.kill(pid, signal.SIGKILL)
-    for proc, output in zip(procs, outputs, strict=True):
-        assert proc.returncode == 0, output
-        assert "10 passed" in output
-    assert not leftover, f"processes outlived their pytest session: {leftover}"
+def test_two_sessions_at_once_do_not_collide(basics: pytest.RunResult) -> None:
+    """Rendezvous never guesses a port: two sessions on one machine run side by side, ``basics``
+    and the one started just before it (:data:`BESIDE`); both pass."""
+    assert "basics" in _BESIDE, "the session beside basics did not run"
+    returncode, output = _BESIDE["basics"]
+    assert returncode == 0, output
+    assert "10 passed" in output, output
+    assert basics.ret == 0, basics.stdout.str()

@@ -4,9 +4,10 @@ Scenarios share inner sessions where their options allow: ``ecosystem`` (plugin 
 ranks, coverage with the default fork server, tests run in another order than collection's,
 skips decided per rank), ``ecosystem-xdist`` (the same under ``-n 2``, coverage, a breakpoint
 in an xdist worker) and ``rerun-fail-on-flaky`` (pytest-rerunfailures with ``--fail-on-flaky``;
-coverage with ``--distrank-start-method=spawn``). Other rerun options would change the others'
-outcomes, so those sessions are their own; ``-k`` and ``-m`` selections are checked with
-``--co`` in-process (no rank starts), and ``--lf`` reruns in the folder ``ecosystem`` ran in.
+``--distrank-start-method=spawn``: coverage, and the start method's own case). Other rerun
+options would change the others' outcomes, so those sessions are their own; ``--co``, ``-k``
+and ``-m`` selections are checked in-process (no rank starts), and ``--lf`` reruns in the folder
+``ecosystem`` ran in.
 """
 
 from __future__ import annotations
@@ -224,9 +225,13 @@ def test_breakpoint_under_xdist_says_why(ecosystem_xdist: pytest.RunResult) -> N
     )
 
 
-def test_collect_only_starts_no_process(pytester: pytest.Pytester, run_pytest: RunPytest) -> None:
+def test_collect_only_starts_no_process(
+    pytester: pytest.Pytester, run_inprocess: RunPytest
+) -> None:
+    """In-process (``run_inprocess``), its basetemp in the test's folder: a pool would be named
+    in the summary and leave its ranks' logs there."""
     pytester.makepyfile(test_mixed=MIXED)
-    result = run_pytest("--co", "-q")
+    result = run_inprocess("--co", "-q", f"--basetemp={pytester.path / 'basetemp'}")
     result.stdout.fnmatch_lines(["test_mixed.py::test_sum[[]ws2-0[]]", "*8 tests collected*"])
     result.stdout.no_fnmatch_line("*pools started*")
     assert not list(pytester.path.rglob("pool*-rank*.log"))
@@ -453,13 +458,27 @@ def test_rerun_filters_paths_and_the_suite_cap_decide_as_for_ordinary_tests(
     assert result.parseoutcomes() == {"failed": 11, "passed": 2, "rerun": 2}
 
 
+#: An all_reduce in ranks that spawn started (test_spawn_start_method).
+SPAWN = """
+import pytest, torch, torch.distributed as dist
+
+@pytest.mark.world_size(2)
+def test_sum(rank):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == 2
+"""
+
+
 @pytest.fixture
 def rerun_fail_on_flaky(shared_session: SharedSession) -> pytest.RunResult:
     """pytest-rerunfailures with ``--fail-on-flaky`` (no test may fail outright here: the exit
-    status would be 1, not 7), and coverage with rank processes started by spawn."""
+    status would be 1, not 7), and coverage and an all_reduce with rank processes started by
+    spawn."""
 
     def write(folder: Path) -> None:
-        _writer("rerun-fail-on-flaky", {"test_flaky.py": RERUN_FLAKY, **COVERED})(folder)
+        files = {"test_flaky.py": RERUN_FLAKY, "test_spawn.py": SPAWN, **COVERED}
+        _writer("rerun-fail-on-flaky", files)(folder)
         (folder / "state").mkdir()
 
     args = ("-p", "rerunfailures", "--reruns=2", "--fail-on-flaky", "-v", "-rA")
@@ -470,6 +489,18 @@ def rerun_fail_on_flaky(shared_session: SharedSession) -> pytest.RunResult:
         "--distrank-start-method=spawn",
         *COVERAGE,
         env={"RERUN_STATE": "{folder}/state"},
+    )
+
+
+def test_spawn_start_method(rerun_fail_on_flaky: pytest.RunResult) -> None:
+    """Moved from tests/e2e/test_basics.py (a session of its own there): the spawn session's
+    ``test_spawn.py``; every distributed test of the session ran on its one pool."""
+    rerun_fail_on_flaky.stdout.fnmatch_lines(
+        [
+            "distrank: *start method spawn*",
+            "test_spawn.py::test_sum PASSED*",
+            "5 distributed tests; pools started: 1 at world size 2",
+        ]
     )
 
 
