@@ -307,10 +307,13 @@ def world_size_marker(item: pytest.Item) -> pytest.Mark | None:
 
 
 def _check_mesh_shape(item: pytest.Item) -> None:
-    """The ``mesh`` fixture needs a shape from ``@pytest.mark.mesh``: an error before any rank
-    starts, not in every rank."""
+    """The plugin's ``mesh`` fixture (not one of the test's own of that name) needs a shape from
+    ``@pytest.mark.mesh``: an error before any rank starts, not in every rank."""
+    from .fixtures import rank_fixtures_used
     from .rank.meshes import missing_message, shape_of
 
+    if "mesh" not in getattr(item, "fixturenames", ()) or "mesh" not in rank_fixtures_used(item):
+        return
     if shape_of(item) is None and item.get_closest_marker("mesh") is None:
         raise MarkerError(missing_message(item.name))
 
@@ -323,8 +326,7 @@ def spec_of(item: pytest.Item, default_size: int, default_backend: str) -> DistS
     error = item.stash.get(SPEC_ERROR, None)
     if error is not None:
         raise MarkerError(error)
-    if "mesh" in getattr(item, "fixturenames", ()):
-        _check_mesh_shape(item)
+    _check_mesh_shape(item)
     marker = world_size_marker(item)
     if applies(item, marker):
         return _variant_spec(item, marker, default_size, default_backend)
