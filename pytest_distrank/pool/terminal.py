@@ -33,7 +33,9 @@ def header_line(controller: Controller, version: str) -> str:
 def summary_lines(controller: Controller) -> list[str]:
     stats = controller.stats
     if not stats.tests:
-        return []
+        # Only ordinary tests, but something still ran in ranks (a fixture at another world
+        # size that an ordinary test requested) or went wrong there: say so.
+        return list(controller.pools.notes)
     sizes = ", ".join(
         f"{count} at world size {size}" + (f" simulated ({mode})" if mode else "")
         for (size, mode), count in sorted(stats.pools_started.items(), key=lambda kv: kv[0][::-1])

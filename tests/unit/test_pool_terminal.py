@@ -71,6 +71,12 @@ def test_no_distributed_test_no_summary() -> None:
     assert summary_lines(controller()) == []
 
 
+def test_only_ordinary_tests_still_show_what_ran_in_ranks() -> None:
+    """An ordinary test that requested a fixture at another world size: its line stays."""
+    note = "fixture 'ckpt' (world size 4) passed (ran in 2.31 s, before test_x.py::test_a)"
+    assert summary_lines(controller(notes=(note,))) == [note]
+
+
 def test_one_test_in_one_pool() -> None:
     stats = Stats(tests=1, pools_started={(2, ""): 1})
     stats.pools.append(PoolStart(2, 0.5, 0.1, 0.4, after_fault=False))
