@@ -9,8 +9,11 @@ The processes of pool mode and the modules that run in each:
   imports), ``pool`` (one pool: start, run one test, stop), ``poolkey`` (what makes pools
   incompatible), ``attempt`` (one test on one pool: its evidence and its end), ``probes`` (a
   rank's stacks and flight records, asked by signal), ``ownreports`` (reports it builds itself),
-  ``simreport`` (a simulated test's reports), ``reruns`` (pytest-rerunfailures, all ranks as
-  one), ``cmdline`` (a rank's pytest command line and coverage settings), ``gpus``,
+  ``simreport`` (a simulated test's reports), ``plan`` (what each test needs before anything
+  runs), ``crossize`` (fixtures at another world size), ``deadlock`` (a proven deadlock ends
+  early), ``interrupts`` (signals, ``--session-timeout``), ``exits`` (expected deaths, injected
+  faults), ``replay`` and ``repro`` (order-dependent failures; the rerun command), ``reruns``
+  (pytest-rerunfailures, all ranks as one), ``cmdline`` (a rank's pytest command line and coverage settings), ``gpus``,
   ``lockfolder`` and ``gpumemory`` (GPU leases), ``debugrelay`` (the terminal lent to a rank's
   debugger) and ``terminal`` (header and summary lines).
 - **The fork server and the ranks** it forks: the package :mod:`~pytest_distrank.pool.worker`

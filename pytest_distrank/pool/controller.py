@@ -26,15 +26,15 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
-from ..markers import ISOLATE_INI, DistSpec, MarkerError, spec_of, wants_fresh_ranks
+from ..markers import DistSpec, spec_of
 from ..outcome.expectations import item_expectations
 from ..outcome.merge import annotate, merge_test
 from ..outcome.records import RunTest
 from ..outcome.warnings import forward_warnings
-from ..planning.capabilities import check_ordinary_test, gpu_plan, too_many_ranks
+from ..planning.capabilities import check_ordinary_test
 from ..planning.gpuplan import GpuPolicy
 from ..planning.order import WORKERINPUT_KEY, order_seed, reorder, session_seed
-from ..settings import Settings, Value, item_timeout
+from ..settings import Settings, Value
 from . import reruns, simreport
 from .attempt import TestRun
 from .crossize import CrossSize
@@ -49,6 +49,7 @@ from .ownreports import (
     skip_reports,
     teardown_controller_side,
 )
+from .plan import Planned, make_plan
 from .pool import Pool, PoolStartError, PoolUnfit
 from .poolkey import PoolKey
 from .poolset import START_TIMEOUT, PoolSet, SessionStartError
@@ -59,21 +60,6 @@ from .suites import fresh_notes
 
 #: A path: the controller writes its numbers there as JSON at the end of the session.
 STATS_ENV = "DISTRANK_STATS_FILE"
-
-
-@dataclasses.dataclass
-class Planned:
-    """What the controller decided about one distributed test before running anything."""
-
-    spec: DistSpec | None
-    key: PoolKey | None = None
-    next_nodeid: str | None = None
-    error: str | None = None
-    skip: str | None = None
-    #: The test's deadline and where it came from (see settings.item_timeout).
-    timeout: Value[float] | None = None
-    #: A skip or skipif marker skips it: pytest's skipping plugin does, here, without a pool.
-    by_mark: bool = False
 
 
 def _keyword_safe(name: str) -> str:
@@ -146,50 +132,11 @@ class Controller:
         return spec_of(item, self.settings.world_size.value, self.settings.backend.value)
 
     def _get_plan(self, session: pytest.Session) -> dict[str, Planned]:
-        if self.plan is not None:
-            return self.plan
-        plan: dict[str, Planned] = {}
-        last: dict[PoolKey, Planned] = {}
-        fresh = list(self.config.getini(ISOLATE_INI))
-        for item in session.items:
-            try:
-                spec = self._spec(item)
-                if spec is not None:
-                    timeout = item_timeout(item, self.settings.timeout)
-                    item_expectations(item, spec.world_size)  # a bad marker errors here
-            except (MarkerError, ValueError) as exc:
-                plan[item.nodeid] = Planned(None, error=f"{item.nodeid}: {exc}")
-                continue
-            if spec is None:
-                continue
-            if _compat.skip_mark_reason(item) is not None:  # pytest skips it: no pool for it
-                plan[item.nodeid] = Planned(spec, by_mark=True)
-                continue
-            gpus = too_many_ranks(spec.world_size) or gpu_plan(spec, self.gpu_policy)
-            entry = Planned(spec, skip=gpus if isinstance(gpus, str) else None, timeout=timeout)
-            plan[item.nodeid] = entry
-            if isinstance(gpus, str):
-                continue
-            entry.key = PoolKey(
-                spec.world_size,
-                gpus.backend,
-                spec.init_process_group,
-                gpus=gpus.gpus,
-                simulated=spec.simulated,
-                gpu_share=gpus.shared,
-                gpu_memory=spec.gpu_memory if gpus.gpus else 0,
-            )
-            if wants_fresh_ranks(item, fresh):  # a key of its own: a pool for this test alone
-                entry.key = dataclasses.replace(entry.key, isolated=-len(plan))
-            previous = last.get(entry.key)
-            if previous is not None:
-                previous.next_nodeid = item.nodeid
-            last[entry.key] = entry
-            self.pool_nodeids.setdefault(entry.key, []).append(item.nodeid)
-            self.pool_files.setdefault(entry.key, set()).add(str(item.path))
-        self.plan = plan
-        self.pools.notes.extend(fresh_notes(session.items))
-        return plan
+        if self.plan is None:
+            made = make_plan(session.items, self._spec, self.settings.timeout, self.gpu_policy)
+            self.plan, self.pool_nodeids, self.pool_files = made.plan, made.nodeids, made.files
+            self.pools.notes.extend(fresh_notes(session.items))
+        return self.plan
 
     def _start_fork_server_early(self) -> None:
         """Start the fork server now: its import of torch (~1.5 s of CPU) then runs beside the
