@@ -13,9 +13,9 @@ The processes of pool mode and the modules that run in each:
   runs), ``crossize`` (fixtures at another world size), ``deadlock`` (a proven deadlock ends
   early), ``interrupts`` (signals, ``--session-timeout``), ``exits`` (expected deaths, injected
   faults), ``replay`` and ``repro`` (order-dependent failures; the rerun command), ``reruns``
-  (pytest-rerunfailures, all ranks as one), ``cmdline`` (a rank's pytest command line and coverage settings), ``gpus``,
-  ``lockfolder`` and ``gpumemory`` (GPU leases), ``debugrelay`` (the terminal lent to a rank's
-  debugger) and ``terminal`` (header and summary lines).
+  (pytest-rerunfailures, all ranks as one), ``cmdline`` (a rank's pytest command line and
+  coverage settings), ``gpus``, ``lockfolder`` and ``gpumemory`` (GPU leases), ``debugrelay``
+  (the terminal lent to a rank's debugger) and ``terminal`` (header and summary lines).
 - **The fork server and the ranks** it forks: the package :mod:`~pytest_distrank.pool.worker`
   (the rank's pytest session and serve loop, its process, group, logs, GPU, debugger, harness
   classes, simulated worlds; the fork server's heap freeze).

@@ -69,7 +69,7 @@ NEUTRAL_OPTIONS: dict[str, Any] = {
     "showfixtures": False, "show_fixtures_per_test": False,
 }  # fmt: skip
 #: Option groups (``parser.getgroup`` names) of plugins whose work the controller does for its
-#: ranks: pytest-xdist, pytest-cov (worker/main.py measures ranks itself), pytest-rerunfailures
+#: ranks: pytest-xdist, pytest-cov (worker/entry.py measures ranks itself), pytest-rerunfailures
 #: (the controller reruns) and this plugin's own ``--distrank-*``.
 RESET_GROUPS = ("xdist", "cov", "rerunfailures", "distrank")
 #: No cache provider in ranks (no ``.pytest_cache`` reads or writes); stepwise needs it, as

@@ -60,7 +60,7 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
-from .worker.main import rank_main
+from .worker.entry import rank_main
 
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).

@@ -1,7 +1,8 @@
 """Pool mode, rank side: the fork server and the rank processes it forks.
 
-- ``main``: :func:`~main.rank_main` and :class:`~main.WorkerPlugin`: the rank's pytest session
-  and its serve loop.
+- ``entry``: :func:`~entry.rank_main`, the rank process from the fork to ``os._exit``: its log,
+  environment, coverage, and ``pytest.main``.
+- ``main``: :class:`~main.WorkerPlugin`: the rank's pytest session and its serve loop.
 - ``rankproc``: detach from the fork server; the rank's environment; dying with the controller.
 - ``rankgroup``: the rank's store and process group.
 - ``ranklogs``: cheap log capture.

@@ -1,7 +1,8 @@
 """The rank side: one rank process of a pool, serving "run this test" from the controller.
 
-Runs in each rank process (started by the fork server, or spawned). Imports none of the
-controller side: only :mod:`pool.protocol`, the rank context (:mod:`rank.context`), the
+Runs in each rank process (started by the fork server, or spawned), as the plugin of the pytest
+session that :func:`entry.rank_main` starts (steps 1 and 5 below are the entry's). Imports none
+of the controller side: only :mod:`pool.protocol`, the rank context (:mod:`rank.context`), the
 rank-side modules beside it, :mod:`rankproc` (its parent and environment), :mod:`rankgroup` (its
 store and group), :mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each test),
 :mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, :mod:`pool.workerinput` (plugins' values, as
@@ -25,7 +26,6 @@ A rank process:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import faulthandler
 import os
@@ -63,85 +63,21 @@ from ..protocol import (
     phase_slots,
 )
 from ..suites import CASE
-from ..workerinput import WorkerInput, xdist_environ
 from . import ranklogs, rankreruns
 from .dsrank import DeepSpeedRunner
-from .rankfr import start_responder
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
-from .rankproc import detach_from_controller_tree, end_with_controller, rank_env
+from .rankproc import end_with_controller
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
 
-#: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
-PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
 #: its peers' collectives.
 CONTROLLER_ONLY_PLUGINS = (_compat.RERUNFAILURES_PLUGIN,)
 #: Signal on which every rank dumps the stacks of all its threads into its log.
 DUMP_SIGNAL = signal.SIGUSR1
-
-
-def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -> None:
-    """Entry point of a rank process. Never returns: ends with ``os._exit``."""
-    code = 0
-    try:
-        detach_from_controller_tree(parent_pid)
-        log_fd = os.open(cfg.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.close(null)
-        os.environ.clear()
-        os.environ.update(rank_env(cfg))
-        os.environ.update(xdist_environ(cfg.workerinput))  # as in an xdist worker (workerinput.py)
-        os.chdir(cfg.cmdline.invocation_dir)  # relative paths in the arguments mean the same
-        ranklogs.install()  # pytest's log capture without its per-phase handler churn
-        if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)
-            _compat.share_rewritten_modules(cfg.rewritten)
-        start_responder(cfg.log_path)  # flight-recorder dumps on request, even inside C++
-        plugin = WorkerPlugin(cfg, conn, phases, log_fd)
-        plugin.coverage = _start_coverage(cfg.coverage)
-        plugins = [plugin, WorkerInput(cfg.workerinput, cfg.cmdline, cfg.files)]
-        profile_dir = os.environ.get(PROFILE_ENV)
-        if profile_dir:  # a developer's tool: where does a rank's time go?
-            import cProfile
-
-            profiler = cProfile.Profile()
-            exit_code = profiler.runcall(pytest.main, list(cfg.cmdline.args), plugins=plugins)
-            profiler.dump_stats(os.path.join(profile_dir, f"pool{cfg.pool_id}-rank{cfg.rank}.prof"))
-        else:
-            exit_code = pytest.main(list(cfg.cmdline.args), plugins=plugins)
-        if not plugin.served:
-            conn.send(Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
-            code = 3
-        elif not plugin.stopped and os.getpid() == plugin.pid:
-            # The session ended while serving: pytest.exit() or KeyboardInterrupt in a test.
-            why = plugin.interrupted or f"its pytest session ended (exit code {exit_code})"
-            conn.send(Fatal(cfg.rank, why))
-            code = 4
-    except BaseException:
-        with contextlib.suppress(BaseException):
-            conn.send(Fatal(cfg.rank, traceback.format_exc()))
-        code = 2
-    finally:
-        with contextlib.suppress(BaseException):
-            sys.stdout.flush()
-            sys.stderr.flush()
-            conn.close()
-        os._exit(code)
-
-
-def _early_exit_message(cfg: RankConfig, exit_code: object) -> str:
-    return (
-        f"its pytest session ended before serving tests (exit code {exit_code}); "
-        "typically a conftest.py or plugin that fails only inside ranks."
-    )
 
 
 class WorkerPlugin:
@@ -503,30 +439,3 @@ class WorkerPlugin:
         reaper.kill_all(reaper.descendants([os.getpid()]))
         reaper.reap_children()
         self.conn.send(Stopped(self.cfg.rank, tuple(errors), self.cpu, self.tests))
-
-
-def _start_coverage(settings: dict[str, Any] | None) -> Any:
-    """Measure this rank like the controller's pytest-cov does (see cmdline.coverage_settings).
-
-    Started before the rank's pytest session, so conftest files and test modules imported in
-    the rank count. Modules the fork server preloaded were imported before: their import-time
-    lines are not measured here (the controller imports them too).
-    """
-    if not settings:
-        return None
-    import coverage
-
-    options = dict(settings)
-    topdir = options.pop("topdir")
-    cwd = os.getcwd()
-    os.chdir(topdir)  # relative source and config paths mean what they mean to pytest-cov
-    try:
-        cov = coverage.Coverage(data_suffix=True, **options)
-    finally:
-        os.chdir(cwd)
-    cov.set_option(
-        "run:disable_warnings",
-        ["no-data-collected", "module-not-measured", "module-not-imported"],
-    )
-    cov.start()
-    return cov

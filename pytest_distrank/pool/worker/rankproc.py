@@ -1,7 +1,7 @@
 """A rank process's place among processes: its parent, its process group, its environment.
 
 Runs in each pool rank process, first thing after the fork server (or spawn) started it
-(:func:`main.rank_main`), before its pytest session begins; :func:`end_with_controller` runs
+(:func:`entry.rank_main`), before its pytest session begins; :func:`end_with_controller` runs
 in the rank when the controller is gone.
 
 A rank dies with the controller, and what it and its tests started dies with it, even after
