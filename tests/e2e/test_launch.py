@@ -282,7 +282,8 @@ def test_never_reached(rank):
 #: beyond the quiet time (1 s here); and issue 31's assertions across ranks in launcher mode.
 LEGAL = (
     HEADER
-    + """from pytest_distrank import assert_equal_across_ranks
+    + """import pytest_distrank
+from pytest_distrank import assert_equal_across_ranks
 
 @pytest.mark.world_size(3)
 def test_late_joiner_passes(rank, pg):
@@ -302,6 +303,18 @@ def test_rank_one_differs(rank, pg):
     if rank == 1:
         t[2] = 7.0
     assert_equal_across_ranks(t, name="weights")
+
+@pytest.mark.mesh({"dp": 3}, {"dp": 2})
+def test_mesh_that_fits(mesh, rank):
+    assert mesh.mesh_dim_names == ("dp",) and mesh.get_local_rank("dp") == rank
+
+@pytest_distrank.fixture(world_size=2)
+def two_rank_files(rank, fixture_path):
+    (fixture_path / f"{rank}.txt").write_text("x")
+
+@pytest.mark.world_size(3)
+def test_cross_size_fixture(two_rank_files):
+    assert False, "skipped in launcher mode"
 
 """
     + LEGAL_SIZES
@@ -1035,7 +1048,10 @@ def test_torchrun_a_proven_deadlock_ends_early_and_slow_ranks_do_not(
     """Issue 28 in launcher mode: each rank's watchdog says when its rank stands still, and rank
     0 ends the test once their records prove it can never finish: within seconds of a 60 s
     deadline. Ranks that stand still beyond the quiet time (1 s) only because a peer is late, a
-    legal uneven all_to_all_single, object collectives and p2p of different sizes pass."""
+    legal uneven all_to_all_single, object collectives and p2p of different sizes pass. Issue 31
+    in the same world: a mesh shape that fits the launched world runs with its mesh fixture, one
+    that does not is skipped, naming both sizes, and so is a test that requests a fixture at
+    another world size."""
     run = world("leaves")
     assert run.outcomes("test_a_legal", "junit.xml") == {
         "test_late_joiner_passes": "passed",
@@ -1043,7 +1059,20 @@ def test_torchrun_a_proven_deadlock_ends_early_and_slow_ranks_do_not(
         "test_object_collectives_and_p2p_of_different_sizes_pass": "passed",
         "test_equal_across_ranks": "passed",
         "test_rank_one_differs": "failure",
+        "test_mesh_that_fits[ws3-dp3]": "passed",
+        "test_mesh_that_fits[ws2-dp2]": "skipped",
+        "test_cross_size_fixture": "skipped",
     }
+    run.match(
+        0,
+        [
+            "SKIPPED [[]1[]] test_a_legal.py:*: mesh dp2 needs world_size 2, this launched world "
+            "has 3 ranks (torchrun)",
+            "SKIPPED [[]1[]] test_a_legal.py:*: *'two_rank_files'* needs world_size 2, this "
+            "launched world has 3 ranks (torchrun); run it in pool mode (pytest without a "
+            "launcher)",
+        ],
+    )
     cases = ET.parse(run.folder / "junit.xml").getroot().iter("testcase")
     (leaves,) = [c for c in cases if c.get("name") == "test_rank_two_leaves"]
     assert float(leaves.get("time", "inf")) < 30, leaves.get("time")  # its deadline: 60 s
