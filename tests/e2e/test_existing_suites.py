@@ -148,6 +148,30 @@ class TestCodes(Base):
     @decorated
     def test_exits_4(self):
         sys.exit(4)
+
+
+import signal
+
+
+class TestAbort(MultiProcessTestCase):  # an NCCL abort test's check (docs/fault-tolerance.md)
+    @property
+    def world_size(self):
+        return 2
+
+    def setUp(self):
+        super().setUp()
+        self.special_return_code_checks = {
+            self.test_abort.__wrapped__: -signal.SIGABRT,
+            self.test_abort_missing.__wrapped__: -signal.SIGABRT,
+        }
+
+    @decorated
+    def test_abort(self):
+        os.abort()
+
+    @decorated
+    def test_abort_missing(self):
+        pass
 """,
     "expected": PLAIN
     + """
@@ -435,10 +459,10 @@ def test_a_file_store_test_case_runs_on_one_warm_pool(suites: pytest.RunResult) 
 def test_the_summary_counts_distributed_tests_and_pools(suites: pytest.RunResult) -> None:
     """Every test method taken over is a distributed test (not ``TestOwn``'s, nor one that a
     unittest decorator skips before any process); pools: the warm one, a new one after each fault
-    (two failures in continuous classes, a thread left running; a variable left set is restored)
-    and one per test of ``TestFresh`` and of ``TestRpcLike``; none for the tests skipped by
-    marker (at world size 3)."""
-    suites.stdout.fnmatch_lines(["30 distributed tests; pools started: 8 at world size 2"])
+    (two failures in continuous classes, a thread left running, ``TestAbort``'s expected abort;
+    a variable left set is restored) and one per test of ``TestFresh`` and of ``TestRpcLike``;
+    none for the tests skipped by marker (at world size 3)."""
+    suites.stdout.fnmatch_lines(["32 distributed tests; pools started: 9 at world size 2"])
 
 
 def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> None:
@@ -497,6 +521,21 @@ def test_the_parents_return_code_rules_apply(suites: pytest.RunResult) -> None:
     )
     failure_section(suites.stdout.lines, "TestCodes.test_exits_4").fnmatch_lines(
         ["*rank 0 exited with code 4, expected 0*"]
+    )
+
+
+def test_a_harness_class_expecting_a_signal(suites: pytest.RunResult) -> None:
+    """A rank that ends with the expected ``-signal.SIGABRT`` passes; one that exits 0 where
+    the abort was expected fails (moved from tests/e2e/test_fault_injection.py, whose session
+    imported PyTorch's harness for it alone)."""
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_codes.py::TestAbort::test_abort PASSED*",
+            "test_codes.py::TestAbort::test_abort_missing FAILED*",
+        ]
+    )
+    failure_section(suites.stdout.lines, "TestAbort.test_abort_missing").fnmatch_lines(
+        ["*exited with code 0, expected -6*"]
     )
 
 
