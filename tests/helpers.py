@@ -9,8 +9,9 @@ This module holds what those checks share: the tag's variable (``TAG_ENV``), the
 inner run (``RUN_TIMEOUT``), the search for tagged processes (``tagged_pids``, ``wait_gone``) and
 the type of the ``run_pytest`` fixture (``RunPytest``), and ``run_in_terminal``, which runs
 pytest under a pseudo-terminal and types answers at its debugger prompts, and
-``failure_section``, one report section of a session's output. The fixtures themselves are in
-``conftest.py``.
+``failure_section``, one report section of a session's output; ``start_beside`` and
+``finish_beside`` run a session at the same time as another (its idle waits and start overlap the
+other's). The fixtures themselves are in ``conftest.py``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,44 @@ def failure_section(lines: list[str], title: str) -> pytest.LineMatcher:
         len(lines),
     )
     return pytest.LineMatcher(lines[start:end])
+
+
+#: Where a session started by :func:`start_beside` writes its output, in its folder.
+BESIDE_OUTPUT = ("beside-stdout.txt", "beside-stderr.txt")
+
+
+def start_beside(
+    args: Sequence[str], folder: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``python -m pytest -p distrank ARGS`` in ``folder`` (its basetemp there) with this
+    process's environment and ``env``: inside a test that uses ``run_pytest``, that is an inner
+    session's, its process tag included, so that fixture's leak check covers it too. Its output
+    goes to files (:data:`BESIDE_OUTPUT`), not pipes that nobody reads while another session
+    runs. End it with :func:`finish_beside` before that leak check."""
+    command = [sys.executable, "-m", "pytest", "-p", "distrank", f"--basetemp={folder / 'temp'}"]
+    out, err = (open(folder / name, "wb") for name in BESIDE_OUTPUT)
+    with out, err:
+        return subprocess.Popen(
+            [*command, *args],
+            cwd=folder,
+            env={**os.environ, **(env or {})},
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+
+
+def finish_beside(
+    process: subprocess.Popen[bytes], folder: Path, timeout: float = RUN_TIMEOUT
+) -> pytest.RunResult:
+    """Wait for the session :func:`start_beside` started in ``folder``; its result. One that
+    runs past ``timeout`` (from now) is killed, its process group with it, and fails the test."""
+    started = time.monotonic()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        pytest.fail(f"the session beside, in {folder}, ran past {timeout} s")
+    out, err = ((folder / name).read_text(errors="replace").splitlines() for name in BESIDE_OUTPUT)
+    return pytest.RunResult(process.returncode, out, err, time.monotonic() - started)

@@ -11,16 +11,14 @@ test below checks its own scenario's lines. Sessions that start no rank (ordinar
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..helpers import RUN_TIMEOUT, RunPytest, SharedSession
+from ..helpers import RunPytest, SharedSession, finish_beside, start_beside
 
 #: The folder each shared session ran in, by name (its files record what the ranks saw).
 _FOLDERS: dict[str, Path] = {}
@@ -249,8 +247,7 @@ BASICS = {
 
 
 #: The second of two sessions on one machine (test_two_sessions_at_once_do_not_collide): it runs
-#: beside ``basics``, started just before it, in a folder of its own (its file is no ``test_*.py``
-#: of the folder ``basics`` collects). Its output and exit code, once it ran.
+#: beside ``basics``, started just before it, in a folder of its own. Its result, once it ran.
 BESIDE = """
     import os, pytest, torch, torch.distributed as dist
 
@@ -263,32 +260,22 @@ BESIDE = """
         dist.all_reduce(t)
         assert t.item() == 2
     """
-_BESIDE: dict[str, tuple[int, str]] = {}
+_BESIDE: dict[str, pytest.RunResult | BaseException] = {}
 
 
 @pytest.fixture
 def basics(shared_session: SharedSession) -> pytest.RunResult:
-    """The ``basics`` session, and beside it the session of :data:`BESIDE` (started by the
-    first test that runs ``basics``, with its environment: the process tag of ``run_pytest``,
-    whose leak check after that test covers both sessions)."""
-    beside: list[subprocess.Popen[str]] = []
+    """The ``basics`` session, and beside it the session of :data:`BESIDE` in a folder of its
+    own (started by the first test that runs ``basics``, with its environment: the process tag
+    of ``run_pytest``, whose leak check after that test covers both sessions)."""
+    beside: list[tuple[Path, subprocess.Popen[bytes]]] = []
 
     def write(folder: Path) -> None:
         _writer("basics", BASICS)(folder)
-        (folder / "beside").mkdir()
-        (folder / "beside" / "beside_check.py").write_text(textwrap.dedent(BESIDE))
-        env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
-        cmd = [sys.executable, "-m", "pytest", "-p", "distrank", "-q", "-p", "no:cacheprovider"]
-        beside.append(
-            subprocess.Popen(
-                [*cmd, f"--basetemp={folder / 'beside' / 'base'}", "beside_check.py"],
-                cwd=folder / "beside",
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
+        place = folder.with_name(f"{folder.name}-beside")
+        place.mkdir()
+        (place / "test_beside.py").write_text(textwrap.dedent(BESIDE))
+        beside.append((place, start_beside(["-q", "-p", "no:cacheprovider"], place)))
 
     try:
         return shared_session(
@@ -300,13 +287,11 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
             env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
     finally:
-        for proc in beside:  # the first run: the session beside it ends before the leak check
+        for place, process in beside:  # it ends before the leak check of the first run
             try:
-                output = proc.communicate(timeout=RUN_TIMEOUT)[0]
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                output = proc.communicate()[0] + f"\n(ran past {RUN_TIMEOUT} s: killed)"
-            _BESIDE["basics"] = (proc.returncode, output)
+                _BESIDE["basics"] = finish_beside(process, place)
+            except pytest.fail.Exception as exc:
+                _BESIDE["basics"] = exc
 
 
 def test_basics_session_outcomes(basics: pytest.RunResult) -> None:
@@ -506,8 +491,8 @@ def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult
 def test_two_sessions_at_once_do_not_collide(basics: pytest.RunResult) -> None:
     """Rendezvous never guesses a port: two sessions on one machine run side by side, ``basics``
     and the one started just before it (:data:`BESIDE`); both pass."""
-    assert "basics" in _BESIDE, "the session beside basics did not run"
-    returncode, output = _BESIDE["basics"]
-    assert returncode == 0, output
-    assert "10 passed" in output, output
+    beside = _BESIDE.get("basics")
+    assert isinstance(beside, pytest.RunResult), f"the session beside basics did not end: {beside}"
+    assert beside.ret == 0, beside.stdout.str() + beside.stderr.str()
+    beside.assert_outcomes(passed=10)
     assert basics.ret == 0, basics.stdout.str()

@@ -6,9 +6,11 @@ pass on a working pool, and each outer test reads its own case's outcome (from t
 junit report) and lines (its report section, the lines that name it). A session's options are
 the ones its cases need: ``FAULTS`` (default grace), ``EXITFIRST`` (``-x``), ``DEADLINE``
 (``--distrank-timeout=4``, no grace, proven deadlocks wait for it too) and ``NO_RECORDER`` (no
-flight recorder, a tiny deadline from the environment). This module also holds what the other
-fault files share: ``Session``, ``Shared`` and ``line_of`` (tests/e2e/test_hangs_explained.py,
-test_honest.py, test_errors.py, test_start_bounds.py import them).
+flight recorder, a tiny deadline from the environment). ``EXITFIRST`` and ``DEADLINE`` run
+beside ``FAULTS``, at the same time (``Session.beside``): they mostly wait. This module also
+holds what the other fault files share: ``Session``, ``Shared`` and ``line_of``
+(tests/e2e/test_hangs_explained.py, test_honest.py, test_errors.py, test_start_bounds.py import
+them).
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import TAG_ENV, SharedSession, tagged_pids, wait_gone
+from ..helpers import (
+    TAG_ENV,
+    SharedSession,
+    finish_beside,
+    start_beside,
+    tagged_pids,
+    wait_gone,
+)
 
 #: The junit report of a shared session, in its folder.
 JUNIT = "junit.xml"
@@ -39,6 +48,8 @@ _END = re.compile(r"^=+ |^-+ (distrank|generated xml file: .*) -+$")
 #: Per shared session: its folder, and the processes of it still alive 15 s after it ended.
 _FOLDERS: dict[str, Path] = {}
 _LEFT: dict[str, list[int]] = {}
+#: The results of sessions run beside another (``Session.beside``), or why there is none.
+_BESIDE: dict[str, pytest.RunResult | BaseException] = {}
 
 
 def line_of(source: str, text: str) -> int:
@@ -156,27 +167,72 @@ class Session:
     """An inner session shared by the tests that run it: its files, arguments, environment.
 
     Its junit report is written to :data:`JUNIT`; ``env`` values may name ``{folder}``.
+    ``beside``: sessions run at the same time as this one, each in a folder of its own, by the
+    first test that runs this one (``run_beside`` gives their results): their starts and idle
+    waits overlap this one's. They carry its process tag: the leak check covers them too.
     """
 
     name: str
     files: Mapping[str, str]
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    beside: tuple[Session, ...] = ()
+
+    def _write(self, folder: Path) -> None:
+        _FOLDERS[self.name] = folder
+        for path, text in self.files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text)
 
     def run(self, shared_session: SharedSession) -> Shared:
+        if self.name in _BESIDE:  # it ran beside another session (whose test ran it)
+            return self._result_beside()
+        started: list[tuple[Session, Path, subprocess.Popen[bytes]]] = []
+
         def write(folder: Path) -> None:
-            _FOLDERS[self.name] = folder
-            for path, text in self.files.items():
-                (folder / path).parent.mkdir(parents=True, exist_ok=True)
-                (folder / path).write_text(text)
+            self._write(folder)
+            for other in self.beside:
+                if other.name in _FOLDERS:
+                    continue  # a test ran it on its own already
+                place = folder.with_name(f"{folder.name}-{other.name}")
+                place.mkdir()
+                other._write(place)
+                env = {key: value.format(folder=place) for key, value in other.env.items()}
+                args = [f"--junitxml={JUNIT}", *other.args]
+                started.append((other, place, start_beside(args, place, env)))
 
         first = self.name not in _FOLDERS
-        result = shared_session(
-            self.name, write, f"--junitxml={JUNIT}", *self.args, env=dict(self.env)
-        )
+        try:
+            result = shared_session(
+                self.name, write, f"--junitxml={JUNIT}", *self.args, env=dict(self.env)
+            )
+        finally:
+            for other, place, process in started:
+                try:
+                    _BESIDE[other.name] = finish_beside(process, place)
+                except pytest.fail.Exception as exc:
+                    _BESIDE[other.name] = exc
         if first:
             _LEFT[self.name] = wait_gone(os.environ[TAG_ENV], 15)
+            for other, _, _ in started:
+                _LEFT[other.name] = _LEFT[self.name]
         return Shared(self.name, result, _FOLDERS[self.name], _LEFT[self.name])
+
+    def _result_beside(self) -> Shared:
+        result = _BESIDE[self.name]
+        if not isinstance(result, pytest.RunResult):
+            pytest.fail(f"the session {self.name!r}, run beside another, did not finish: {result}")
+        return Shared(self.name, result, _FOLDERS[self.name], _LEFT.get(self.name, []))
+
+    def run_beside(self, shared_session: SharedSession, other: Session) -> Shared:
+        """The session ``other`` of ``beside``: run with this one (now, if no test ran this one
+        yet), or on its own if a test ran it so before this one."""
+        assert other in self.beside
+        try:
+            self.run(shared_session)
+        except pytest.fail.Exception:
+            pass  # this session's own failure is its own tests'
+        return other.run(shared_session)
 
 
 HEADER = "import os, pathlib, signal, sys, time, pytest, torch, torch.distributed as dist\n"
@@ -229,7 +285,7 @@ def test_clock_after_desync():
     + """
 
 @pytest.mark.world_size(2)
-@pytest.mark.timeout(3)
+@pytest.mark.timeout(2)
 def test_hang(rank):
     if rank == 0:
         dist.barrier()  # hang: rank 0 blocked here
@@ -393,13 +449,6 @@ def test_one_rank_fails(rank):
 """
 )
 
-FAULTS = Session(
-    "test_faults.FAULTS",
-    {"conftest.py": FAULTS_CONFTEST, "test_cases.py": FAULTS_CASES},
-    ("-ra", "--distrank-timeout=60"),
-    {"FAULTS_CLOCK": "{folder}/clock"},
-)
-
 
 def faults_clock(shared: Shared, case: str) -> float:
     """Seconds from the clock test before ``case`` to the one after it."""
@@ -495,6 +544,16 @@ DEADLINE = Session(
     ("-ra", "--distrank-timeout=4", "--distrank-failure-grace=0", "--distrank-deadlocks=wait"),
 )
 
+#: EXITFIRST and DEADLINE run beside FAULTS: most of their time is spent waiting, idle (the 10 s
+#: EXITFIRST's ranks get to tear down at the session's end, DEADLINE's 4 s deadlines).
+FAULTS = Session(
+    "test_faults.FAULTS",
+    {"conftest.py": FAULTS_CONFTEST, "test_cases.py": FAULTS_CASES},
+    ("-ra", "--distrank-timeout=60"),
+    {"FAULTS_CLOCK": "{folder}/clock"},
+    beside=(EXITFIRST, DEADLINE),
+)
+
 #: No flight recorder (TORCH_FR_BUFFER_SIZE=0), a tiny session deadline from the environment
 #: (DISTRANK_TIMEOUT=1e-9) for every test without a timeout marker, and the default world size
 #: from the environment (3) beside the ini file's (4).
@@ -572,13 +631,13 @@ def test_hang_times_out_with_every_ranks_stack(faults: Shared) -> None:
             "default group (rank 0 waits in it)",
             "*",
             "  rank 0/2  waited in barrier #1 on the default group for rank 1; timed out in call "
-            "after 3 s",
-            "  rank 1/2  timed out in call after 3 s; blocked in test_hang at "
+            "after 2 s",
+            "  rank 1/2  timed out in call after 2 s; blocked in test_hang at "
             f"test_cases.py:{sleep}  <- root cause",
             "---------- traceback of rank 1/2 ----------",
             "*",
             "*- traceback of rank 0/2 -*",
-            "rank 0/2: Timeout: still in call after 3 s (timeout from @pytest.mark.timeout(3))",
+            "rank 0/2: Timeout: still in call after 2 s (timeout from @pytest.mark.timeout(2))",
             "in barrier #1 on the default group; blocked in barrier at *, called from test_hang "
             f"at test_cases.py:{barrier}",
         ]
@@ -586,14 +645,14 @@ def test_hang_times_out_with_every_ranks_stack(faults: Shared) -> None:
     faults.about("test_hang").fnmatch_lines(
         [
             "FAILED *::test_hang - [[]rank 1/2[]] never entered barrier #1 on the default group "
-            "(rank 0 waits in it); Timeout: still in call after 3 s (timeout from "
-            "@pytest.mark.timeout(3))",
+            "(rank 0 waits in it); Timeout: still in call after 2 s (timeout from "
+            "@pytest.mark.timeout(2))",
         ]
     )
 
 
 def test_session_timeout_option_applies(shared_session: SharedSession) -> None:
-    deadline = DEADLINE.run(shared_session)
+    deadline = FAULTS.run_beside(shared_session, DEADLINE)
     assert deadline.outcomes("test_sleep", "test_sleep_then_healthy") == ["failed", "passed"]
     deadline.about("test_sleep").fnmatch_lines(
         [
@@ -704,7 +763,7 @@ def test_collection_mismatch_names_the_rank_and_test(faults: Shared) -> None:
 
 @pytest.fixture
 def exitfirst(shared_session: SharedSession) -> Shared:
-    return EXITFIRST.run(shared_session)
+    return FAULTS.run_beside(shared_session, EXITFIRST)
 
 
 def test_huge_deadline_from_the_environment_means_no_deadline(exitfirst: Shared) -> None:
@@ -745,7 +804,7 @@ def test_crashed_rank_is_the_root_cause_not_its_disconnected_peer(faults: Shared
 
 
 def test_zero_grace_keeps_the_real_failure(shared_session: SharedSession) -> None:
-    deadline = DEADLINE.run(shared_session)
+    deadline = FAULTS.run_beside(shared_session, DEADLINE)
     tests = ("test_desync_without_grace", "test_desync_without_grace_then_healthy")
     assert deadline.outcomes(*tests) == ["failed", "passed"]
     deadline.section("test_desync_without_grace").fnmatch_lines(
