@@ -189,7 +189,14 @@ def start_beside(
         return subprocess.Popen(
             [*command, *args],
             cwd=folder,
-            env={**os.environ, **(env or {})},
+            # as Pytester.popen does: the folder on PYTHONPATH
+            env={
+                **os.environ,
+                "PYTHONPATH": os.pathsep.join(
+                    filter(None, [str(folder), os.environ.get("PYTHONPATH")])
+                ),
+                **(env or {}),
+            },
             stdout=out,
             stderr=err,
             start_new_session=True,

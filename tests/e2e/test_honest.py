@@ -7,8 +7,9 @@ does not end the session. Each case is followed by healthy tests on a working po
 
 The cases share one inner session (``HONEST``; a failure grace of 0.5 s, a session deadline of
 1e308 s from the command line, 60 s by marker for every case that can hang), except those whose
-session-wide options would change the others: they run in the sessions of
-tests/e2e/test_faults.py and tests/e2e/test_errors.py.
+session-wide options would change the others: they run in the sessions ``NO_RECORDER`` of
+tests/e2e/test_faults.py and ``ERRORS`` of tests/e2e/test_errors.py, which run beside
+``HONEST``, at the same time (``Session.beside``; a file that runs them too reuses them).
 """
 
 from __future__ import annotations
@@ -259,6 +260,7 @@ HONEST = Session(
     },
     ("-ra", "-v", "--distrank-failure-grace=0.5", "--distrank-timeout=1e308"),
     {"PIDS": "{folder}/pids"},
+    beside=(NO_RECORDER, ERRORS),
 )
 
 
@@ -301,7 +303,7 @@ def test_rank_stuck_after_its_teardown_is_not_a_pass(honest: Shared) -> None:
 
 def test_a_tiny_deadline_fails_every_test(shared_session: SharedSession) -> None:
     """DISTRANK_TIMEOUT=1e-9 in the NO_RECORDER session: its tests without a timeout marker."""
-    no_recorder = NO_RECORDER.run(shared_session)
+    no_recorder = HONEST.run_beside(shared_session, NO_RECORDER)
     assert no_recorder.outcomes("test_tiny", "test_tiny_then_healthy") == ["failed", "failed"]
     no_recorder.about("test_tiny").fnmatch_lines(["FAILED *::test_tiny - *Timeout: * 1e-09 s *"])
 
@@ -363,7 +365,12 @@ def test_huge_deadline_means_no_deadline(
 ) -> None:
     """DISTRANK_TIMEOUT=inf is checked in tests/e2e/test_faults.py, whose ``EXITFIRST``
     session holds it (a session that file runs anyway)."""
-    check_huge_deadline(session.run(shared_session), test, source)
+    shared = (
+        HONEST.run(shared_session)
+        if session is HONEST
+        else HONEST.run_beside(shared_session, session)
+    )
+    check_huge_deadline(shared, test, source)
 
 
 @pytest.mark.parametrize(
