@@ -189,6 +189,7 @@ def start_beside(
         return subprocess.Popen(
             [*command, *args],
             cwd=folder,
+            stdin=subprocess.DEVNULL,  # never a terminal (Pytester.popen: a closed pipe)
             # as Pytester.popen does: the folder on PYTHONPATH
             env={
                 **os.environ,

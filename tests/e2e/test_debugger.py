@@ -10,21 +10,21 @@ set of options (``--pdb``; ``--pdb`` without a grace; ``--trace`` of a debug ran
 slow person at the prompt), each ending with its one scenario that must come last (stepping out
 of a test types ``n`` until the debugger lets go; ``q`` and Ctrl-C end the session). Each test
 checks its scenario's lines: from the line that starts its test (``-v``) to its outcome. The
-sessions without a terminal share too; a breakpoint() under xdist is checked in
-test_ecosystem.py's xdist session.
+sessions without a terminal share too (two, one beside the other: ``NO_TERMINAL`` and
+``PDB_NO_TERMINAL``); a breakpoint() under xdist is checked in test_ecosystem.py's xdist session.
 """
 
 from __future__ import annotations
 
 import textwrap
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from pytest_distrank.settings import TEST_WAITS_ENV
 
 from ..helpers import CTRL_C, InTerminal, SharedSession, TerminalRun, failure_section
+from .test_faults import Session
 
 BREAKPOINT_IN_RANK_1 = """
     import pytest
@@ -433,21 +433,8 @@ BREAKPOINTS_AT_START = {
 }
 
 
-def _writer(files: dict[str, str]) -> Callable[[Path], None]:
-    """A ``write(folder)`` for ``shared_session``."""
-
-    def write(folder: Path) -> None:
-        for path, source in files.items():
-            (folder / path).write_text(textwrap.dedent(source))
-
-    return write
-
-
-@pytest.fixture
-def no_terminal(shared_session: SharedSession) -> pytest.RunResult:
-    """breakpoint() in a test and while pools start, the controller's stdin not a terminal."""
-    files = {"test_breakpoint.py": BREAKPOINT_IN_RANK_1, **BREAKPOINTS_AT_START}
-    return shared_session("debugger-no-terminal", _writer(files), "-v", "-rA")
+def _dedented(files: dict[str, str]) -> dict[str, str]:
+    return {path: textwrap.dedent(source) for path, source in files.items()}
 
 
 #: Both ranks fail, rank 1 first.
@@ -469,23 +456,37 @@ PYTHONBREAKPOINT_OFF = """
 """
 
 
+#: ``--pdb`` without a terminal; ``PYTHONBREAKPOINT=0`` (no other test here calls breakpoint()).
+PDB_NO_TERMINAL = Session(
+    "test_debugger.pdb-no-terminal",
+    _dedented(
+        {
+            "test_both_fail.py": BOTH_FAIL,
+            "test_rank_1_fails.py": RANK_1_FAILS,
+            "test_pythonbreakpoint.py": PYTHONBREAKPOINT_OFF,
+        }
+    ),
+    ("--pdb", "-v", "-rA"),
+    {"PYTHONBREAKPOINT": "0"},
+)
+#: breakpoint() in a test and while pools start, the controller's stdin not a terminal; the
+#: session ``PDB_NO_TERMINAL`` runs beside it, at the same time (``Session.beside``).
+NO_TERMINAL = Session(
+    "test_debugger.no-terminal",
+    _dedented({"test_breakpoint.py": BREAKPOINT_IN_RANK_1, **BREAKPOINTS_AT_START}),
+    ("-v", "-rA"),
+    beside=(PDB_NO_TERMINAL,),
+)
+
+
+@pytest.fixture
+def no_terminal(shared_session: SharedSession) -> pytest.RunResult:
+    return NO_TERMINAL.run(shared_session).result
+
+
 @pytest.fixture
 def pdb_no_terminal(shared_session: SharedSession) -> pytest.RunResult:
-    """``--pdb`` without a terminal; ``PYTHONBREAKPOINT=0`` (no other test here calls
-    breakpoint())."""
-    files = {
-        "test_both_fail.py": BOTH_FAIL,
-        "test_rank_1_fails.py": RANK_1_FAILS,
-        "test_pythonbreakpoint.py": PYTHONBREAKPOINT_OFF,
-    }
-    return shared_session(
-        "debugger-pdb-no-terminal",
-        _writer(files),
-        "--pdb",
-        "-v",
-        "-rA",
-        env={"PYTHONBREAKPOINT": "0"},
-    )
+    return NO_TERMINAL.run_beside(shared_session, PDB_NO_TERMINAL).result
 
 
 def test_breakpoint_without_a_terminal_fails_its_rank_saying_why(
