@@ -18,6 +18,8 @@ Workloads:
   ... no checks/no seed the same with --distrank-leftovers=off / --distrank-seed=off: the rank CPU
                         of the leftover checks and of seeding each test is the difference
   ... deadlocks wait    ws4 with --distrank-deadlocks=wait: the cost of the deadlock watch
+  torchrun ws2          launcher mode: the same tests under torchrun --standalone, 2 ranks, and
+                        with --distrank-deadlocks=wait (the cost of launcher mode's watch)
   distrank ws4 FR off   ws4 with PyTorch's flight recorder off (TORCH_FR_BUFFER_SIZE=0)
   pytest plain          the same assert without ranks: the floor of pytest itself
   MultiProcessTestCase  PyTorch's harness (spawns every rank anew for every test), smaller K
@@ -206,6 +208,8 @@ def workloads() -> list[Workload]:
     pytest_cmd = [py, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     plain = [*pytest_cmd, "-p", "no:distrank"]
     plugin = [*pytest_cmd, "-p", "distrank"]
+    torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    launched = [*torchrun, *pytest_cmd[1:], "-p", "distrank"]
     return [
         ("distrank ws2", harness(DISTRANK, DISTRANK_TEST, 2), plugin, "big"),
         ("distrank ws4", harness(DISTRANK, DISTRANK_TEST, 4), plugin, "big"),
@@ -236,6 +240,15 @@ def workloads() -> list[Workload]:
             "distrank ws4 FR off",
             harness(DISTRANK, DISTRANK_TEST, 4),
             ["env", "TORCH_FR_BUFFER_SIZE=0", *plugin],
+            "big",
+        ),
+        # Launcher mode (torchrun --standalone: a free port each run), with its deadlock watch
+        # (launch/deadwatch.py: each rank reads its own /proc CPU time, rank 0 the store) off.
+        ("torchrun ws2", harness(DISTRANK, DISTRANK_TEST, 2), launched, "big"),
+        (
+            "torchrun ws2, deadlocks wait",
+            harness(DISTRANK, DISTRANK_TEST, 2),
+            [*launched, "--distrank-deadlocks=wait"],
             "big",
         ),
         ("pytest plain", harness(DISTRANK, PLAIN_TEST, 1), plain, "big"),
