@@ -169,6 +169,7 @@ class Watchdog(threading.Thread):
             until = time.monotonic() + EXIT_WAIT
             if rs.channel.wait_any([keys.EXIT], until, watch_rank0=True) == keys.EXIT:
                 code = int(rs.channel.get(keys.EXIT))
+                rs.log(f"distrank: {rs.launch.label()}: exit code {code} (rank 0's)")
         rs.leave(code, from_watchdog=True)
 
     # -- rank 0 --------------------------------------------------------------------------------
