@@ -411,13 +411,18 @@ class TestMarked(Base):
 class TestFresh(Base):
     distrank_isolate = True
 
+    # A barrier after the group's init: without one, a rank whose side of gloo's connectFullMesh
+    # finished first could end the test and close its sockets while its peer was still
+    # connecting ("Connection closed by peer" on rank 1, seen under load).
     def test_one(self):
         note(self)
         self.init()
+        dist.barrier()
 
     def test_two(self):
         note(self)
         self.init()
+        dist.barrier()
 """,
 }
 
