@@ -64,6 +64,10 @@ NEUTRAL_OPTIONS: dict[str, Any] = {
     "usepdb": False, "usepdb_cls": None, "trace": False,
     "cacheshow": None, "cacheclear": False, "debug": None, "log_file": None, "pastebin": None,
     "session_timeout": None,
+    # pytest-split: the controller selects its group and stores the durations, from the merged
+    # reports; ranks that did either would deselect tests of their own collection, and write
+    # the durations file (with their own numbers) while another pool's ranks read it.
+    "splits": None, "group": None, "store_durations": False,
     # Modes that run no test: the controller runs none in them either.
     "collectonly": False, "help": False, "version": 0, "markers": False,
     "showfixtures": False, "show_fixtures_per_test": False,

@@ -92,6 +92,22 @@ def test_selection_and_what_the_controller_owns_do_not_act_in_ranks(
         assert cmdline.args[-4:-2] == ("-W", REWRITE_WARNING_FILTER)
 
 
+def test_pytest_split_selects_and_stores_in_the_controller_only(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks that stored durations wrote the durations file while another pool's ranks read it
+    (a JSONDecodeError at a pool's start, seen in a full-suite run)."""
+    pytest.importorskip("pytest_split")
+    pytester.makepyfile(test_a="def test_a(): pass")
+    args = ("--store-durations", "--durations-path=d.json", "--splits=2", "--group=1")
+    rank, _ = _rank_config(pytester, monkeypatch, *args)
+    option = rank.option
+    assert (option.store_durations, option.splits, option.group) == (False, None, None)
+    manager = rank.pluginmanager
+    assert manager.get_plugin("pytestsplitcacheplugin") is None
+    assert manager.get_plugin("pytestsplitplugin") is None
+
+
 def test_ini_and_env_addopts_reach_ranks_once(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
