@@ -241,9 +241,14 @@ def json_report_data(
 
 
 #: The options by which report plugins that write a file are asked to: pytest-reportlog's
-#: ``--report-log``, pytest-html's ``--html``, pytest-json-report's ``--json-report`` (their
-#: ``dest`` names and the value that turns each off).
-_REPORT_FILE_OPTIONS = {"report_log": None, "htmlpath": None, "json_report": False}
+#: ``--report-log``, pytest-html's ``--html``, pytest-json-report's ``--json-report``,
+#: pytest-split's ``--store-durations`` (their ``dest`` names and the value that turns each off).
+_REPORT_FILE_OPTIONS = {
+    "report_log": None,
+    "htmlpath": None,
+    "json_report": False,
+    "store_durations": False,
+}
 
 
 def drop_report_files(config: pytest.Config) -> list[str]:

@@ -154,3 +154,24 @@ def test_rerun_commands_match_the_launcher() -> None:
     slurm = dataclasses.replace(base, launcher="slurm")
     assert rerun_command(slurm, "t.py::a[x y]").startswith("srun --ntasks=4 python -m pytest")
     assert rerun_command(slurm, "t.py::a[x y]").endswith("'t.py::a[x y]'")
+
+
+def test_launched_ranks_other_than_0_write_no_report_file() -> None:
+    """Rank 0 writes them, from every rank's merged reports; the others would overwrite them
+    (pytest-split's durations file too: every rank's session would store its own)."""
+    from types import SimpleNamespace
+
+    from pytest_distrank import _compat
+
+    option = SimpleNamespace(
+        report_log="log.jsonl", htmlpath="r.html", json_report=True, store_durations=True
+    )
+    config = SimpleNamespace(option=option)
+    dropped = _compat.drop_report_files(config)  # type: ignore[arg-type]
+    assert dropped == ["report_log", "htmlpath", "json_report", "store_durations"]
+    assert vars(option) == {
+        "report_log": None,
+        "htmlpath": None,
+        "json_report": False,
+        "store_durations": False,
+    }
