@@ -708,9 +708,11 @@ def test_torchrun_two_ranks_one_report(world: Callable[[str], Run]) -> None:
     run.match(0, ["*= 5 failed, 8 passed, 3 skipped in *"])
     log = next((run.folder / "bt").glob("distrank-*/rank1.log")).read_text()
     assert "test_fails_on_rank_1: setup passed, call failed" in log
-    # The hang ends this world with rank 1 stuck: it leaves with rank 0's exit code. A rank
-    # that reaches the end says which code it adopted: test_two_torchrun_agents_as_two_nodes.
-    assert log.rstrip().endswith("leaving with rank 0's exit code"), log
+    # The hang ends this world with rank 1 stuck: it leaves with rank 0's exit code, and says
+    # which (as a rank that reaches the end does: test_two_torchrun_agents_as_two_nodes).
+    last = log.rstrip().splitlines()[-2:]
+    assert last[0].endswith("leaving with rank 0's exit code"), log
+    assert last[1] == "distrank: rank 1/2 (torchrun): exit code 1 (rank 0's)", log
 
 
 @pytest.mark.parametrize(
