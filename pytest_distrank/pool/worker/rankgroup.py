@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -159,39 +158,15 @@ def _scoped_handler(scheme: str, original: Any) -> Any:
     return handler
 
 
-#: After a test that made its own world (``init_process_group=False``), how long a rank waits
-#: for its peers to finish the test before it destroys its side of that world.
-MEET_WAIT = 2.0
-
-
-def _meet_peers(ctx: RankContext) -> None:
-    """Say this rank finished the test, and wait (at most :data:`MEET_WAIT`) until every rank
-    said so. A rank that destroyed the group its test made while a peer's
-    ``init_process_group`` was still connecting to it failed that peer ("Gloo connectFullMesh
-    failed ... Connection closed by peer", a test that inits and returns at once); fresh
-    processes take longer to exit, which hid it. The rank's reports of a failure went out
-    already (the peers' grace starts from them); only its last message waits."""
-    import torch.distributed as dist
-
-    store = dist.PrefixStore(f"distrank-end/{ctx.test.index}/", ctx.store)
-    store.add("finished", 1)
-    end = time.monotonic() + MEET_WAIT
-    while store.add("finished", 0) < ctx.world_size and time.monotonic() < end:
-        time.sleep(0.005)
-
-
 def group_problem(ctx: RankContext) -> str:
     """After a test: what happened to the pool's default group ("" when it is still its own).
 
-    Under ``init_process_group=False`` whatever group the test left is destroyed here, once its
-    peers finished the test too (or :data:`MEET_WAIT` passed).
+    Under ``init_process_group=False`` whatever group the test left is destroyed here.
     """
     import torch.distributed as dist
 
     if ctx.pg is None:
         if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                _meet_peers(ctx)
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         return "left a process group that could not be destroyed" if dist.is_initialized() else ""
