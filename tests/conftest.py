@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -106,7 +106,10 @@ _SHARED: dict[str, pytest.RunResult | Exception] = {}
 
 @pytest.fixture
 def shared_session(
-    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> SharedSession:
     """Run one inner session for every test that names it, the first time one asks.
 
@@ -130,9 +133,30 @@ def shared_session(
         result = _SHARED[name]
         if isinstance(result, Exception):
             pytest.fail(f"the shared inner session {name!r} did not finish: {result!r}")
+        request.node.stash.setdefault(_SESSIONS_USED, []).append((name, result))
         return result
 
     return run
+
+
+#: The shared inner sessions a test checked: shown with its failure (pytest_runtest_makereport).
+_SESSIONS_USED = pytest.StashKey[list[tuple[str, pytest.RunResult]]]()
+#: How much of a shared session's output a failure shows (its end: summary, failures).
+SHOWN_LINES = 300
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed check of a shared inner session shows that session's output: its assertion
+    alone (a list of outcomes, a missing line) says nothing of why."""
+    report = yield
+    if report.failed and call.when == "call":
+        for name, result in item.stash.get(_SESSIONS_USED, []):
+            lines = [*result.outlines, *result.errlines][-SHOWN_LINES:]
+            report.sections.append((f"shared inner session {name!r} (its end)", "\n".join(lines)))
+    return report
 
 
 @pytest.fixture
