@@ -66,7 +66,7 @@ from ..suites import CASE
 from . import ranklogs, rankreruns
 from .dsrank import DeepSpeedRunner
 from .rankgpu import CudaMemory, gloo_fallback_plugin
-from .rankgroup import group_problem, master_store, start_rank
+from .rankgroup import group_problem, master_store, meet_before_destroy, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import end_with_controller
 from .simulate import local_mode_plugin
@@ -103,6 +103,8 @@ class WorkerPlugin:
         self.files = frozenset(cfg.files)
         self.real_files = frozenset(os.path.realpath(f) for f in cfg.files)
         self.pending: list[dict[str, Any] | PassedPhase] = []
+        #: The running test failed on this rank (a failed report of any phase).
+        self.failed = False
         self.collect_errors: list[str] = []
         self.config: pytest.Config | None = None
         #: pytest's logging plugin captures (not under -p no:logging): loggers get relays.
@@ -265,6 +267,7 @@ class WorkerPlugin:
         assert self.config is not None
         if report.when == "teardown":
             self._phase(Phase.FINISHED)  # what runs now is protocol wrappers, then the send
+        self.failed = self.failed or report.failed
         compact = compact_passed(report)
         if compact is not None:
             self.pending.append(compact)
@@ -383,6 +386,7 @@ class WorkerPlugin:
             master_store(self.ctx, f"test{message.index}/")
         self.forks = 0
         self.warnings = []
+        self.failed = False
         if self.checks is not None:
             self.checks.start(item, harness=CASE in item.stash)
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
@@ -397,6 +401,7 @@ class WorkerPlugin:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid
             return
         self._phase(Phase.FINISHED)
+        meet_before_destroy(self.ctx, self.failed)
         problem = group_problem(self.ctx)
         sequence = sequence_numbers() if not problem else {}
         # After the sequence numbers: the groups the test left are destroyed here.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -156,6 +157,36 @@ def _scoped_handler(scheme: str, original: Any) -> Any:
 
     handler._distrank_scoped = True  # type: ignore[attr-defined]
     return handler
+
+
+#: After a test that made or replaced the default group, how long a rank whose test did not
+#: fail waits for its peers to finish the test before that group is destroyed.
+MEET_WAIT = 2.0
+
+
+def meet_before_destroy(ctx: RankContext, failed: bool) -> None:
+    """After a test that made (``init_process_group=False``) or replaced the default group:
+    say this rank finished the test and, unless its test failed, wait (at most
+    :data:`MEET_WAIT`) until every rank said so.
+
+    The plugin destroys that group right after the test; gloo's ``init_process_group`` may
+    return on one rank while a peer still connects to it, and the destroy then failed that peer
+    ("Gloo connectFullMesh failed ... Connection closed by peer"; fresh processes, slower to
+    exit, hid it). A rank whose test failed does not wait: its destroy is what errors out a
+    peer left blocked in a collective it will never enter, and its failure went out already.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.group.WORLD is ctx.pg:
+        return  # the test used the pool's own group: nothing of its own to destroy
+    with contextlib.suppress(Exception):
+        store = dist.PrefixStore(f"distrank-end/{ctx.test.index}/", ctx.store)
+        store.add("finished", 1)
+        end = time.monotonic() + MEET_WAIT
+        while not failed and store.add("finished", 0) < ctx.world_size:
+            if time.monotonic() >= end:
+                return
+            time.sleep(0.005)
 
 
 def group_problem(ctx: RankContext) -> str:
