@@ -37,8 +37,13 @@ def producer(world_size: Any = 4, backend: Any = None) -> Producer:
 
 def test_the_decorator_registers_a_session_fixture_of_the_functions_name() -> None:
     made = distrank_fixture(world_size=4)(produce)
-    assert made.name == "produce"
-    function = made._get_wrapped_function()
+    if hasattr(made, "_get_wrapped_function"):  # pytest >= 8.4: a FixtureFunctionDefinition
+        assert (made.name, made._fixture_function_marker.scope) == ("produce", "session")
+        function = made._get_wrapped_function()
+    else:  # older pytest: the function, marked
+        marker = made._pytestfixturefunction
+        assert (marker.name, marker.scope) == ("produce", "session")
+        function = made
     found = getattr(function, PRODUCER_ATTR)
     assert (found.name, found.func, found.world_size) == ("produce", produce, 4)
     assert found.key == f"{__file__}:{__name__}.produce"
