@@ -126,6 +126,17 @@ def _leaves(value: Any, name: str) -> list[tuple[str, Any]]:
     return [(p, data.normalize(p, v, name)) for p, v in data.flatten(value)]
 
 
+def _begin(
+    check: str, value: Any, group: Any, name: str
+) -> tuple[Across, list[tuple[str, Any]]] | None:
+    """The check's ranks (the group checked first: a bad one is this rank's usage error) and
+    this rank's leaves of ``value``; None when the group has one rank: nothing to compare."""
+    __tracebackhide__ = True
+    across = Across(check, group)
+    leaves = _leaves(value, name)
+    return None if across.size == 1 else (across, leaves)
+
+
 def _tables(
     across: Across,
     gathered: list[list[tuple[str, Any]]],
@@ -200,10 +211,10 @@ def assert_equal_across_ranks(
     """
     __tracebackhide__ = True
     check = "assert_equal_across_ranks"
-    across = Across(check, group)
-    leaves = _leaves(value, name)
-    if across.size == 1:
+    begun = _begin(check, value, group, name)
+    if begun is None:
         return
+    across, leaves = begun
     checksum, nan = data.digest(leaves, equal_nan)
     got = across.gather_ints([*checksum, int(nan)])
     keys = [tuple(g[:2]) for g in got]
@@ -253,10 +264,10 @@ def assert_close_across_ranks(
     """
     __tracebackhide__ = True
     check = "assert_close_across_ranks"
-    across = Across(check, group)
-    leaves = _leaves(value, name)
-    if across.size == 1:
+    begun = _begin(check, value, group, name)
+    if begun is None:
         return
+    across, leaves = begun
     shape = hashlib.blake2b(data.header(leaves), digest_size=16).digest()
     halves = [int.from_bytes(shape[i : i + 8], "little", signed=True) for i in (0, 8)]
     got = across.gather_ints(halves)
@@ -295,10 +306,10 @@ def assert_differs_across_ranks(
     """
     __tracebackhide__ = True
     check = "assert_differs_across_ranks"
-    across = Across(check, group)
-    leaves = _leaves(value, name)
-    if across.size == 1:
+    begun = _begin(check, value, group, name)
+    if begun is None:
         return
+    across, leaves = begun
     checksum, _ = data.digest(leaves, equal_nan=True)
     got = across.gather_ints(checksum)
     groups = [[across.ranks[p] for p in g] for g in agreement([tuple(g) for g in got])]
