@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  (before any in-process run: torch 2.13 cannot be imported twice)
+from hypothesis import HealthCheck, settings
 
 from pytest_distrank.markers import MARKERS
 from pytest_distrank.settings import REPLAY, TEST_WAITS_ENV
@@ -30,6 +31,20 @@ from .helpers import (
     run_in_terminal,
     wait_gone,
 )
+
+#: The property tests' profile, here and in CI alike: no per-example deadline and no too-slow
+#: check (a loaded 2-core machine under ``-n 3`` flakes on both), a fixed number of examples, and
+#: the blob that replays a failing example (``@reproduce_failure``) printed with it.
+#: ``HYPOTHESIS_PROFILE=dev`` explores ten times more.
+settings.register_profile(
+    "distrank",
+    deadline=None,
+    max_examples=200,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", parent=settings.get_profile("distrank"), max_examples=2000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "distrank"))
 
 
 def pytest_configure(config: pytest.Config) -> None:
