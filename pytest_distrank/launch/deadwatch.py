@@ -16,8 +16,10 @@ rank watches itself and rank 0 judges what they say:
   rank stood still or moved, a rank finished or was lost) it reads them, with the records of the
   ranks that finished (:func:`frrecords.peer_records`), and judges them with
   :func:`collectives.explain`, as pool mode does. The test ends early only when every pending
-  rank stands still, the records prove the state can never complete, and the stacks of the ranks
-  said to wait show each of them inside a ``torch.distributed`` call. Then the test ends as at
+  rank stands still, the records prove the state can never complete (no waited collective's
+  group timeout comes before the test's deadline), and the stacks of the ranks said to wait
+  show each of them inside a ``torch.distributed`` call, or in ``Work.wait()`` or the autograd
+  engine with every collective it left pending hopeless. Then the test ends as at
   its deadline (rank 0 asks for every stuck rank's stacks), with the verdict, reported as "ended
   after 2.4 s: a deadlock".
 
@@ -35,7 +37,8 @@ import dataclasses
 import time
 
 from ..outcome.collectives import explain, load
-from ..outcome.progress import WATCH_EVERY, Stillness
+from ..outcome.endgame import effective_timeout
+from ..outcome.progress import WATCH_EVERY, Stillness, waits_on_work
 from ..outcome.stacks import collective_entered, where_blocked
 from ..rank.groupstate import flight_records
 from . import keys
@@ -51,10 +54,24 @@ class Beacon:
 
     records: str
     since_ns: int
-    #: The ``torch.distributed`` call its main thread is inside ("" when none).
+    #: The ``torch.distributed`` call its main thread is inside ("" when none); or, after
+    #: :data:`WAITS`, where it waits on collectives outside one (``Work.wait()``, autograd).
     inside: str
     #: Where it is blocked, in words (named when it never entered a collective its peers wait in).
     where: str
+
+
+#: A beacon's ``inside`` for a rank in ``Work.wait()`` or the autograd engine: accepted as
+#: waiting only where every collective it left pending is hopeless (``Verdict.stuck``).
+WAITS = "waits in "
+
+
+def _inside(dump: str, test_file: str) -> str:
+    entered = collective_entered(dump, test_file)
+    if entered:
+        return entered
+    waits = waits_on_work(dump, test_file)
+    return WAITS + waits if waits else ""
 
 
 class SelfWatch:
@@ -90,7 +107,7 @@ class SelfWatch:
         self.beacon = Beacon(
             raw.decode("utf-8") if raw else "",
             cur.started_ns,
-            collective_entered(dump, test_file),
+            _inside(dump, test_file),
             where_blocked(dump, test_file),
         )
         self._publish(self.beacon)
@@ -200,8 +217,14 @@ class Judge:
             finished=game.finished,
             lost=game.lost,
             world_size=self.rs.world_size,
+            timeout_s=effective_timeout(game.timeout),
         )
         if story is None or not story.verdict.proven:
             return False
-        blocked = story.verdict.blocked
-        return bool(blocked) and all(r in beacons and beacons[r].inside for r in blocked)
+        verdict = story.verdict
+
+        def inside(rank: int) -> bool:
+            said = beacons[rank].inside if rank in beacons else ""
+            return bool(said) and (not said.startswith(WAITS) or rank in verdict.stuck)
+
+        return bool(verdict.blocked) and all(inside(r) for r in verdict.blocked)

@@ -35,37 +35,17 @@ import dataclasses
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
+from .frcalls import DTYPES as DTYPES
+from .frcalls import Call as Call
+from .frcalls import calls_of as calls_of
+from .frcalls import group_of_ranks as group_of_ranks
 from .frjson import dump as dump
 from .frjson import load as load
 from .merge import ranks_words
 
-#: torch's scalar type names, as the flight recorder writes them, in the words users write.
-DTYPES = {
-    "Float": "float32",
-    "Double": "float64",
-    "Half": "float16",
-    "BFloat16": "bfloat16",
-    "Long": "int64",
-    "Int": "int32",
-    "Short": "int16",
-    "Char": "int8",
-    "Byte": "uint8",
-    "Bool": "bool",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-    """One collective as one rank issued it."""
-
-    op: str
-    group: str
-    #: Its number on that group within the test (1 is the test's first).
-    number: int
-    done: bool
-    tensors: str
-    #: The group's members where the rank's dump lists them; () where it does not.
-    members: tuple[int, ...] = ()
+#: How long past its group's timeout a rank must still be inside a collective before the
+#: timeout no longer counts as a way out (ns): gloo raises within milliseconds of it.
+TIMEOUT_MARGIN_NS = 2_000_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +70,10 @@ class Verdict:
     #: collective (their stacks say so: the records alone cannot tell an async op left pending).
     proven: bool = False
     blocked: tuple[int, ...] = ()
+    #: The ranks of :attr:`blocked` none of whose pending collectives can ever complete: one
+    #: standing still in ``Work.wait()`` or in the autograd engine (which waits on one of them,
+    #: no record says which) is stuck too.
+    stuck: tuple[int, ...] = ()
 
     @property
     def cause(self) -> str:
@@ -107,34 +91,6 @@ class Story:
     verdict: Verdict
 
 
-def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
-    """The collectives (not point-to-point ops) a rank issued since the test started."""
-    groups = _group_names(dump)
-    members = {
-        str(name): tuple(_members(config.get("ranks")) or ())
-        for name, config in (dump.get("pg_config") or {}).items()
-        if isinstance(config, Mapping)
-    }
-    counts: dict[str, int] = {}
-    out: list[Call] = []
-    for entry in dump.get("entries", []):
-        if entry.get("is_p2p") or int(entry.get("time_created_ns") or 0) < since_ns:
-            continue
-        key = str((entry.get("process_group") or ("?",))[0])
-        counts[key] = counts.get(key, 0) + 1
-        out.append(
-            Call(
-                op=str(entry.get("profiling_name", "?")).split(":")[-1],
-                group=groups.get(key, f"group {key!r}"),
-                number=counts[key],
-                done=bool(entry.get("retired")),
-                tensors=_tensors(entry.get("input_dtypes"), entry.get("input_sizes")),
-                members=members.get(key, ()),
-            )
-        )
-    return out
-
-
 def explain(
     dumps: Mapping[int, Mapping[str, Any] | None],
     since_ns: int | Mapping[int, int],
@@ -143,6 +99,7 @@ def explain(
     finished: Collection[int] = (),
     lost: Collection[int] = (),
     world_size: int = 0,
+    timeout_s: float | None = None,
 ) -> Story | None:
     """Each rank's collective and the verdict; None when no rank has records to read.
 
@@ -152,7 +109,8 @@ def explain(
     collective its peers wait in. ``finished``: the ranks whose last reports for the test
     arrived; ``lost``: the ranks that died. Only with them can a verdict be proven (a rank that
     finished without entering a collective never will). ``world_size`` labels the blamed ranks
-    ("rank 2/4"); 0 leaves the size out.
+    ("rank 2/4"); 0 leaves the size out. ``timeout_s``: the test's deadline from its start
+    (None: none), which a group's own timeout may come before (:func:`_way_out`).
     """
     starts = since_ns if isinstance(since_ns, Mapping) else dict.fromkeys(dumps, since_ns)
     calls = {
@@ -163,7 +121,15 @@ def explain(
     if not calls:
         return None
     lines = {rank: _line(rank_calls) for rank, rank_calls in calls.items()}
-    facts = _Facts(calls, where or {}, frozenset(finished), frozenset(lost), world_size)
+    deadlines = (
+        {}
+        if timeout_s is None
+        else {rank: starts.get(rank, 0) + int(timeout_s * 1e9) for rank in calls}
+    )
+    dumped = {rank: int(dump.get("dumped_ns") or 0) for rank, dump in dumps.items() if dump}
+    facts = _Facts(
+        calls, where or {}, frozenset(finished), frozenset(lost), world_size, deadlines, dumped
+    )
     return Story({rank: line for rank, line in lines.items() if line}, _verdict(facts))
 
 
@@ -214,7 +180,7 @@ def _line(calls: list[Call]) -> str:
         return ""
     call = pending[-1]
     tensors = f" ({call.tensors})" if call.tensors else ""
-    return f"in {call.op} #{call.number} on {call.group}{tensors}"
+    return f"in {call.what()}{tensors}"
 
 
 #: Ops whose every rank must pass tensors of the same shape and dtype: a difference between two
@@ -249,6 +215,10 @@ class _Facts:
     finished: frozenset[int]
     lost: frozenset[int]
     world_size: int
+    #: Per rank, the test's deadline on its clock (ns); empty: the test has none.
+    deadlines: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    #: Per rank, when its records were taken, on its clock (ns; 0: unknown).
+    dumped: Mapping[int, int] = dataclasses.field(default_factory=dict)
 
     def words(self, ranks: Sequence[int]) -> str:
         """``rank 2/4``, ``ranks 0, 1 of 2`` (``rank 2`` without a world size)."""
@@ -256,6 +226,21 @@ class _Facts:
         if not self.world_size:
             return text
         return f"{text}/{self.world_size}" if len(ranks) == 1 else f"{text} of {self.world_size}"
+
+    def count(self, rank: int, key: str) -> int:
+        """How many collectives ``rank`` issued on the group ``key`` in the test."""
+        return sum(1 for c in self.calls.get(rank, ()) if c.key == key)
+
+    def gone_without(self, rank: int, key: str, number: int) -> bool:
+        """``rank`` finished the test or died without entering collective ``#number`` of
+        ``key``: it never will."""
+        if rank in self.lost:
+            return rank not in self.calls or self.count(rank, key) < number
+        return rank in self.finished and rank in self.calls and self.count(rank, key) < number
+
+
+#: A collective's place: its group's identity (the recorder's name) and its number there.
+Slot = tuple[str, int]
 
 
 def _verdict(facts: _Facts) -> Verdict:
@@ -266,43 +251,107 @@ def _verdict(facts: _Facts) -> Verdict:
     ``all_reduce`` and finish the test, leaving the one with another size waiting alone.
 
     Ranks waiting in a collective that every other member completed prove nothing: a rank
-    descheduled on a loaded machine is silent too, with its peers' data in its socket."""
+    descheduled on a loaded machine is silent too, with its peers' data in its socket. Slots are
+    looked at in an order that does not depend on the groups' names (their words, numbers and
+    ranks), so that renaming groups never changes a verdict."""
     waiting = {rank: pending[-1] for rank, cs in facts.calls.items() if (pending := _pending(cs))}
     if not waiting:
         return Verdict()
-    by_slot: dict[tuple[str, int], dict[int, Call]] = {}
+    by_slot: dict[Slot, dict[int, Call]] = {}
     for rank, call in waiting.items():
-        by_slot.setdefault((call.group, call.number), {})[rank] = call
+        by_slot.setdefault((call.key, call.number), {})[rank] = call
     slots = {slot: {**_entered(facts, *slot), **waiters} for slot, waiters in by_slot.items()}
-    for (group, number), at in sorted(slots.items()):
+    order = sorted(slots, key=lambda slot: _slot_order(slots[slot]))
+    return _settled(facts, _first_found(facts, order, slots, by_slot))
+
+
+def _first_found(
+    facts: _Facts,
+    order: list[Slot],
+    slots: Mapping[Slot, Mapping[int, Call]],
+    by_slot: Mapping[Slot, Mapping[int, Call]],
+) -> Verdict:
+    for slot in order:
+        at = slots[slot]
         ops = _ranks_by(at, lambda c: c.op)
         if len(ops) > 1:
+            number, group = slot[1], next(iter(at.values())).group
             rest = "; ".join(f"{ranks_words(r)} entered {op} #{number}" for op, r in ops[1:])
             text = f"{rest} while {ranks_words(ops[0][1])} entered {ops[0][0]} #{number} ({group})"
-            waiters = by_slot[group, number]
-            return _disagreement(facts, waiters, ops, text, f"{{}} #{number}", f" on {group}")
-    found = [_missing(facts, slot, at) for slot, at in by_slot.items()]
+            return _disagreement(facts, by_slot[slot], ops, text, f"{{}} #{number}", f" on {group}")
+    found = [_missing(facts, slot, by_slot[slot]) for slot in order]
     missing = [v for v in found if v.text]
     if missing:  # a proven one first, then the one most ranks wait in
         return max(missing, key=lambda v: (v.proven, len(v.waited)))
-    for (group, number), at in sorted(slots.items()):
-        op = next(iter(at.values())).op
+    for slot in order:
+        at = slots[slot]
+        call = next(iter(at.values()))
         shapes = _ranks_by(at, lambda c: c.tensors)
-        if len(shapes) > 1 and op in SAME_SHAPES:
-            text = f"{op} #{number} on {group}: " + ", ".join(
-                f"{ranks_words(r)} {t}" for t, r in shapes
-            )
-            waiters = by_slot[group, number]
-            what = f"{op} #{number} with {{}}"
-            return _disagreement(facts, waiters, shapes, text, what, f" on {group}")
+        if len(shapes) > 1 and call.op in SAME_SHAPES:
+            on = f"{call.op} #{call.number} on {call.group}"
+            text = f"{on}: " + ", ".join(f"{ranks_words(r)} {t}" for t, r in shapes)
+            what = f"{call.op} #{call.number} with {{}}"
+            return _disagreement(facts, by_slot[slot], shapes, text, what, f" on {call.group}")
     return Verdict()
 
 
-def _entered(facts: _Facts, group: str, number: int) -> dict[int, Call]:
-    """Every rank's collective ``#number`` on ``group``, finished or not."""
+def _slot_order(at: Mapping[int, Call]) -> tuple[object, ...]:
+    """A slot's place among the slots, from what it holds, never from its group's name."""
+    call = next(iter(at.values()))
+    held = tuple((rank, at[rank].op, at[rank].tensors) for rank in sorted(at))
+    return (call.group, call.number, call.members, held)
+
+
+def _settled(facts: _Facts, verdict: Verdict) -> Verdict:
+    """A verdict with its proof weighed against the groups' timeouts: a blocked rank whose
+    collective may yet time out (an error the test may catch: a test of that timeout) before
+    the test's deadline proves nothing until it is still inside well past it. And which blocked
+    ranks are stuck whatever they wait on (every collective they left pending is hopeless)."""
+    if not verdict.text:
+        return verdict
+    pending = {rank: _pending(facts.calls.get(rank, [])) for rank in verdict.blocked}
+    out = any(_way_out(facts, rank, calls[-1]) for rank, calls in pending.items() if calls)
+    stuck = tuple(
+        rank
+        for rank, calls in pending.items()
+        if calls and all(_hopeless(facts, rank, call) for call in calls)
+    )
+    return dataclasses.replace(verdict, proven=verdict.proven and not out, stuck=stuck)
+
+
+def _way_out(facts: _Facts, rank: int, call: Call) -> bool:
+    """``call``'s group timeout may still end it on ``rank`` before the test's deadline: it
+    falls before the deadline (or the test has none), and the rank's records were taken before
+    the timeout and :data:`TIMEOUT_MARGIN_NS` had passed. Unknown timeouts count as none."""
+    if call.timeout_ms <= 0:
+        return False
+    ends = call.created_ns + call.timeout_ms * 1_000_000
+    deadline = facts.deadlines.get(rank)
+    if deadline is not None and ends >= deadline:
+        return False
+    return facts.dumped.get(rank, 0) < ends + TIMEOUT_MARGIN_NS
+
+
+def _hopeless(facts: _Facts, rank: int, call: Call) -> bool:
+    """``call`` can never complete on ``rank``: its slot holds other ops (or other tensors
+    where the op needs them equal), or a member finished or died without entering it; and no
+    timeout of its group may end it first."""
+    if _way_out(facts, rank, call):
+        return False
+    at = _entered(facts, call.key, call.number)
+    if len({c.op for c in at.values()}) > 1:
+        return True
+    if call.op in SAME_SHAPES and len({c.tensors for c in at.values()}) > 1:
+        return True
+    members = _group_members(facts, call)
+    return any(r not in at and facts.gone_without(r, call.key, call.number) for r in members)
+
+
+def _entered(facts: _Facts, key: str, number: int) -> dict[int, Call]:
+    """Every rank's collective ``#number`` on the group ``key``, finished or not."""
     out = {}
     for rank, calls in facts.calls.items():
-        on_group = [c for c in calls if c.group == group]
+        on_group = [c for c in calls if c.key == key]
         if len(on_group) >= number:
             out[rank] = on_group[number - 1]
     return out
@@ -344,10 +393,7 @@ def _disagreement(
             if len(rest) == 1
             else f"disagree with the majority ({majority}{on}): {others}"
         )
-        waited = {
-            r: f"waited in {call.op} #{call.number} on {call.group} for {ranks_words(root)}"
-            for r in largest
-        }
+        waited = {r: f"waited in {call.what()} for {ranks_words(root)}" for r in largest}
         return Verdict(text, tuple(root), facts.words(root), predicate, waited, True, blocked)
     root = sorted(r for _, ranks in sides for r in ranks)
     parts = "; ".join(f"{ranks_words(r)} entered {what.format(k)}" for k, r in sides)
@@ -355,26 +401,21 @@ def _disagreement(
     return Verdict(text, tuple(root), facts.words(root), predicate, {}, True, blocked)
 
 
-def _missing(facts: _Facts, slot: tuple[str, int], at: Mapping[int, Call]) -> Verdict:
-    """Ranks wait in a collective that members never entered. Proven when every such member
-    finished the test (its records say it never entered it) or died: it never will."""
-    group, number = slot
+def _missing(facts: _Facts, slot: Slot, at: Mapping[int, Call]) -> Verdict:
+    """Ranks wait in a collective that members never entered. Proven when one such member
+    finished the test (its records say it never entered it) or died: it never will, whatever
+    the other members did (on gloo some complete their part of a broadcast and leave)."""
+    key, number = slot
     call = next(iter(at.values()))
     members = _group_members(facts, call)
     candidates = members or tuple(sorted(facts.calls))  # not listed: whoever has records
-    absent, said = [], []
+    absent, gone, said = [], [], []
     for rank in sorted(candidates):
-        if rank in at:
+        if rank in at or (rank not in facts.calls and rank not in facts.lost):
+            continue  # waiting in it, or no records: nothing known of it
+        if rank in facts.calls and facts.count(rank, key) >= number:
             continue
-        if rank in facts.lost and rank not in facts.calls:
-            absent.append(rank)
-            said.append(f"{ranks_words([rank])} never entered it: it died")
-            continue
-        if rank not in facts.calls:
-            continue  # no records: nothing known of it
-        on_group = [c for c in facts.calls[rank] if c.group == group]
-        if len(on_group) >= number:
-            continue
+        on_group = [c for c in facts.calls.get(rank, []) if c.key == key]
         last = on_group[-1] if on_group else None
         after = f" (after {last.op} #{last.number})" if last else ""
         if rank in facts.finished:
@@ -384,29 +425,20 @@ def _missing(facts: _Facts, slot: tuple[str, int], at: Mapping[int, Call]) -> Ve
         else:
             at_line = f": it is {facts.where[rank]}" if facts.where.get(rank) else ""
         absent.append(rank)
+        if members and facts.gone_without(rank, key, number):
+            gone.append(rank)
         said.append(f"{ranks_words([rank])} never entered it{at_line}{after}")
     if not absent:
         return Verdict()
+    root = gone or absent  # the members that never will come, where any is known
     waiting = ranks_words(sorted(at))
     verb = "waits" if len(at) == 1 else "wait"
-    text = f"{waiting} {verb} in {call.op} #{number} on {group}; " + "; ".join(said)
-    # Every member that is not waiting must be accounted for, and each of them gone for good.
-    others = [r for r in members if r not in at]
-    proven = bool(members) and all(
-        r in facts.lost or (r in facts.finished and r in absent) for r in others
-    )
+    text = f"{waiting} {verb} in {call.what()}; " + "; ".join(said)
     blocked = tuple(sorted(r for r in at if r not in facts.finished))
-    predicate = f"never entered {call.op} #{number} on {group} ({waiting} {verb} in it)"
-    waited = {r: f"waited in {call.op} #{number} on {group} for {ranks_words(absent)}" for r in at}
-    return Verdict(
-        text,
-        tuple(absent),
-        facts.words(absent),
-        predicate,
-        waited,
-        proven and bool(blocked),
-        blocked,
-    )
+    predicate = f"never entered {call.what()} ({waiting} {verb} in it)"
+    waited = {r: f"waited in {call.what()} for {ranks_words(root)}" for r in at}
+    proven = bool(gone) and bool(blocked)
+    return Verdict(text, tuple(root), facts.words(root), predicate, waited, proven, blocked)
 
 
 def _ranks_by(at: Mapping[int, Call], key: Callable[[Call], str]) -> list[tuple[str, list[int]]]:
@@ -415,40 +447,3 @@ def _ranks_by(at: Mapping[int, Call], key: Callable[[Call], str]) -> list[tuple[
     for rank in sorted(at):
         groups.setdefault(key(at[rank]), []).append(rank)
     return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
-
-
-def group_of_ranks(ranks: Sequence[int]) -> str:
-    """A subgroup in words, by its members: ``the group of ranks 0, 1``."""
-    return f"the group of {ranks_words(sorted(ranks))}"
-
-
-def _group_names(dump: Mapping[str, Any]) -> dict[str, str]:
-    """Group name -> words: "the default group" or "the group of ranks 0, 2" (its members, as
-    the recorder's ``pg_config`` lists them: "[0, 2]"); a group the dump lists no members of
-    keeps its name: "group '1'"."""
-    names: dict[str, str] = {}
-    for entry in dump.get("entries", []):
-        name, desc = [*(entry.get("process_group") or ("?",)), ""][:2]
-        if desc == "default_pg":
-            names[str(name)] = "the default group"
-    for name, config in (dump.get("pg_config") or {}).items():
-        members = _members(config.get("ranks")) if isinstance(config, Mapping) else None
-        if name and str(name) not in names and members:
-            names[str(name)] = group_of_ranks(members)
-    return names
-
-
-def _members(raw: Any) -> list[int] | None:
-    """The ranks of a ``pg_config`` entry ("[0, 1]", or a list), None where it lists none."""
-    text = raw if isinstance(raw, str) else ",".join(str(r) for r in raw or ())
-    try:
-        members = [int(r) for r in text.strip("[] ").split(",") if r.strip()]
-    except ValueError:
-        return None
-    return members or None
-
-
-def _tensors(dtypes: Any, sizes: Any) -> str:
-    pairs = zip(list(dtypes or []), list(sizes or []), strict=False)
-    words = [f"{DTYPES.get(str(d), str(d))}{list(s)}" for d, s in pairs]
-    return ", ".join(words)

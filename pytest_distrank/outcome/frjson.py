@@ -38,13 +38,22 @@ def load(raw: bytes | str | None) -> dict[str, Any] | None:
         if isinstance(entries, list)
         else [],
         "pg_config": {
-            str(name): {"ranks": str(config.get("ranks", "?"))}
+            str(name): _config(config)
             for name, config in configs.items()
             if isinstance(config, dict)
         }
         if isinstance(configs, dict)
         else {},
+        "dumped_ns": _int(data.get("dumped_ns"), 0),
     }
+
+
+def _config(config: Mapping[str, Any]) -> dict[str, str]:
+    """A group's members (``"[0, 1]"``) and, for the plugin's own groups, their ``owner``."""
+    out = {"ranks": str(config.get("ranks", "?"))}
+    if isinstance(config.get("owner"), str):
+        out["owner"] = config["owner"]
+    return out
 
 
 def dump(data: Mapping[str, Any]) -> bytes:
@@ -66,6 +75,7 @@ def _entry(entry: Mapping[str, Any]) -> dict[str, Any]:
         else ["?"],
         "profiling_name": str(entry.get("profiling_name", "?")),
         "time_created_ns": _int(entry.get("time_created_ns"), 0),
+        "timeout_ms": _int(entry.get("timeout_ms"), 0),
         "is_p2p": entry.get("is_p2p") is True,
         "retired": entry.get("retired") is True,
         "input_dtypes": [str(d) for d in dtypes] if isinstance(dtypes, list) else [],

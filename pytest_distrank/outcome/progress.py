@@ -14,9 +14,11 @@ What is proven is decided from the records (:func:`collectives.explain`).
 from __future__ import annotations
 
 import dataclasses
+import linecache
 from collections.abc import Hashable, Iterable
 
 from ..settings import seam_wait
+from .stacks import main_thread_frames
 
 #: How often the ranks are looked at while nothing else happens (seconds).
 WATCH_EVERY = 0.5
@@ -86,3 +88,22 @@ class Stillness:
     def unproven(self, now: float) -> None:
         """A look that proved nothing: wait twice as long before the next."""
         self.since, self.quiet = now, self.quiet * 2
+
+
+def waits_on_work(dump: str, test_file: str) -> str:
+    """Where a standing-still main thread waits on collectives outside any ``torch.distributed``
+    call, in words, or "": in ``Work.wait()`` (a C++ method, so the innermost Python frame is
+    its caller, whose line calls ``.wait(``) or in the autograd engine (DDP's backward waits
+    there for its buckets' ``all_reduce``). No record says which pending collective it waits
+    on: the proof accepts it only where every collective it left pending is hopeless
+    (:attr:`collectives.Verdict.stuck`)."""
+    frames = main_thread_frames(dump)
+    if not frames:
+        return ""
+    file, line, func = frames[0]
+    if "/torch/autograd/" in file:
+        return f"the autograd engine ({func})"
+    if ".wait(" not in linecache.getline(file, line):
+        return ""
+    own = f" in {func}" if file == test_file else ""
+    return f"Work.wait(){own} at {file.rsplit('/', 1)[-1]}:{line}"

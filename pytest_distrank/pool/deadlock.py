@@ -14,7 +14,11 @@ early only on evidence:
   that finished the test or died without entering the collective their peers wait in), and
 - every rank the proof rests on answered, and the stacks of the ranks said to wait show each of
   them inside a ``torch.distributed`` call (the records alone cannot tell a collective a rank
-  waits in from an async one it left pending and went on from).
+  waits in from an async one it left pending and went on from), or standing in ``Work.wait()``
+  or the autograd engine with every collective it left pending hopeless
+  (:func:`~outcome.progress.waits_on_work`);
+- no waited collective's group timeout may end it (an error the test may catch) before the
+  test's deadline (:func:`collectives.explain`'s ``timeout_s``).
 
 A rank that is only slow (sleeping, computing, in I/O, in a collective its peers have not
 reached yet but will) proves nothing, and the test waits for its deadline as before; each probe
@@ -30,10 +34,11 @@ import time
 from typing import TYPE_CHECKING
 
 from ..outcome.collectives import Verdict, explain, load
-from ..outcome.progress import WATCH_EVERY, Stillness
+from ..outcome.endgame import effective_timeout
+from ..outcome.progress import WATCH_EVERY, Stillness, waits_on_work
 from ..outcome.stacks import collective_entered
 from .probes import dump_stacks, read_collectives, request_collectives
-from .protocol import phase_slots
+from .protocol import Phase, phase_slots
 
 if TYPE_CHECKING:
     from ..outcome.endgame import Endgame
@@ -56,6 +61,9 @@ class Watch:
     stillness: Stillness = dataclasses.field(default_factory=lambda: Stillness(time.monotonic()))
     #: What the last probe found proven, once it ended the test.
     verdict: Verdict | None = None
+    #: The test's index (the shared phase array's): a rank whose phase says it finished this
+    #: test counts as finished for the proof; -1: only its last reports say so.
+    index: int = -1
 
     def progress(self, now: float) -> None:
         """A rank sent a message: progress, whatever it was."""
@@ -68,7 +76,7 @@ class Watch:
 
     def look(self, now: float) -> bool:
         """Look at the ranks; True when the test was proven deadlocked (``game`` says when)."""
-        pending = [r for r in self.pool.ranks if r.rank in self.game.pending]
+        pending = [r for r in self.pool.ranks if r.rank in self._still_in_test()]
         if not pending:
             return False
         marks = tuple(tuple(self.pool.phases[i] for i in phase_slots(r.rank)) for r in pending)
@@ -85,9 +93,26 @@ class Watch:
         self.game.note_deadlock(time.monotonic())
         return True
 
+    def _still_in_test(self) -> set[int]:
+        """The pending ranks, less those whose phase says their test's protocol returned: such
+        a rank enters no collective of the test again; it meets its peers before the groups
+        the test made are destroyed (``pool.worker.rankgroup.meet_before_destroy``), then
+        sends its last reports."""
+        phases = self.pool.phases
+        done = {
+            rank
+            for rank in self.game.pending
+            if self.index >= 0
+            and phases[phase_slots(rank)[1]] == self.index
+            and phases[phase_slots(rank)[0]] == Phase.FINISHED
+        }
+        return self.game.pending - done
+
     def _probe(self) -> Verdict | None:
         """The ranks' records, judged: a proven verdict whose waiting ranks' stacks confirm
         they are inside a collective, or None."""
+        # Before the records are asked for: a rank done with the test then is in its records.
+        done = self.game.pending - self._still_in_test()
         alive = [r for r in self.pool.ranks if r.process.exitcode is None]
         request_collectives(alive)
         answers = read_collectives(alive, ANSWER_WAIT)
@@ -97,15 +122,21 @@ class Watch:
         story = explain(
             dumps,
             self.sent_ns,
-            finished=self.game.finished,
+            finished=self.game.finished | done,
             lost=self.game.lost,
             world_size=self.pool.key.world_size,
+            timeout_s=effective_timeout(self.game.timeout),
         )
         if story is None or not story.verdict.proven:
             return None
-        blocked = [r for r in alive if r.rank in story.verdict.blocked]
+        verdict = story.verdict
+        blocked = [r for r in alive if r.rank in verdict.blocked]
         stacks = dump_stacks(blocked)
-        inside = [collective_entered(stacks[r.rank], self.test_file) for r in blocked]
+        inside = [
+            collective_entered(stacks[r.rank], self.test_file)
+            or (r.rank in verdict.stuck and waits_on_work(stacks[r.rank], self.test_file))
+            for r in blocked
+        ]
         if not blocked or not all(inside):
             return None
-        return story.verdict
+        return verdict

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from typing import Any
 
 from .. import _compat
 from ..outcome.collectives import dump, load
+from ..outcome.frcalls import CHECK_OWNER
 from .faultplan import MODE_NAME
+from .ownedgroups import is_owned
 
 
 def group_words(pg: Any) -> str:
@@ -75,13 +78,25 @@ def flight_entries() -> list[dict[str, Any]] | None:
 
 
 def _flight_data() -> dict[str, Any] | None:
+    """The records as :func:`collectives.load` reads them, with when they were taken (this
+    rank's clock: how long a collective has waited past its group's timeout) and the plugin's
+    own groups marked (a check across ranks is named as such, not as the test's collective)."""
     if os.environ.get("TORCH_FR_BUFFER_SIZE", "").strip() == "0":
         return None
+    now = time.time_ns()
     try:
         raw = _compat.dump_flight_recorder()
     except Exception:
         return None
-    return load(raw)
+    data = load(raw)
+    if data is not None:
+        data["dumped_ns"] = now
+        with contextlib.suppress(Exception):
+            for pg in live_groups():
+                config = data["pg_config"].get(str(pg.group_name))
+                if config is not None and is_owned(pg):
+                    config["owner"] = CHECK_OWNER
+    return data
 
 
 def flight_mark() -> int:

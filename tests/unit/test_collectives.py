@@ -176,7 +176,7 @@ def test_no_records_no_story() -> None:
     assert load(b"no records") is None
     assert load(b"not json") is None
     assert load(b"") is None and load(None) is None and load(b"[1, 2]") is None
-    assert load(b'{"entries": []}') == {"entries": [], "pg_config": {}}
+    assert load(b'{"entries": []}') == {"entries": [], "pg_config": {}, "dumped_ns": 0}
 
 
 #: Set by :func:`_ran` if a payload ever gets unpickled.
@@ -213,6 +213,7 @@ def test_records_are_json_and_a_pickle_is_never_unpickled() -> None:
                 "collective_seq_id": 2,
                 "thread_name": "python",
                 "output_sizes": [[4]],
+                "timeout_ms": 6000,
             }
         ],
     }
@@ -226,6 +227,7 @@ def test_records_are_json_and_a_pickle_is_never_unpickled() -> None:
         "process_group": ["0", "default_pg"],
         "profiling_name": "gloo:all_reduce",
         "time_created_ns": START + 1,
+        "timeout_ms": 6000,
         "is_p2p": False,
         "retired": False,
         "input_dtypes": ["Float"],
