@@ -32,6 +32,7 @@ from pytest import TestReport
 
 from ..settings import seam_wait
 from .collectives import Verdict
+from .interrupted import mark_interrupted
 from .merge import (
     CAUSE_ATTR,
     COLLATERAL_ATTR,
@@ -337,6 +338,8 @@ def unfinished_report(
     setattr(report, UNFINISHED_ATTR, True)
     if ending and not collateral:
         setattr(report, ENDING_ATTR, ending)
+    if ending and game.interrupted_at is not None:
+        mark_interrupted(report, game.interrupt)  # no root cause of its own (interrupted.py)
     if info.verdict.root:
         verdict = info.verdict
         setattr(report, CAUSE_ATTR, (verdict.root, verdict.subject, verdict.predicate))

@@ -30,6 +30,7 @@ from .._compat import (
     ReprTracebackNative,
     json_report_data,
 )
+from .interrupted import interrupted_blame
 from .rootcause import (
     CAUSE_ATTR,
     COLLATERAL_ATTR,
@@ -206,7 +207,7 @@ def _failure(
     phase: Sequence[tuple[int, TestReport]], world_size: int, stories: Mapping[int, str]
 ) -> TestReport:
     failures = [(rank, r) for rank, r in phase if r.failed]
-    found = blame(failures, world_size)
+    found = interrupted_blame(failures, world_size) or blame(failures, world_size)
     root, root_report = found.shown, found.report
     collateral = [rank for rank, r in failures if getattr(r, COLLATERAL_ATTR, False)]
     verdict = next((getattr(r, VERDICT_ATTR) for _, r in phase if hasattr(r, VERDICT_ATTR)), "")

@@ -40,7 +40,7 @@ from .attempt import TestRun
 from .crossize import CrossSize
 from .debugrelay import DebugTerminal
 from .gpus import GpuUnavailable
-from .interrupts import session_capped, take_signals
+from .interrupts import session_capped, take_signals, with_teardown
 from .ownreports import (
     charge_pool_start,
     deserializer,
@@ -280,7 +280,7 @@ class Controller:
                 break
             policy.pause()
             first = False
-        self.replays.judge(item, reports)
+        self.replays.judge(item, reports, self.stats.test_seconds[-1])
         return True
 
     @pytest.hookimpl(wrapper=True)
@@ -328,6 +328,8 @@ class Controller:
         )
         if merged is None:
             merged = merge_test(run.reports, key.world_size)
+        if run.interrupted is not None:
+            merged = with_teardown(merged, run.interrupted)
         forward_warnings(item, run.warnings, key.world_size)
         self.pools.notes.extend(run.notes)
         charge_pool_start(merged, pool)

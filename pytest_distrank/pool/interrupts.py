@@ -10,7 +10,10 @@ Actions: SIGINT, SIGTERM 7.5 s later, a kill 2.5 s after that); a job's time lim
   end it (every rank's stack, the collective verdict, the pool killed), reported as failed
   ("interrupted in call by SIGTERM after 12.4 s"), and the controller re-raises the interrupt
   once the reports are logged, so pytest stops as it stops on Ctrl-C (exit code 2, junit
-  written). A second signal while the stacks are taken raises again and ends at once.
+  written). Its ranks were killed before their teardown: a teardown report says so
+  (:func:`with_teardown`), so that every report plugin ends the test's row (pytest-html writes a
+  row at the teardown report, pytest-reportlog logs every phase). A second signal while the
+  stacks are taken raises again and ends at once.
 - pytest-timeout stops a session only after a test returns, never inside one: a distributed
   test's deadline is capped at the session time left (:func:`session_capped`), so a hung test
   ends with its stacks when the session's time is up.
@@ -23,6 +26,7 @@ import signal
 import time
 
 import pytest
+from pytest import TestReport
 
 from ..outcome.endgame import effective_timeout
 from ..settings import Value
@@ -45,6 +49,29 @@ def interrupt_signal(exc: BaseException) -> str:
     """Which signal an interrupt came from: "SIGTERM", "SIGHUP", or "SIGINT" (Ctrl-C)."""
     found = _GOT.match(str(exc))
     return found.group(1) if found else "SIGINT"
+
+
+def with_teardown(reports: list[TestReport], exc: BaseException) -> list[TestReport]:
+    """The merged reports of a test the interrupt ``exc`` ended, with a teardown report when
+    its ranks sent none (they were killed first): passed, saying the teardown did not run."""
+    if not reports or any(r.when == "teardown" for r in reports):
+        return reports
+    last = reports[-1]
+    why = (
+        f"teardown not run: {interrupt_signal(exc)} interrupted the session, its ranks were killed"
+    )
+    teardown = TestReport(
+        last.nodeid,
+        last.location,
+        dict(last.keywords),
+        "passed",
+        None,
+        "teardown",
+        sections=[("distrank", why)],
+        start=last.stop,
+        stop=last.stop,
+    )
+    return [*reports, teardown]
 
 
 def _session_expire(config: pytest.Config) -> float:

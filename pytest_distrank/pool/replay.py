@@ -2,35 +2,26 @@
 
 Runs in the controller (pool mode). While the session runs, :class:`Replays` remembers which
 tests each pool served, in order (a pool replaced after a fault starts a new history), and keeps
-a :class:`Suspect` for each distributed test that failed in a pool that had served other tests
-before it. After the session's tests (the controller's ``pytest_runtestloop``, once the session's
-pools have stopped), each suspect is replayed on fresh pools of its own, one sequence of tests per
-pool, each test torn down for the next as in the session:
+a :class:`~replaysearch.Suspect` for each distributed test that failed in a pool that had served
+other tests before it. After the session's tests (the controller's ``pytest_runtestloop``, once
+the session's pools have stopped), each suspect is replayed on fresh pools of its own, one
+sequence of tests per pool, each test torn down for the next as in the session. Which sequences,
+what they may conclude and the budget's bound: :mod:`replaysearch` (pure).
 
-1. the test alone: it fails -> the failure is the test's own;
-2. it passes alone -> its pool's earlier tests, then the test: it passes -> did not reproduce;
-3. it fails -> bisect the earlier tests: run half of the candidates then the test, keep the half
-   that makes it fail (else the other half, unverified), down to one candidate, verified last:
-   its polluter, or no single polluter.
-
-At most ``ceil(log2 N) + 3`` runs per suspect, all of them within ``--distrank-replay-budget``.
 A replay is judged with :func:`~outcome.merge.merge_test` alone: its reports reach no hook of any
 plugin (terminal, junit, reportlog, ``lastfailed``, rerun databases), the session's outcomes and
-exit code stand, and the verdicts go to a summary section of their own. Under pytest-xdist each
-worker replays its own suspects and hands its lines to the xdist controller
-(``config.workeroutput``), which prints the section once.
-
-:func:`search` and :func:`verdict_lines` are pure (a fake runner tests them); :class:`Replays`
-starts the pools.
+exit code stand, and the verdicts go to a summary section of their own. A signal during the
+replays (SIGTERM, SIGINT, SIGHUP) ends them at once: the section says so, blaming no test, and
+the session ends as interrupted (exit code 2). Under pytest-xdist each worker replays its own
+suspects and hands its lines to the xdist controller (``config.workeroutput``), which prints the
+section once.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -38,12 +29,13 @@ from pytest import TestReport
 
 from ..outcome.expectations import item_expectations
 from ..outcome.merge import merge_test
-from ..settings import REPLAY, REPLAY_BUDGET, Value
+from ..settings import REPLAY, Value
 from .gpus import GpuUnavailable
 from .ownreports import deserializer
 from .pool import Pool, PoolStartError, PoolUnfit
 from .poolkey import PoolKey
 from .poolset import START_TIMEOUT, STOP_TIMEOUT
+from .replaysearch import Budget, BudgetSpent, Suspect, Unreachable, Verdict, search, verdict_lines
 from .stats import Stats
 
 if TYPE_CHECKING:
@@ -53,164 +45,6 @@ if TYPE_CHECKING:
 TITLE = "distrank: order-dependent failures"
 #: The key of the lines in pytest-xdist's ``workeroutput``.
 WORKEROUTPUT_KEY = "distrank_replay_lines"
-
-
-class Unreachable(Exception):
-    """A replay could not tell whether the test fails: it never ran (says why)."""
-
-
-class BudgetSpent(Exception):
-    """``--distrank-replay-budget`` is spent: no more runs."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Suspect:
-    """A distributed test that failed in a pool that had served other tests before it."""
-
-    nodeid: str
-    #: Its pool's key (shared, not isolated): the replays' pools are of the same kind.
-    key: PoolKey
-    #: The node ids its pool served before it, in order.
-    before: tuple[str, ...]
-
-
-@dataclasses.dataclass
-class Budget:
-    """Seconds all replays of the session may take together (0: no limit)."""
-
-    seconds: Value[float]
-    clock: Callable[[], float] = time.monotonic
-    started: float = dataclasses.field(init=False)
-
-    def __post_init__(self) -> None:
-        self.started = self.clock()
-
-    def spent(self) -> bool:
-        return bool(self.seconds.value) and self.clock() - self.started >= self.seconds.value
-
-    def describe(self) -> str:
-        """``budget of 300 s (--distrank-replay-budget, default)``: the value and its source."""
-        source = self.seconds.source
-        if not any(name in source for name in (REPLAY_BUDGET.flag, REPLAY_BUDGET.env)):
-            source = f"{REPLAY_BUDGET.flag}, {source}"
-        return f"budget of {self.seconds.value:g} s ({source})"
-
-
-@dataclasses.dataclass
-class Verdict:
-    """What the replays of one suspect found, so far."""
-
-    suspect: Suspect
-    runs: int = 0
-    seconds: float = 0.0
-    #: "own", "flaky", "polluter", "no single polluter", or "" (the search did not end).
-    kind: str = ""
-    polluter: str = ""
-    #: Passes alone on fresh ranks (None: not known).
-    alone_passes: bool | None = None
-    #: Why the search stopped early: a spent budget, Ctrl-C, a replay that could not run.
-    stopped: str = ""
-    candidates: tuple[str, ...] = ()
-
-
-#: Runs the tests in order on fresh ranks; True when the last one failed. Raises Unreachable.
-Runner = Callable[[Sequence[str]], bool]
-
-
-def search(verdict: Verdict, run: Runner, budget: Budget) -> None:
-    """Replay ``verdict.suspect`` with ``run`` until the verdict is known or the budget spent.
-
-    Fills ``verdict`` as it goes, so that what ran before a Ctrl-C (re-raised) is kept.
-    """
-    suspect = verdict.suspect
-    test = suspect.nodeid
-    clock = budget.clock
-
-    def fails(nodeids: Sequence[str]) -> bool:
-        if budget.spent():
-            raise BudgetSpent
-        verdict.runs += 1
-        started = clock()
-        try:
-            return run([*nodeids, test])
-        finally:
-            verdict.seconds += clock() - started
-
-    candidates: list[str] = list(suspect.before)
-    try:
-        if fails([]):
-            verdict.kind, verdict.alone_passes = "own", False
-            return
-        verdict.alone_passes = True
-        if not fails(candidates):
-            verdict.kind = "flaky"
-            return
-        verified = len(candidates) == 1
-        while len(candidates) > 1:
-            half = len(candidates) // 2
-            first, second = candidates[:half], candidates[half:]
-            verified = fails(first)
-            candidates = first if verified else second
-        if verified or fails(candidates):
-            verdict.kind, verdict.polluter = "polluter", candidates[0]
-        else:
-            verdict.kind = "no single polluter"
-            verdict.polluter = candidates[0]
-    except BudgetSpent:
-        verdict.stopped = f"budget spent after {verdict.runs} runs"
-        verdict.candidates = tuple(candidates)
-    except Unreachable as exc:
-        verdict.stopped = f"replay {verdict.runs} could not run the test: {exc}"
-        verdict.candidates = tuple(candidates)
-    except KeyboardInterrupt:
-        verdict.stopped = f"interrupted (Ctrl-C) during replay {verdict.runs}"
-        verdict.candidates = tuple(candidates)
-        raise
-
-
-def max_runs(earlier: int) -> int:
-    """The most runs :func:`search` takes for a test with ``earlier`` tests before it."""
-    return math.ceil(math.log2(earlier)) + 3 if earlier > 1 else 2
-
-
-def short(nodeid: str) -> str:
-    """A node id without its file: ``test_c``, ``TestX::test_c[2]``."""
-    return nodeid.split("::", 1)[-1]
-
-
-def verdict_lines(verdict: Verdict, budget: Budget | None = None) -> list[str]:
-    """The summary lines of one suspect: what it did, what the replays found, what they cost."""
-    suspect = verdict.suspect
-    count = len(suspect.before)
-    earlier = f"{count} earlier test{'s' if count != 1 else ''}"
-    parts = [f"{suspect.nodeid} fails after {earlier} of its pool"]
-    test = short(suspect.nodeid)
-    if verdict.alone_passes is False:
-        parts.append("fails alone on fresh ranks too: the failure is the test's own")
-    elif verdict.alone_passes:
-        parts.append("passes alone on fresh ranks")
-    if verdict.kind == "flaky":
-        parts.append(f"passes after the {earlier} too: did not reproduce (flaky?)")
-    elif verdict.kind == "polluter":
-        polluter = short(verdict.polluter)
-        parts.append(
-            f"polluter: {verdict.polluter} ({polluter} then {test} fails; {test} alone passes)"
-        )
-    elif verdict.kind == "no single polluter":
-        parts.append(
-            f"fails after the {earlier}, but no single polluter ({short(verdict.polluter)} "
-            f"then {test} passes: it takes several earlier tests together)"
-        )
-    if verdict.stopped:
-        stopped = verdict.stopped
-        if stopped.startswith("budget") and budget is not None:
-            stopped = f"{budget.describe()} spent after {verdict.runs} runs"
-        if verdict.candidates and verdict.alone_passes:
-            stopped += "; candidates left: " + ", ".join(short(c) for c in verdict.candidates)
-        parts.append(stopped)
-    runs = f"{verdict.runs} replay{'s' if verdict.runs != 1 else ''}"
-    goal = " to find a polluter" if verdict.kind == "polluter" else ""
-    return ["; ".join(parts), f"{runs}{goal}, {verdict.seconds:.1f} s"]
 
 
 def refusal(replay: Value[bool], option: Any) -> str | None:
@@ -253,8 +87,9 @@ class Replays:
         self.last = (item.nodeid, key, len(items))
         items.append(item)
 
-    def judge(self, item: pytest.Item, reports: Sequence[TestReport]) -> None:
-        """The test's final reports: a failure after earlier tests of its pool is a suspect."""
+    def judge(self, item: pytest.Item, reports: Sequence[TestReport], seconds: float) -> None:
+        """The test's final reports (its last run took ``seconds``): a failure after earlier
+        tests of its pool is a suspect."""
         last, self.last = self.last, None
         if last is None or last[0] != item.nodeid or not any(r.failed for r in reports):
             return
@@ -264,10 +99,11 @@ class Replays:
         before = [i for i in self.history[key][1][:count] if i.nodeid != item.nodeid]
         if before:
             self.items.update((i.nodeid, i) for i in [*before, item])
-            self.suspects.append(Suspect(item.nodeid, key, tuple(i.nodeid for i in before)))
+            nodeids = tuple(i.nodeid for i in before)
+            self.suspects.append(Suspect(item.nodeid, key, nodeids, seconds))
 
     def run_all(self, controller: Controller) -> None:
-        """Replay every suspect (after the session's pools stopped); Ctrl-C ends at once."""
+        """Replay every suspect (after the session's pools stopped); a signal ends at once."""
         suspects, self.suspects = self.suspects, []
         if not suspects:
             return
@@ -287,35 +123,44 @@ class Replays:
             for suspect in suspects:
                 verdict = Verdict(suspect)
                 try:
-                    search(verdict, functools.partial(self._run, controller, suspect), budget)
+                    run = functools.partial(self._run, controller, suspect, budget)
+                    search(verdict, run, budget)
                 finally:
-                    self.lines.extend(verdict_lines(verdict, budget))
+                    self.lines.extend(verdict_lines(verdict))
         finally:
             pools.stats = saved
             self.items.clear()
 
-    def _run(self, controller: Controller, suspect: Suspect, nodeids: Sequence[str]) -> bool:
+    def _run(
+        self, controller: Controller, suspect: Suspect, budget: Budget, nodeids: Sequence[str]
+    ) -> bool:
         """Run ``nodeids`` in order on a fresh pool; whether the last one failed."""
         items = [self.items[nodeid] for nodeid in nodeids]
         controller.isolated += 1
         key = dataclasses.replace(suspect.key, isolated=controller.isolated)
         files = sorted({str(item.path) for item in items})
-        timeout = max(START_TIMEOUT, *(self._timeout(controller, i).value for i in items))
+        start, _ = budget.cap(
+            max(START_TIMEOUT, *(self._timeout(controller, i).value for i in items))
+        )
         try:
-            pool = controller.pools.get(key, list(dict.fromkeys(nodeids)), files, timeout)
+            pool = controller.pools.get(key, list(dict.fromkeys(nodeids)), files, start)
         except (PoolStartError, GpuUnavailable) as exc:
+            if budget.spent():
+                raise BudgetSpent from None
             raise Unreachable(f"fresh ranks did not start: {exc}") from None
         controller.pools.live.pop(key, None)
         try:
-            return self._sequence(controller, pool, items)
+            return self._sequence(controller, pool, items, budget)
         except BaseException:
-            pool.kill()  # Ctrl-C, a broken pool: no rank outlives it
+            pool.kill()  # a signal, a broken pool, the budget: no rank outlives it
             raise
         finally:
             pool.request_stop()
             pool.finish_stop(STOP_TIMEOUT)  # errors of a replay's teardown are not the session's
 
-    def _sequence(self, controller: Controller, pool: Pool, items: list[pytest.Item]) -> bool:
+    def _sequence(
+        self, controller: Controller, pool: Pool, items: list[pytest.Item], budget: Budget
+    ) -> bool:
         settings = controller.settings
         missing = sorted({r.rank for r in pool.ready for i in items if i.nodeid in r.missing})
         if missing:
@@ -323,7 +168,7 @@ class Replays:
         failed = False
         for index, item in enumerate(items):
             last = index == len(items) - 1
-            timeout = self._timeout(controller, item)
+            timeout, cut = budget.cut(self._timeout(controller, item))
             test = controller._new_test(item, None if last else items[index + 1].nodeid)
             try:
                 run = pool.run(
@@ -339,6 +184,10 @@ class Replays:
                 )
             except PoolUnfit as exc:
                 raise Unreachable(str(exc)) from None
+            if run.interrupted is not None:
+                raise run.interrupted  # the session's end, not the test's doing
+            if cut and budget.spent():
+                raise BudgetSpent  # ended by the budget, not by its own deadline: no outcome
             if last:
                 failed = any(r.failed for r in merge_test(run.reports, pool.key.world_size))
             elif run.broken:

@@ -1,7 +1,8 @@
-"""Unit tests of the replays of order-dependent failures (pool/replay.py): the search on a fake
-runner (its verdicts and its bound of ``ceil(log2 N) + 3`` runs), the wording, when a session
-replays nothing, the histories of pools, and the hand-over from pytest-xdist's workers. The
-end-to-end session is tests/e2e/test_replay.py."""
+"""Unit tests of the replays of order-dependent failures (pool/replay.py, pool/replaysearch.py):
+the search on a fake runner (its verdicts and its bound of ``ceil(log2 N) + 3`` runs), the
+wording, when a session replays nothing, the histories of pools, and the hand-over from
+pytest-xdist's workers. The verdict's and the budget's rules as properties:
+tests/unit/test_replay_properties.py. The end-to-end session is tests/e2e/test_replay.py."""
 
 from __future__ import annotations
 
@@ -15,16 +16,14 @@ from pytest import TestReport
 
 from pytest_distrank.pool.pool import Pool
 from pytest_distrank.pool.poolkey import PoolKey
-from pytest_distrank.pool.replay import (
-    TITLE,
-    WORKEROUTPUT_KEY,
+from pytest_distrank.pool.interrupts import signal_interrupt
+from pytest_distrank.pool.replay import TITLE, WORKEROUTPUT_KEY, Replays, refusal
+from pytest_distrank.pool.replaysearch import (
     Budget,
-    Replays,
     Suspect,
     Unreachable,
     Verdict,
     max_runs,
-    refusal,
     search,
     verdict_lines,
 )
@@ -63,12 +62,15 @@ def searched(before: Sequence[str], fails: Callable[[set[str]], bool], **kw: Any
     return verdict
 
 
-def test_a_failure_alone_is_the_tests_own_after_one_run() -> None:
+def test_a_failure_alone_after_the_session_is_not_called_the_tests_own() -> None:
+    """hostile-4 D13: the replay alone runs after the session's tests, which may have left
+    files: it shows the failure is not state in the ranks, never that it is the test's own."""
     verdict = searched(["test_a", "test_b"], lambda before: True)
-    assert (verdict.kind, verdict.runs) == ("own", 1)
+    assert (verdict.kind, verdict.runs) == ("alone", 1)
     assert verdict_lines(verdict) == [
         f"{FILE}::test_d fails after 2 earlier tests of its pool; fails alone on fresh ranks "
-        "too: the failure is the test's own",
+        "after the session too: not state in the ranks; earlier tests may have left files or "
+        "other state outside the processes",
         "1 replay, 0.0 s",
     ]
 
@@ -130,8 +132,9 @@ def test_a_failure_that_takes_two_earlier_tests_has_no_single_polluter() -> None
     assert verdict.kind == "no single polluter"
     assert verdict.runs == max_runs(4)
     assert verdict_lines(verdict)[0].endswith(
-        "; passes alone on fresh ranks; fails after the 4 earlier tests, but no single polluter "
-        "(test_y then test_d passes: it takes several earlier tests together)"
+        "; passes alone on fresh ranks; fails after the 4 earlier tests, but the bisection found "
+        "no single polluter (test_y then test_d passes: it may take several earlier tests "
+        "together)"
     )
 
 
@@ -146,7 +149,7 @@ def test_a_spent_budget_stops_the_search_and_names_the_option_and_what_is_left()
     spent = budget(250.0, clock=lambda: now[0])
     verdict = searched(names, fails, budget=spent)
     assert (verdict.kind, verdict.runs) == ("", 3)
-    assert verdict_lines(verdict, spent) == [
+    assert verdict_lines(verdict) == [
         f"{FILE}::test_d fails after 4 earlier tests of its pool; passes alone on fresh ranks; "
         "budget of 250 s (--distrank-replay-budget, default) spent after 3 runs; candidates "
         "left: test_c, test_e",
@@ -169,13 +172,21 @@ def test_a_replay_that_cannot_run_the_test_ends_the_search_with_why() -> None:
     )
 
 
-def test_ctrl_c_ends_the_search_at_once_and_keeps_what_ran() -> None:
+@pytest.mark.parametrize(
+    ("interrupt", "name"),
+    [(KeyboardInterrupt(), "SIGINT"), (signal_interrupt(15), "SIGTERM")],
+)
+def test_a_signal_ends_the_search_at_once_keeps_what_ran_and_blames_no_test(
+    interrupt: KeyboardInterrupt, name: str
+) -> None:
+    """hostile-4 D18: the interrupt travels on (pytest's exit code 2) and the verdict says the
+    replays were interrupted, by which signal, never that a test broke its pool."""
     calls: list[int] = []
 
     def run(nodeids: Sequence[str]) -> bool:
         calls.append(1)
         if len(calls) == 2:
-            raise KeyboardInterrupt
+            raise interrupt
         return False
 
     verdict = Verdict(suspect(["test_a", "test_b"]))
@@ -183,7 +194,7 @@ def test_ctrl_c_ends_the_search_at_once_and_keeps_what_ran() -> None:
         search(verdict, run, budget())
     assert verdict_lines(verdict)[0] == (
         f"{FILE}::test_d fails after 2 earlier tests of its pool; passes alone on fresh ranks; "
-        "interrupted (Ctrl-C) during replay 2; candidates left: test_a, test_b"
+        f"replays interrupted by {name} during replay 2; candidates left: test_a, test_b"
     )
 
 
@@ -229,7 +240,7 @@ def reports(outcome: str, when: str = "call") -> list[TestReport]:
 
 def serve(r: Replays, pool_id: int, name: str, outcome: str, key: PoolKey = KEY) -> None:
     r.served(pool(pool_id), key, item(name))
-    r.judge(item(name), reports(outcome))
+    r.judge(item(name), reports(outcome), 0.5)
 
 
 def test_a_failure_after_earlier_tests_of_its_pool_is_a_suspect() -> None:
@@ -237,7 +248,7 @@ def test_a_failure_after_earlier_tests_of_its_pool_is_a_suspect() -> None:
     serve(r, 1, "test_first", "failed")  # nothing before it: no suspect
     serve(r, 1, "test_a", "passed")
     serve(r, 1, "test_d", "failed")
-    assert r.suspects == [Suspect(f"{FILE}::test_d", KEY, ids("test_first", "test_a"))]
+    assert r.suspects == [Suspect(f"{FILE}::test_d", KEY, ids("test_first", "test_a"), 0.5)]
 
 
 def test_a_replaced_pool_starts_a_new_history() -> None:
@@ -253,7 +264,7 @@ def test_an_error_at_teardown_is_a_failure_too() -> None:
     r = replays()
     serve(r, 1, "test_a", "passed")
     r.served(pool(1), KEY, item("test_d"))
-    r.judge(item("test_d"), [*reports("passed"), *reports("failed", "teardown")])
+    r.judge(item("test_d"), [*reports("passed"), *reports("failed", "teardown")], 0.5)
     assert [s.nodeid for s in r.suspects] == [f"{FILE}::test_d"]
 
 
@@ -265,7 +276,7 @@ def test_a_rerun_test_is_judged_by_its_last_attempt_and_is_not_its_own_polluter(
     r.served(pool(1), KEY, item("test_d"))
     serve(r, 1, "test_d", "failed")  # attempt 2 failed too
     assert r.suspects == [
-        Suspect(f"{FILE}::test_d", KEY, ids("test_a", "test_flaky", "test_flaky"))
+        Suspect(f"{FILE}::test_d", KEY, ids("test_a", "test_flaky", "test_flaky"), 0.5)
     ]
 
 
