@@ -68,7 +68,7 @@ class State:
         members = self.program.groups[ev.group]
         came = {r for r in members if any(e == event for e, _ in self.entered[r])}
         if ev.op == "broadcast":
-            return rank == ev.root and rank in came or ev.root in came and rank in came
+            return rank in came and ev.root in came  # the root: at once; the others: after it
         return came == set(members)
 
     def blocked(self, rank: int) -> bool:
@@ -166,8 +166,9 @@ def programs(draw: st.DrawFn) -> Program:
     subsets = st.lists(st.sampled_from(everyone), min_size=2, unique=True).map(
         lambda rs: tuple(sorted(rs))
     )
-    extra = draw(st.lists(subsets, max_size=3))
-    if extra and draw(st.booleans()):
+    extra: list[tuple[int, ...]] = draw(st.lists(subsets, max_size=3))
+    twice: bool = draw(st.booleans())
+    if extra and twice:
         extra.append(extra[0])  # a second group of the same members
     groups = [everyone, *extra]
     events = []
@@ -194,7 +195,7 @@ def run(program: Program, data: st.DataObject, slow: int) -> tuple[list[State], 
         dict.fromkeys(range(program.world), 0),
         {r: [] for r in range(program.world)},
     )
-    seen = []
+    seen: list[State] = []
     now = START
     while True:
         runnable = state.runnable()
@@ -204,9 +205,7 @@ def run(program: Program, data: st.DataObject, slow: int) -> tuple[list[State], 
         rank = others[data.draw(st.integers(0, len(others) - 1), label="rank")]
         now += STEP
         state.step(rank, now)
-        seen.append(
-            State(program, dict(state.pos), {r: list(e) for r, e in state.entered.items()})
-        )
+        seen.append(State(program, dict(state.pos), {r: list(e) for r, e in state.entered.items()}))
 
 
 def completes(state: State) -> bool:
@@ -255,9 +254,7 @@ def test_a_member_that_finished_without_entering_is_named(
 
 
 @given(programs(), st.data())
-def test_verdicts_do_not_depend_on_the_groups_names(
-    program: Program, data: st.DataObject
-) -> None:
+def test_verdicts_do_not_depend_on_the_groups_names(program: Program, data: st.DataObject) -> None:
     """Rule 3: any state, failing or not, judged under other names for the groups."""
     if data.draw(st.booleans(), label="skip one"):
         rank = data.draw(st.integers(0, program.world - 1))
