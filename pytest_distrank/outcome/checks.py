@@ -129,6 +129,10 @@ def forked_report(
     return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
 
 
+#: Ends the words of what a rank named and did not restore (rank/processstate.py).
+NOT_RESTORED = " (not restored)"
+
+
 def leftover_lines(nodeid: str, per_rank: Mapping[int, Sequence[str]]) -> list[str]:
     """The summary lines of what a test left behind in its warm ranks (rank/leftovers.py), one
     per set of ranks that left the same: ``leftovers: FILE::test_c left X set and the default
@@ -143,7 +147,7 @@ def leftover_lines(nodeid: str, per_rank: Mapping[int, Sequence[str]]) -> list[s
     lines = []
     for same, all_words in by_ranks.items():
         on = ranks_words(same)
-        still = [w for w in all_words if w.endswith(" still running")]
+        still = [w for w in all_words if w.endswith((" still running", NOT_RESTORED))]
         restored = [w for w in all_words if w not in still]
         parts = [f"{and_words(restored)} on {on} (restored)"] if restored else []
         parts += [f"{and_words(still)} on {on}"] if still else []

@@ -253,10 +253,31 @@ def _same_failure_key(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if not _ARGUMENT_LINE.match(line))
 
 
-def ranks_words(ranks: Sequence[int]) -> str:
-    """``[1]`` -> ``rank 1``; ``[0, 2]`` -> ``ranks 0, 2``."""
-    word = "rank" if len(ranks) == 1 else "ranks"
-    return f"{word} {', '.join(str(r) for r in ranks)}"
+def ranks_words(ranks: Iterable[int]) -> str:
+    """``[1]`` -> ``rank 1``; ``[0, 2]`` -> ``ranks 0, 2``; ``range(128)`` -> ``ranks 0-127``."""
+    unique = set(ranks)
+    return f"{'rank' if len(unique) == 1 else 'ranks'} {rank_ranges(unique)}"
+
+
+#: The shortest run of consecutive ranks written as a range (``0-3``; ``0, 1, 2`` stays).
+RUN = 4
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """Ranks in ascending order, each run of :data:`RUN` or more consecutive ones as
+    ``first-last``: ``[5, 0, 1, 2, 3, 7]`` -> ``0-3, 5, 7``."""
+    parts: list[str] = []
+    run: list[int] = []
+    for rank in [*sorted(set(ranks)), None]:
+        if run and rank == run[-1] + 1:
+            run.append(rank)
+            continue
+        if len(run) >= RUN:
+            parts.append(f"{run[0]}-{run[-1]}")
+        else:
+            parts += [str(r) for r in run]
+        run = [] if rank is None else [rank]
+    return ", ".join(parts)
 
 
 def _skip(

@@ -34,20 +34,24 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import os
+import gc
+import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from typing import Any
 
 import pytest
 
 from .. import _compat
-from ..outcome.checks import and_words
-from .ownedgroups import is_owned
-from .torchstate import flag_words, set_torch_flag, torch_flags
+from ..outcome.checks import NOT_RESTORED, and_words
+from ..outcome.merge import ranks_words
+from . import processstate as ps
+from .snapshot import Snapshot, decoded, diff, env_key, live_groups, owned_groups, restore
+from .torchstate import DYNAMO, dynamo_default, flag_words, reset_dynamo_config
 
-#: How long the threads a test started get, all together, to end before they count as left.
+#: How long the threads and children a test started get, all together, to end before they
+#: count as left.
 ENDING_WAIT = 0.1
 #: Variables the plugin or pytest set in every test, and that torch sets on first use to the same
 #: value every time (the compile caches' folders): never leftovers.
@@ -61,7 +65,23 @@ OWN_ENV = (
 )
 #: What PyTorch's harness sets in every test process: restored after each test, never named.
 HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
-Category = dict[Any, Any]
+#: What the harness's own ``setUp`` may set, restored or passed over unnamed.
+HARNESS_CATEGORIES = ("env", "cwd", "torch", "path", "modules", "signals", "logging", "umask")
+#: ``group_desc`` of the groups ``DeviceMesh`` creates (torch 2.13: ``mesh_<dim>``): a mesh the
+#: test built is normal, its groups are destroyed after the test without being named.
+MESH_DESC = "mesh_"
+
+
+#: What the entries of each named category are, in the words that count those not shown.
+NAMES = {
+    "path": "sys.path changes",
+    "modules": "sys.modules entries",
+    "umask": "umask changes",
+    "signals": "signal dispositions",
+    "logging": "logger changes",
+    "children": "child processes still running",
+    "sockets": "listening sockets",
+}
 
 
 class LeftoverError(Exception):
@@ -69,53 +89,6 @@ class LeftoverError(Exception):
 
     #: Named without its module on the report's crash line, as pytest names its ``Failed``.
     __module__ = "builtins"
-
-
-@dataclasses.dataclass
-class Snapshot:
-    """The process-wide state a test can change, by category; each category maps a key to its
-    value (None: absent)."""
-
-    env: Category
-    cwd: Category
-    torch: Category
-    threads: Category
-    groups: Category
-    compiled: Category
-
-    @classmethod
-    def take(cls) -> Snapshot:
-        return cls(
-            _compat.environ_data(),  # encoded names and values: decoded only where they differ
-            {"": _cwd()},
-            torch_flags(),
-            {t.ident: t for t in threading.enumerate()},
-            _groups(),
-            {"": _compat.compile_state()},
-        )
-
-    def categories(self) -> dict[str, Category]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-
-    def copy(self) -> Snapshot:
-        return Snapshot(**{name: dict(values) for name, values in self.categories().items()})
-
-
-def _cwd() -> str:
-    try:
-        return os.getcwd()
-    except OSError:  # the test removed the folder it left the rank in
-        return "(a removed folder)"
-
-
-def _groups() -> Category:
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return {}
-    # The plugin's own groups (the checks' twins) live as long as the pool: never a leftover.
-    return {id(pg): pg for pg in _compat.process_groups() if not is_owned(pg)}
 
 
 def env_words(name: str, before: str | None, after: str | None) -> str:
@@ -144,12 +117,18 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
 
 @dataclasses.dataclass
 class Found:
-    """What a test left: restored (words), unfit (why the pool must go), both per rank."""
+    """What a test left, on this rank: words (restored, or named with
+    :data:`checks.NOT_RESTORED` or " still running"), why the pool must go, groups."""
 
-    restored: list[str] = dataclasses.field(default_factory=list)
+    words: list[str] = dataclasses.field(default_factory=list)
     unfit: list[str] = dataclasses.field(default_factory=list)
-    #: Process groups to destroy after the test's sequence numbers were read.
+    #: Process groups to destroy after the test's sequence numbers were read, and to name.
     groups: list[Any] = dataclasses.field(default_factory=list)
+    #: Groups of a DeviceMesh the test built: destroyed too, never named (normal, not a leak).
+    mesh_groups: list[Any] = dataclasses.field(default_factory=list)
+    #: Sockets the test opened and still holds: named in :meth:`LeftoverCheck.finish` if they
+    #: still listen once its groups are destroyed (a gloo group listens until then).
+    sockets: frozenset[int] = frozenset()
 
 
 class LeftoverCheck:
@@ -172,6 +151,10 @@ class LeftoverCheck:
         self.found = Found()
         #: Keys a wider fixture changed and was torn down in the running test: its name.
         self.whose: dict[tuple[str, Any], str] = {}
+        #: At the test's start: the plugin's own groups alive, and the last failure pytest kept
+        #: (``sys.last_value``: a failed test's frames, and the groups in them, stay alive).
+        self.start_owned = 0
+        self.start_failure: Any = None
 
     # -- the test's life ------------------------------------------------------------------------
 
@@ -179,16 +162,19 @@ class LeftoverCheck:
         """At the start of ``item``, before its setup (after what earlier tests left set up
         and ``item`` does not need was torn down)."""
         self.expected = Snapshot.take()
+        self.start_owned = owned_groups()
+        self.start_failure = getattr(sys, "last_value", None)
         self.harness = harness
-        self.quiet = {("env", _env_key(name)) for name in HARNESS_ENV} if harness else set()
+        self.quiet = {("env", env_key(name)) for name in HARNESS_ENV} if harness else set()
 
     def harness_setup_done(self) -> None:
         """PyTorch's harness ran the test's ``setUp`` in what stands for its parent process: what
-        it set (variables, torch flags) is the harness's, restored after the test unnamed."""
+        it set (variables, torch flags, handlers) is the harness's, restored or passed over after
+        the test unnamed."""
         if self.expected is None:
             return
-        for key, _ in _diff(self.expected, Snapshot.take()):
-            if key[0] in ("env", "cwd", "torch"):
+        for key, _ in diff(self.expected, Snapshot.take()):
+            if key[0] in HARNESS_CATEGORIES:
                 self.quiet.add(key)
 
     @pytest.hookimpl(wrapper=True)
@@ -196,7 +182,7 @@ class LeftoverCheck:
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, Any, Any]:
         """A fixture of a wider scope than the test owns what its setup changes, until its
-        teardown (measured around its setup only: ~0.1 ms, once per such fixture)."""
+        teardown (measured around its setup only: ~0.5 ms, once per such fixture)."""
         if fixturedef.scope == "function" or self.expected is None:
             return (yield)
         before = Snapshot.take()
@@ -204,7 +190,7 @@ class LeftoverCheck:
             return (yield)
         finally:
             after = Snapshot.take()
-            changed = dict(_diff(before, after))
+            changed = dict(diff(before, after))
             if changed:
                 self.owned[id(fixturedef)] = (fixturedef.argname, changed)
                 for (category, key), _ in changed.items():
@@ -239,20 +225,41 @@ class LeftoverCheck:
         finally:
             expected, self.expected = self.expected, None
             if expected is not None:
-                self._settle(expected, Snapshot.take())
+                now = Snapshot.take()
+                self._settle(expected, now)
+                if self._sockets_readable():
+                    self.found.sockets = frozenset(now.sockets) - frozenset(expected.sockets)
                 found = self.found
-                if self.fail and (found.restored or found.unfit or found.groups):
+                if self.fail and (found.words or found.unfit or found.groups):
                     self._raise(item)
+
+    def _sockets_readable(self) -> bool:
+        """Whether new sockets can be told to be the test's: not when the plugin made groups of
+        its own during the test (a check's first twin, the mesh fixture's first mesh: each gloo
+        group listens), nor when the test failed (pytest keeps its frames, and the groups in
+        them, alive in ``sys.last_value``)."""
+        failed = getattr(sys, "last_value", None) is not self.start_failure
+        return not failed and owned_groups() == self.start_owned
 
     def finish(self) -> tuple[tuple[str, ...], str]:
         """After the test's reports and sequence numbers: destroy the groups it left; return
-        (what was restored, in words; why the rank is unfit, or "")."""
+        (what it left, in words; why the rank is unfit, or "")."""
         found, self.found = self.found, Found()
+        destroyed = self._destroy(found)  # its own frame: no reference to a group outlives it
+        found.words += self._listening(found.sockets, destroyed)
+        unfit = "; ".join(f"{why} on rank {self.rank}" for why in found.unfit)
+        return tuple(found.words), unfit
+
+    def _destroy(self, found: Found) -> bool:
+        """Destroy the groups ``found`` holds (a DeviceMesh's unnamed); whether any was."""
         # Under init_process_group=False the pool destroys whatever the test left, by design
         # (rankgroup.group_problem, before this): only groups still alive are leftovers.
-        live = _groups() if found.groups else {}  # most tests leave none: nothing to list
-        for pg in (pg for pg in found.groups if id(pg) in live):
-            words = _group_words(pg)
+        groups, meshes = found.groups, found.mesh_groups
+        found.groups = found.mesh_groups = []
+        live = live_groups() if groups or meshes else {}
+        named = {id(pg) for pg in groups}
+        for pg in (pg for pg in [*groups, *meshes] if id(pg) in live):
+            words = group_words(pg)
             try:
                 import torch.distributed as dist
 
@@ -260,49 +267,89 @@ class LeftoverCheck:
             except Exception as exc:
                 found.unfit.append(f"left {words} that could not be destroyed ({exc!r})")
             else:
-                found.restored.append(words)
-        unfit = "; ".join(f"{why} on rank {self.rank}" for why in found.unfit)
-        return tuple(found.restored), unfit
+                if id(pg) in named:
+                    found.words.append(words)
+        return bool(live)
+
+    def _listening(self, sockets: frozenset[int], destroyed: bool) -> list[str]:
+        """Words for the new sockets that still listen; a destroyed group's listener closes
+        once the group is freed (a collection, only when groups were destroyed)."""
+        new = sockets & ps.socket_inodes()
+        left = ps.listening(new) if new else {}
+        if left and destroyed:
+            gc.collect()
+            left = ps.listening(new & ps.socket_inodes())
+        words = [ps.socket_words(address) for address in sorted(left.values())]
+        return [_not_restored(w) for w in few(words, NAMES["sockets"])]
 
     # -- comparing and restoring ----------------------------------------------------------------
 
     def _settle(self, expected: Snapshot, now: Snapshot) -> None:
-        """Restore ``now`` to ``expected`` where it differs and can be; note what differed."""
+        """Restore ``now`` to ``expected`` where it differs and can be; name what differed."""
         whose, self.whose = self.whose, {}
         threads_left: list[tuple[threading.Thread, str]] = []
         variables: list[str] = []
-        for (category, key), value in _diff(expected, now):
+        named: dict[str, list[str]] = {}
+        imported: set[str] = set()  # modules imported during the test, read on first need
+        for (category, key), value in diff(expected, now):
             by = f" by {whose[category, key]}" if (category, key) in whose else ""
             if (category, key) in self.quiet:
-                _restore(category, key, value)
+                restore(category, key, value)
                 continue
             if category == "env":
-                name = _decoded(key)
+                name = decoded(key)
                 if _matches(name, self.ignore_env):
-                    continue
+                    continue  # the plugin's own, or the ini's: neither named nor restored
                 variables.append(env_words(name, value, now.env.get(key)) + by)
+                restore(category, key, value)
             elif category == "cwd":
-                self.found.restored.append("the working folder changed" + by)
+                self.found.words.append("the working folder changed" + by)
+                restore(category, key, value)
             elif category == "torch":
-                self.found.restored.append(flag_words(key, now.torch.get(key)) + by)
+                self._torch(key, value, key in expected.torch, now, by)
             elif category == "threads":
                 thread = now.threads.get(key)
                 if value is None and thread is not None:  # a new one (an ended one is fine)
                     threads_left.append((thread, by))
-                continue
             elif category == "groups":
-                # The harness's classes own their groups (a continuous class keeps its own).
-                if value is None and key in now.groups and not self.harness:
-                    self.found.groups.append(now.groups[key])
-                continue
+                self._group(key, value, now)
             elif category == "compiled":
                 if (now.compiled.get(key) or 0) > (value or 0):
-                    self.found.restored.append("torch.compile state (torch._dynamo.reset())" + by)
+                    self.found.words.append("torch.compile state (torch._dynamo.reset())" + by)
                     _compat.reset_compile_state()
-                continue
-            _restore(category, key, value)
-        self.found.restored[:0] = few(variables, "environment variables")
+            elif category != "sockets":  # sockets: once the test's groups are destroyed
+                after = getattr(now, category).get(key)
+                if category == "logging":
+                    imported = imported or (now.modules.keys() - expected.modules.keys())
+                    said = ps.logging_words(key, value, after, imported)
+                else:
+                    said = _named_words(category, key, value, after)
+                if said:
+                    named.setdefault(category, []).append(said + by)
+        self.found.words[:0] = few(variables, "environment variables")
+        for category, all_said in named.items():
+            self.found.words += [_not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
+
+    def _torch(self, key: str, value: Any, was: bool, now: Snapshot, by: str) -> None:
+        if not was:  # torch._dynamo was imported during the test: compared with the defaults
+            if not key.startswith(DYNAMO) or dynamo_default(key):
+                return
+            self.found.words.append(flag_words(key, now.torch.get(key)) + by)
+            reset_dynamo_config(key)
+            return
+        self.found.words.append(flag_words(key, now.torch.get(key)) + by)
+        restore("torch", key, value)
+
+    def _group(self, key: Any, value: Any, now: Snapshot) -> None:
+        # The harness's classes own their groups (a continuous class keeps its own).
+        if value is not None or key not in now.groups or self.harness:
+            return
+        pg = now.groups[key]
+        if str(getattr(pg, "group_desc", "")).startswith(MESH_DESC):
+            self.found.mesh_groups.append(pg)
+        else:
+            self.found.groups.append(pg)
 
     def _threads(self, threads: list[tuple[threading.Thread, str]]) -> None:
         until = time.monotonic() + ENDING_WAIT
@@ -316,7 +363,7 @@ class LeftoverCheck:
                 # idle worker (its executor lives per process, typically: inductor's compile
                 # pool, DCP's async saves; exit shuts it down).
                 kind = "daemon thread" if thread.daemon else "executor thread"
-                self.found.restored.append(f"{kind} {thread.name!r}{by} still running")
+                self.found.words.append(f"{kind} {thread.name!r}{by} still running")
             else:
                 self.found.unfit.append(
                     f"left thread {thread.name!r}{by} running (not a daemon: a fresh process "
@@ -325,8 +372,8 @@ class LeftoverCheck:
 
     def _raise(self, item: pytest.Item) -> None:
         __tracebackhide__ = True
-        what = [*self.found.restored, *self.found.unfit]
-        groups = [_group_words(pg) for pg in self.found.groups]
+        what = [*self.found.words, *self.found.unfit]
+        groups = [group_words(pg) for pg in self.found.groups]
         raise LeftoverError(
             f"{item.nodeid} left {and_words([*what, *groups])} on rank {self.rank}; what can be "
             "restored was restored, and the next test starts as this one did.\n"
@@ -336,64 +383,48 @@ class LeftoverCheck:
         )
 
 
-def _diff(before: Snapshot, after: Snapshot) -> Iterable[tuple[tuple[str, Any], Any]]:
-    """((category, key), the value before) for every key whose value differs."""
-    now = after.categories()
-    for category, values in before.categories().items():
-        other = now[category]
-        if values == other:
-            continue
-        # In the order taken: torch's precision is restored before the flags it also sets.
-        for key in [*values, *(k for k in other if k not in values)]:
-            if not _same(values.get(key), other.get(key)):
-                yield (category, key), values.get(key)
+def _named_words(category: str, key: Any, before: Any, after: Any) -> str | None:
+    """The words of a change that is named and not restored (None: not a leftover)."""
+    if category == "path":
+        return ps.path_words(before, after)
+    if category == "modules":
+        return ps.module_words(key, before, after)
+    if category == "umask":
+        return ps.umask_words(after)
+    if category == "signals":
+        return ps.signal_words(key, after)
+    if category == "children":
+        if before is None and after is not None and _running(key):
+            return ps.child_words(key, after)
+    return None
 
 
-def _same(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
+def _not_restored(words: str) -> str:
+    """Named only: the summary line keeps these apart from what was restored."""
+    return words if words.endswith(" still running") else words + NOT_RESTORED
+
+
+def _running(pid: str) -> bool:
+    """A child still running after a moment (one exiting is not a leftover)."""
+    until = time.monotonic() + ENDING_WAIT
+    while ps.children_state().get(pid) is not None:
+        if time.monotonic() >= until:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def group_words(pg: Any) -> str:
+    """``process group '1' (ranks 0-127)``."""
+    import torch.distributed as dist
+
+    if pg is dist.group.WORLD:
+        return "the default process group"
     try:
-        return bool(a == b)
-    except Exception:  # a value whose comparison raises: unchanged only if it is the same
-        return False
-
-
-def _restore(category: str, key: Any, value: Any) -> None:
-    restorers: dict[str, Callable[[Any, Any], None]] = {
-        "env": _restore_env,
-        "cwd": lambda _, v: os.chdir(v),
-        "torch": set_torch_flag,
-    }
-    restore = restorers.get(category)
-    if restore is None:
-        return
-    try:
-        restore(key, value)
-    except Exception:  # e.g. the folder is gone; named either way
-        return
-
-
-def _env_key(name: str) -> Any:
-    """``name`` as :func:`_compat.environ_data` keys it (encoded where the OS has bytes)."""
-    return os.fsencode(name) if os.supports_bytes_environ else name
-
-
-def _decoded(value: Any) -> str:
-    """A name or value of :func:`_compat.environ_data` as ``os.environ`` shows it."""
-    return os.fsdecode(value) if isinstance(value, bytes) else str(value)
-
-
-def _restore_env(name: Any, value: Any) -> None:
-    if value is None:
-        os.environ.pop(_decoded(name), None)
-    else:
-        os.environ[_decoded(name)] = _decoded(value)
-
-
-def _group_words(pg: Any) -> str:
-    from .groupstate import group_words
-
-    return f"process {group_words(pg)}"
+        ranks = ranks_words(dist.get_process_group_ranks(pg))
+    except Exception:
+        ranks = "ranks ?"
+    return f"process group {pg.group_name!r} ({ranks})"
 
 
 def _ending(thread: threading.Thread, until: float) -> bool:

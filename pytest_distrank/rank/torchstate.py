@@ -1,12 +1,15 @@
 """torch's process-wide defaults and flags, as a rank's leftover checks read, restore and name them.
 
 Runs in pool-mode rank processes (:mod:`rank.leftovers` reads these before and after every test).
-torch is imported only where a function runs, and only once the rank has imported it.
+torch is imported only where a function runs, and only once the rank has imported it; the
+``torch._dynamo.config`` entries only once something imported ``torch._dynamo`` (importing it
+costs seconds). Every entry here is restored, and named.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 #: ``torch.backends`` flags read and restored by attribute path, where this torch has them.
@@ -25,6 +28,16 @@ BACKEND_FLAGS = (
 )
 #: ``torch.get_float32_matmul_precision()`` once a test mixed the legacy and new precision APIs.
 MIXED = "(mixed legacy and new precision settings)"
+#: The device types autocast keeps a state for (torch 2.13), read where this torch knows them.
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+#: ``torch._tensor_str.PRINT_OPTS``'s fields, as ``torch.set_printoptions`` names them.
+PRINT_FIELDS = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
+#: torch's print options in a fresh process (the words name the fields that differ).
+PRINT_DEFAULTS = (4, 1000, 3, 80, None)
+#: Prefix of the keys of ``torch._dynamo.config`` entries.
+DYNAMO = "torch._dynamo.config."
+#: Values longer than this are cut in the words (a config entry may hold a long list).
+VALUE_WORDS = 60
 
 
 def _path_get(root: Any, path: str) -> Any:
@@ -45,9 +58,8 @@ def _matmul_precision(torch: Any) -> str:
 
 def torch_flags() -> dict[str, Any]:
     """torch's process-wide defaults and flags, in the order they are restored (the precision
-    before the flags it sets); {} when the rank never imported torch."""
-    import sys
-
+    before the flags it sets; each autocast device before the nesting level); {} when the rank
+    never imported torch."""
     torch: Any = sys.modules.get("torch")
     if torch is None:
         return {}
@@ -67,7 +79,57 @@ def torch_flags() -> dict[str, Any]:
             flags[name] = getattr(owner, attribute)
         except (AttributeError, RuntimeError):
             continue
+    flags.update(_modes(torch))
+    dynamo = sys.modules.get("torch._dynamo.config")
+    if dynamo is not None:  # imported by a test or a fixture: never imported here
+        flags.update((DYNAMO + key, value) for key, value in dynamo.get_config_copy().items())
     return flags
+
+
+def _modes(torch: Any) -> dict[str, Any]:
+    """Autocast per device type and its nesting level, anomaly mode, flush-denormal, printing."""
+    modes: dict[str, Any] = {}
+    for device in _autocast_devices(torch):
+        modes[f"autocast {device}"] = (
+            torch.is_autocast_enabled(device),
+            torch.get_autocast_dtype(device),
+        )
+    modes["autocast nesting"] = _nesting(torch)
+    modes["autocast cache"] = torch.is_autocast_cache_enabled()
+    modes["anomaly detection"] = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
+    modes["flush denormal"] = _flushes_denormals(torch)
+    options = torch._tensor_str.PRINT_OPTS
+    modes["print options"] = tuple(getattr(options, field) for field in PRINT_FIELDS)
+    return modes
+
+
+def _nesting(torch: Any) -> int:
+    """autocast's nesting level (torch reads it only as the result of a change: one up and
+    back down)."""
+    torch.autocast_increment_nesting()
+    return int(torch.autocast_decrement_nesting())
+
+
+@functools.cache
+def _autocast_devices(torch: Any) -> tuple[str, ...]:
+    """The device types of :data:`AUTOCAST_DEVICES` (and a registered private backend's) whose
+    autocast state this torch reads (looked up once)."""
+    names = [*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name()]
+    found = []
+    for device in dict.fromkeys(names):
+        try:
+            torch.is_autocast_enabled(device)
+            torch.get_autocast_dtype(device)
+        except (RuntimeError, TypeError, ValueError):
+            continue
+        found.append(device)
+    return tuple(found)
+
+
+def _flushes_denormals(torch: Any) -> bool:
+    """Whether CPU arithmetic flushes denormals to zero (``torch.set_flush_denormal``, which
+    has no getter): a denormal times one reads zero then (~4 us)."""
+    return bool((torch.tensor([1e-310], dtype=torch.float64) * 1.0).item() == 0.0)
 
 
 @functools.cache
@@ -100,8 +162,61 @@ def set_torch_flag(name: str, value: Any) -> None:
     elif name == "float32 matmul precision":
         if value != MIXED:
             torch.set_float32_matmul_precision(value)
+    elif name.startswith("autocast "):
+        _set_autocast(torch, name.removeprefix("autocast "), value)
+    elif name == "anomaly detection":
+        torch.set_anomaly_enabled(value[0], value[1])
+    elif name == "flush denormal":
+        torch.set_flush_denormal(value)
+    elif name == "print options":
+        for field, field_value in zip(PRINT_FIELDS, value, strict=True):
+            setattr(torch._tensor_str.PRINT_OPTS, field, field_value)
+    elif name.startswith(DYNAMO):
+        set_dynamo_config(name, value)
     else:
         _path_set(torch, name.removeprefix("torch."), value)
+
+
+def _set_autocast(torch: Any, what: str, value: Any) -> None:
+    """One autocast entry back; its cache is cleared, as leaving the outermost autocast does
+    (casts made under it must not serve later tests)."""
+    if what == "nesting":
+        level = _nesting(torch)
+        while level > value:
+            level = torch.autocast_decrement_nesting()
+        while level < value:
+            level = torch.autocast_increment_nesting()
+    elif what == "cache":
+        torch.set_autocast_cache_enabled(value)
+    else:
+        torch.set_autocast_enabled(what, value[0])
+        torch.set_autocast_dtype(what, value[1])
+    torch.clear_autocast_cache()
+
+
+def set_dynamo_config(name: str, value: Any) -> None:
+    """A ``torch._dynamo.config`` entry back to ``value``."""
+    import torch._dynamo.config as config
+
+    setattr(config, name.removeprefix(DYNAMO), value)
+
+
+def dynamo_default(name: str) -> bool:
+    """Whether a ``torch._dynamo.config`` entry is at its default (read when dynamo was imported
+    during the test: there is no earlier value to compare with)."""
+    import torch._dynamo.config as config
+
+    try:
+        return bool(config._is_default(name.removeprefix(DYNAMO)))
+    except Exception:  # a torch without the private check: named only if set
+        return False
+
+
+def reset_dynamo_config(name: str) -> None:
+    """A ``torch._dynamo.config`` entry back to its default."""
+    import torch._dynamo.config as config
+
+    delattr(config, name.removeprefix(DYNAMO))
 
 
 def flag_words(name: str, value: Any) -> str:
@@ -117,4 +232,44 @@ def flag_words(name: str, value: Any) -> str:
         return f"deterministic algorithms {'on' if on else 'off'}" + (
             " (warn only)" if on and warn_only else ""
         )
-    return f"{name} {value}"
+    return _mode_words(name, value) or f"{name} {_short(value)}"
+
+
+def _mode_words(name: str, value: Any) -> str:
+    """The words of :func:`_modes`' entries ("" for another flag)."""
+    if name == "autocast nesting":
+        return (
+            f"autocast left entered (nesting level {value})"
+            if value
+            else ("autocast nesting level 0")
+        )
+    if name == "autocast cache":
+        return f"the autocast cache {'on' if value else 'off'}"
+    if name.startswith("autocast "):
+        on, dtype = value
+        device = name.removeprefix("autocast ")
+        return (
+            f"autocast on {device} ({str(dtype).removeprefix('torch.')})"
+            if on
+            else (f"autocast off on {device}")
+        )
+    if name == "anomaly detection":
+        on, check_nan = value
+        return f"anomaly detection {'on' if on else 'off'}" + (
+            " (without NaN checks)" if on and not check_nan else ""
+        )
+    if name == "flush denormal":
+        return f"flush-denormal {'on' if value else 'off'}"
+    if name == "print options":
+        changed = [
+            f"{field} {v}"
+            for field, v, default in zip(PRINT_FIELDS, value, PRINT_DEFAULTS, strict=True)
+            if v != default
+        ]
+        return f"torch print options ({', '.join(changed) or 'the defaults'})"
+    return ""
+
+
+def _short(value: Any) -> str:
+    words = repr(value) if not isinstance(value, (str, bool, int, float)) else str(value)
+    return words if len(words) <= VALUE_WORDS else words[: VALUE_WORDS - 3] + "..."

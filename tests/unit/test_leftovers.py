@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from pytest_distrank.outcome.checks import and_words, leftover_lines
-from pytest_distrank.rank.leftovers import Snapshot, env_words, few
+from pytest_distrank.rank import processstate
+from pytest_distrank.rank.leftovers import env_words, few
+from pytest_distrank.rank.snapshot import Snapshot
 from pytest_distrank.rank.torchstate import flag_words
 
 
@@ -84,3 +86,45 @@ def test_a_cleared_environment_names_a_few_variables_and_counts_the_rest() -> No
         "35 more environment variables",
     ]
     assert few(words[:6], "environment variables") == words[:6]
+
+
+def test_what_is_only_named_is_kept_apart_from_what_was_restored() -> None:
+    lines = leftover_lines(
+        "t.py::t",
+        {r: ("autocast on cpu (bfloat16)", "umask 0o077 (not restored)") for r in range(128)},
+    )
+    assert lines == [
+        "leftovers: t.py::t left autocast on cpu (bfloat16) on ranks 0-127 (restored); umask "
+        "0o077 (not restored) on ranks 0-127"
+    ]
+
+
+def test_words_of_torch_modes_and_named_state() -> None:
+    assert flag_words("autocast cpu", (True, torch.bfloat16)) == "autocast on cpu (bfloat16)"
+    assert flag_words("autocast nesting", 1) == "autocast left entered (nesting level 1)"
+    assert flag_words("anomaly detection", (True, False)) == (
+        "anomaly detection on (without NaN checks)"
+    )
+    assert (
+        flag_words("print options", (1, 1000, 3, 80, None)) == "torch print options (precision 1)"
+    )
+    assert flag_words("torch._dynamo.config.x", "y" * 100).endswith("...")
+    assert processstate.umask_words(0o77) == "umask 0o077"
+    assert processstate.signal_words("15", __import__("signal").SIG_IGN) == "SIGTERM ignored"
+    assert processstate.module_words("json", object(), object()) == "sys.modules['json'] replaced"
+    assert processstate.module_words("json", None, __import__("json")) is None  # an import
+    assert processstate.path_words(("a",), ("x", "a")) == "sys.path changed ('x' added)"
+
+
+def test_a_logger_an_import_created_is_not_named_one_the_test_configured_is() -> None:
+    fresh = (0, (), True, False)
+    configured = (10, (), True, False)
+    assert processstate.logging_words("lib.sub", None, configured, {"lib"}) is None
+    assert (
+        processstate.logging_words("mine", None, configured, {"lib"})
+        == "logger 'mine': level DEBUG"
+    )
+    assert processstate.logging_words("mine", None, fresh, set()) is None
+    assert processstate.logging_words("", (30, (), True, False), configured, set()) == (
+        "the root logger: level DEBUG"
+    )

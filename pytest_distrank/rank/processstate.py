@@ -1,0 +1,259 @@
+"""What a test can change in its rank process outside torch, as the leftover checks read and name.
+
+Runs in pool-mode rank processes (:mod:`rank.leftovers` reads these before and after every test).
+Everything here is named, never restored: ``sys.path`` and ``sys.modules`` (a module imported
+again that registered a ``torch.library`` namespace raises, so ``sys.modules`` is never put back),
+the umask, signal dispositions, loggers' levels and handlers, child processes still running and
+sockets left listening (a process or a socket can be named or killed, not put back). Each reader
+returns a category of :class:`leftovers.Snapshot`: a dict of key to value, None for absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import types
+from collections.abc import Container
+from typing import Any
+
+#: Handler classes of these modules are pytest's and the plugin's own: pytest attaches its
+#: capture handler to the root logger and every non-propagating logger at each phase, the
+#: plugin a relay to each non-propagating logger. Never a test's leftover.
+OWN_HANDLER_MODULES = ("_pytest.", "pytest_distrank.")
+#: The key of ``logging.disable``'s level in the ``logging`` category.
+DISABLE = "(logging.disable)"
+#: torch's own loggers: torch reconfigures them itself (``torch._logging``, on the first
+#: compile or ``set_logs``), so their handlers change without a test's doing. Not compared.
+TORCH_LOGGER = "torch"
+#: A logger's state in a fresh process: level NOTSET, no handlers, propagating, enabled.
+FRESH_LOGGER = (logging.NOTSET, (), True, False)
+_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+
+def path_state() -> dict[str, Any]:
+    return {"": tuple(sys.path)}
+
+
+def modules_state() -> dict[str, Any]:
+    """``sys.modules`` as it is: name -> the module object (a shallow copy, ~40 us)."""
+    return dict(sys.modules)
+
+
+def umask_state() -> dict[str, Any]:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return {"": mask}
+
+
+def signal_state() -> dict[str, Any]:
+    """Each signal's Python-level disposition (a handler torch or a C library installed is not
+    seen: Python reports it as None before and after alike)."""
+    state: dict[str, Any] = {}
+    for number in signal.valid_signals():
+        if number in _UNCATCHABLE:
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            state[str(number)] = signal.getsignal(number)
+    return state
+
+
+def logging_state() -> dict[str, Any]:
+    """Per logger (the root as ``""``): level, the handlers a test may add (pytest's and the
+    plugin's own left out), whether it propagates, whether it is disabled."""
+    manager = logging.Logger.manager
+    loggers: list[tuple[str, logging.Logger]] = [("", logging.getLogger())]
+    loggers += [
+        (name, lg)
+        for name, lg in list(manager.loggerDict.items())
+        if isinstance(lg, logging.Logger)
+    ]
+    state: dict[str, Any] = {DISABLE: manager.disable}
+    for name, logger in loggers:
+        if name == TORCH_LOGGER or name.startswith(TORCH_LOGGER + "."):
+            continue
+        handlers = tuple(h for h in logger.handlers if not _own_handler(h))
+        state[name] = (logger.level, handlers, logger.propagate, logger.disabled)
+    return state
+
+
+def _own_handler(handler: logging.Handler) -> bool:
+    return type(handler).__module__.startswith(OWN_HANDLER_MODULES)
+
+
+def children_state() -> dict[str, Any]:
+    """This process's children still running (zombies left out): pid -> its command line.
+
+    Read from ``/proc/self/task/*/children`` (a rank is a child subreaper: orphans of its
+    children are re-parented to it and listed there too). A fork of this process that
+    multiprocessing does not manage is left out: it runs the rank's own code, and the fork
+    check (:func:`hygiene.stray_forks`) reports it."""
+    found: dict[str, Any] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return found
+    own = _command("self")
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            command = _command(pid)
+            if command is not None and (command != own or _managed(int(pid))):
+                found[pid] = command
+    return found
+
+
+def _managed(pid: int) -> bool:
+    """Whether ``pid`` is a child multiprocessing started (a DataLoader's worker, a Pool's)."""
+    mp = sys.modules.get("multiprocessing")
+    return mp is not None and any(p.pid == pid for p in mp.active_children())
+
+
+def _command(pid: str) -> str | None:
+    """A child's command line in words, or None once it exited (or is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            if f.read().rsplit(b")", 1)[1].split()[0] == b"Z":
+                return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except (OSError, IndexError):
+        return None
+
+
+def socket_inodes() -> frozenset[int]:
+    """The inodes of the sockets this process holds open (~15 us)."""
+    found = set()
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                found.add(int(target[8:-1]))
+    return frozenset(found)
+
+
+def listening(inodes: frozenset[int]) -> dict[int, str]:
+    """Of ``inodes``, those listening (TCP, TCP over IPv6, Unix): inode -> its address."""
+    found: dict[int, str] = {}
+    for table in ("tcp", "tcp6"):
+        for fields in _rows(table):
+            if len(fields) > 9 and fields[3] == "0A" and int(fields[9]) in inodes:
+                found[int(fields[9])] = _address(fields[1])
+    for fields in _rows("unix"):  # Num RefCount Protocol Flags Type St Inode [Path]
+        if len(fields) > 6 and int(fields[3], 16) & 0x10000 and int(fields[6]) in inodes:
+            found[int(fields[6])] = fields[7] if len(fields) > 7 else "an unnamed Unix socket"
+    return found
+
+
+def _rows(table: str) -> list[list[str]]:
+    try:
+        with open(f"/proc/self/net/{table}") as f:
+            return [line.split() for line in f.read().splitlines()[1:]]
+    except OSError:
+        return []
+
+
+def _address(hex_address: str) -> str:
+    """``0100007F:1F90`` -> ``127.0.0.1:8080``; an IPv6 address keeps only its port's words."""
+    host, _, port = hex_address.partition(":")
+    number = int(port, 16)
+    if len(host) == 8:
+        octets = bytes.fromhex(host)[::-1]
+        return f"{'.'.join(str(b) for b in octets)}:{number}"
+    return f"port {number} (IPv6)"
+
+
+# -- words -------------------------------------------------------------------------------------
+
+
+def path_words(before: tuple[str, ...], after: tuple[str, ...]) -> str:
+    added = [p for p in after if p not in before]
+    removed = [p for p in before if p not in after]
+    parts = [f"{p!r} added" for p in added[:2]] + [f"{p!r} removed" for p in removed[:2]]
+    more = len(added) + len(removed) - len(parts)
+    parts += [f"{more} more"] if more > 0 else []
+    return f"sys.path changed ({', '.join(parts) or 'reordered'})"
+
+
+def module_words(name: str, before: Any, after: Any) -> str | None:
+    """A ``sys.modules`` entry's change in words; None for an ordinary import (a module that
+    was not there and is now, imported under its own name: what any first import does)."""
+    if before is None:
+        return None if _imported(name, after) else f"sys.modules[{name!r}] added"
+    if after is None:
+        return f"sys.modules[{name!r}] removed"
+    return f"sys.modules[{name!r}] replaced"
+
+
+def _imported(name: str, module: Any) -> bool:
+    spec = getattr(module, "__spec__", None) if isinstance(module, types.ModuleType) else None
+    return spec is not None and getattr(spec, "name", None) == name
+
+
+def umask_words(mask: int) -> str:
+    return f"umask {mask:#05o}"
+
+
+def signal_words(number: str, handler: Any) -> str:
+    try:
+        name = signal.Signals(int(number)).name
+    except ValueError:
+        name = f"signal {number}"
+    if handler is signal.SIG_IGN:
+        how = "ignored"
+    elif handler is signal.SIG_DFL:
+        how = "back to its default"
+    elif handler is None:
+        how = "handled outside Python"
+    else:
+        how = f"handled by {getattr(handler, '__qualname__', type(handler).__name__)}"
+    return f"{name} {how}"
+
+
+def logging_words(name: str, before: Any, after: Any, imported: Container[str]) -> str | None:
+    """A logger's change in words: its level, handlers added or removed, propagation. A logger
+    the test created is compared with a fresh one, unless a module imported during the test
+    is its name or holds it (``torch._dynamo.guards.__recompiles``): an import configures its
+    own loggers. None: no leftover."""
+    if name == DISABLE:
+        return f"logging.disable({logging.getLevelName(after)})"
+    if after is None or (before is None and _by_import(name, imported)):
+        return None
+    who = "the root logger" if name == "" else f"logger {name!r}"
+    old, new = before or FRESH_LOGGER, after
+    if old == new:
+        return None
+    parts = []
+    if old[0] != new[0]:
+        parts.append(f"level {logging.getLevelName(new[0])}")
+    added = [type(h).__name__ for h in new[1] if h not in old[1]]
+    removed = [type(h).__name__ for h in old[1] if h not in new[1]]
+    parts += [f"a {h} added" for h in added] + [f"a {h} removed" for h in removed]
+    if old[2] != new[2]:
+        parts.append("propagating" if new[2] else "not propagating")
+    if old[3] != new[3]:
+        parts.append("disabled" if new[3] else "enabled")
+    return f"{who}: {', '.join(parts)}"
+
+
+def _by_import(name: str, imported: Container[str]) -> bool:
+    parts = name.split(".")
+    return any(".".join(parts[:n]) in imported for n in range(len(parts), 0, -1))
+
+
+def child_words(pid: str, command: str) -> str:
+    shown = command if len(command) <= 60 else command[:57] + "..."
+    return f"child process {pid} ({shown}) still running"
+
+
+def socket_words(address: str) -> str:
+    return f"a socket listening on {address}"

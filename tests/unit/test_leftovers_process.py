@@ -1,0 +1,117 @@
+"""Unit, property with real process state: whatever a generated test body changes in a process,
+the leftover check (rank/leftovers.py) either restores it or names it, never keeps it silently.
+
+The bodies run in one subprocess (torch's global state of this test process is left alone):
+200 generated subsets of the changes below, each applied, then the check's teardown and finish
+as a rank runs them, then every change compared with the state before. Budget: < 30 s.
+"""
+
+# ruff: noqa: E501  (the body below is a script, one change a line)
+from __future__ import annotations
+
+import subprocess
+import sys
+
+BODY = r"""
+import logging, os, signal, socket, subprocess, sys, types
+import torch, torch._dynamo.config as dynamo_config
+from hypothesis import given, settings, strategies as st
+from pytest_distrank.rank import leftovers
+from pytest_distrank.rank.leftovers import LeftoverCheck
+
+leftovers.ENDING_WAIT = 0.02
+held = []
+modules = []
+
+def change(apply, read, words, undo=None):
+    return (apply, read, words, undo)
+
+CHANGES = {
+    "env": change(lambda: os.environ.__setitem__("LEFT_X", "1"), lambda: os.environ.get("LEFT_X"), "LEFT_X set"),
+    "cwd": change(lambda: os.chdir("/"), os.getcwd, "the working folder changed"),
+    "dtype": change(lambda: torch.set_default_dtype(torch.float64), torch.get_default_dtype, "the default dtype"),
+    "grad": change(lambda: torch.set_grad_enabled(False), torch.is_grad_enabled, "grad mode"),
+    "autocast": change(lambda: torch.autocast("cpu", dtype=torch.bfloat16).__enter__(),
+                       lambda: (torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")), "autocast on cpu"),
+    "autocast_dtype": change(lambda: torch.set_autocast_dtype("cpu", torch.float16),
+                             lambda: torch.get_autocast_dtype("cpu"), "autocast off on cpu"),
+    "anomaly": change(lambda: torch.set_anomaly_enabled(True), torch.is_anomaly_enabled, "anomaly detection"),
+    "denormal": change(lambda: torch.set_flush_denormal(True),
+                       lambda: (torch.tensor([1e-310], dtype=torch.float64) * 1.0).item(), "flush-denormal"),
+    "print": change(lambda: torch.set_printoptions(precision=1), lambda: torch._tensor_str.PRINT_OPTS.precision, "print options"),
+    "dynamo": change(lambda: setattr(dynamo_config, "suppress_errors", True), lambda: dynamo_config.suppress_errors,
+                     "torch._dynamo.config.suppress_errors"),
+    "path": change(lambda: sys.path.insert(0, "/left/path"), lambda: list(sys.path), "sys.path changed",
+                   lambda: sys.path.remove("/left/path")),
+    "module": change(lambda: modules.append(sys.modules.get("json")) or sys.modules.__setitem__("json", types.ModuleType("json")),
+                     lambda: id(sys.modules.get("json")), "sys.modules['json'] replaced",
+                     lambda: sys.modules.__setitem__("json", modules.pop())),
+    "umask": change(lambda: os.umask(0o077), lambda: (lambda m: (os.umask(m), m)[1])(os.umask(0o022)), "umask",
+                    lambda: os.umask(0o022)),
+    "signal": change(lambda: signal.signal(signal.SIGUSR1, signal.SIG_IGN), lambda: signal.getsignal(signal.SIGUSR1),
+                     "SIGUSR1 ignored", lambda: signal.signal(signal.SIGUSR1, signal.SIG_DFL)),
+    "level": change(lambda: logging.getLogger().setLevel(logging.DEBUG), lambda: logging.getLogger().level,
+                    "the root logger: level DEBUG", lambda: logging.getLogger().setLevel(logging.WARNING)),
+    "handler": change(lambda: logging.getLogger("left.lib").addHandler(logging.NullHandler()),
+                      lambda: len(logging.getLogger("left.lib").handlers), "logger 'left.lib'",
+                      lambda: logging.getLogger("left.lib").handlers.clear()),
+    "child": change(lambda: held.append(subprocess.Popen(["sleep", "30"])),
+                    lambda: sum(1 for p in held if isinstance(p, subprocess.Popen) and p.poll() is None),
+                    "child process", lambda: [p.kill() or p.wait() for p in held if isinstance(p, subprocess.Popen)] and held.clear()),
+    "socket": change(lambda: held.append(socket.create_server(("127.0.0.1", 0))),
+                     lambda: sum(1 for s in held if isinstance(s, socket.socket)),
+                     "a socket listening on 127.0.0.1",
+                     lambda: [s.close() for s in held if isinstance(s, socket.socket)] and held.clear()),
+}
+
+def teardown(check):
+    gen = check.pytest_runtest_teardown(None)
+    next(gen)
+    try:
+        gen.send(None)
+    except StopIteration:
+        pass
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.sets(st.sampled_from(sorted(CHANGES))))
+def body(chosen):
+    check = LeftoverCheck(0, "restore", (), ())
+    reads = {name: CHANGES[name][1]() for name in CHANGES}
+    check.start(None, harness=False)
+    for name in sorted(chosen):
+        CHANGES[name][0]()
+    teardown(check)
+    words, unfit = check.finish()
+    said = " | ".join(words)
+    try:
+        for name in sorted(chosen):
+            _, read, pattern, _ = CHANGES[name]
+            kept = read() != reads[name]
+            named = pattern in said
+            assert not kept or named, f"{name}: kept and not named in {said!r}"
+        for name in set(CHANGES) - chosen:  # nothing is named that the body did not change
+            assert CHANGES[name][2] not in said or name in ("autocast", "autocast_dtype"), (name, said)
+        assert not unfit, unfit
+    finally:
+        for name in sorted(chosen):  # what is only named is undone here, for the next body
+            undo = CHANGES[name][3]
+            if undo is not None:
+                undo()
+
+logging.getLogger().setLevel(logging.WARNING)
+os.umask(0o022)
+body()
+print("ok")
+"""
+
+
+def test_every_change_a_generated_test_makes_is_restored_or_named() -> None:
+    """Rule: after the check, each change the body made either reads as before it (restored)
+    or is named in the check's words (only named); a change is never kept silently, and
+    nothing the body did not change is named. 200 bodies, one subprocess."""
+    done = subprocess.run(
+        [sys.executable, "-c", BODY], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
+        done.stdout[-3000:] + done.stderr[-3000:]
+    )
