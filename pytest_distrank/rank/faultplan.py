@@ -1,14 +1,18 @@
 """Injected faults, the pure part: the calls' arguments, op names, counting, the words.
 
 Runs in rank processes of both modes (:mod:`rank.faults` uses it inside a test that arms a
-fault). No torch, no processes: unit-tested without ranks (``tests/unit/test_faults_api.py``).
+fault). No torch, no processes: unit-tested without ranks (``tests/unit/test_faults_api.py``,
+``tests/unit/test_faults_counting.py``).
 
 A fault is armed by a call every rank makes (``faults.kill(rank=2, at="all_reduce", nth=3)``):
 each rank checks the arguments the same way, so a bad call fails the test on every rank, naming
 the call and the value. The fault acts on its rank only, at the ``nth`` time that rank issues
 the op on one process group, counted per group and per op from the ``faults`` fixture's setup
-(the start of the test). Collectives are also numbered per group across ops, as the hang
-verdicts number them (``#5 on the default group``), point-to-point ops left out.
+(the start of the test). Only the test's own calls count: the plugin's (the checks across
+ranks' twin groups, everything inside ``reference()``) are never counted (:class:`Group`).
+Collectives are also numbered per group across ops, as the hang verdicts number them
+(``all_reduce #5 on the default group``), point-to-point ops left out, and groups are named as
+the verdicts name them (``the group of ranks 2, 3``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import dataclasses
 import signal
 from typing import Any
 
+from ..outcome.collectives import group_of_ranks
 from ..outcome.expectations import ExpectationError, parse_signal
 
 #: The user's op names -> the dispatcher's op names (``c10d::`` from ``torch.distributed.*`` and
@@ -70,6 +75,19 @@ P2P = frozenset({"send", "recv"})
 KINDS = ("kill", "raise_in", "delay", "hang")
 #: The dispatch mode's class name: exempt from the dispatch-modes-left check (groupstate.py).
 MODE_NAME = "FaultInjectionMode"
+
+
+#: Signals whose default action does not end a process: a kill refuses them, and why.
+NOT_ENDING: dict[int, str] = {
+    **{
+        int(getattr(signal, name)): "stops a process without ending it; use faults.hang"
+        for name in ("SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU")
+    },
+    **{
+        int(getattr(signal, name)): "is ignored by default: it does not end a process"
+        for name in ("SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH")
+    },
+}
 
 
 class FaultError(ExpectationError):
@@ -150,8 +168,13 @@ def make_fault(
             fault.signal = parse_signal(signal_, where)
         except ExpectationError as bad:
             raise FaultError(str(bad)) from None
-        if fault.signal == signal.SIGSTOP:
-            raise FaultError(f"{where}: SIGSTOP stops a rank without ending it; use faults.hang.")
+        why = NOT_ENDING.get(fault.signal)
+        if why is not None:
+            raise FaultError(
+                f"{where}: {signal.Signals(fault.signal).name} {why}. A kill ends the rank by "
+                "its signal: take one that ends a process, such as SIGKILL (the default), "
+                "SIGTERM, SIGINT, SIGABRT, SIGSEGV, SIGUSR1 or SIGUSR2."
+            )
     elif kind == "delay":
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
             raise FaultError(f"{where}: seconds={seconds!r} must be a number of seconds >= 0.")
@@ -174,6 +197,43 @@ def ordinal(n: int) -> str:
     return f"{n}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th') }"
 
 
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """The process group of one op, as the fault kit counts it."""
+
+    #: Its name (the counting key: two groups of the same members are two groups).
+    key: str
+    #: Its members (global ranks), None where they are not known.
+    members: tuple[int, ...] | None = None
+    default: bool = False
+    #: One of the plugin's own, never counted: a twin group of the checks across ranks, or any
+    #: group while ``reference()`` runs (its one-rank world).
+    plugin: bool = False
+
+    def words(self) -> str:
+        """``the default group``, ``the group of ranks 2, 3``: as the verdicts say."""
+        if self.default:
+            return "the default group"
+        if self.members:
+            return group_of_ranks(self.members)
+        return f"group {self.key!r}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Slot:
+    """Where one op of the test falls: its counts, and its group in words."""
+
+    op: str
+    #: The group in words.
+    group: str
+    #: This op's count on this group (what ``nth`` means).
+    nth: int
+    #: The group's collective number (``#5 on the default group``); 0 for point-to-point ops.
+    number: int
+    #: This op's count over every group.
+    overall: int
+
+
 @dataclasses.dataclass
 class Counts:
     """The ops one rank issued since the test started, per group: by op, and all collectives."""
@@ -182,38 +242,79 @@ class Counts:
     by_op: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
     #: group key -> collectives issued (point-to-point ops left out).
     by_group: dict[str, int] = dataclasses.field(default_factory=dict)
-    #: group key -> the group in words ("the default group").
-    words: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: user op -> how many, over every group.
+    overall: dict[str, int] = dataclasses.field(default_factory=dict)
+    #: group key -> the group (first seen).
+    groups: dict[str, Group] = dataclasses.field(default_factory=dict)
 
-    def note(self, group: str, op: str, words: str) -> tuple[int, int]:
-        """One more ``op`` on ``group``: its count of that op, and its collective number."""
-        nth = self.by_op.get((group, op), 0) + 1
-        self.by_op[group, op] = nth
-        self.words.setdefault(group, words)
-        number = self.by_group.get(group, 0)
+    def note(self, group: Group, op: str) -> Slot | None:
+        """One more ``op`` on ``group``: where it falls; None for the plugin's own ops."""
+        if group.plugin:
+            return None
+        key = group.key
+        self.groups.setdefault(key, group)
+        nth = self.by_op[key, op] = self.by_op.get((key, op), 0) + 1
+        overall = self.overall[op] = self.overall.get(op, 0) + 1
+        number = 0
         if op not in P2P:
-            number += 1
-            self.by_group[group] = number
-        return nth, number
+            number = self.by_group[key] = self.by_group.get(key, 0) + 1
+        return Slot(op, self.words(key), nth, number, overall)
+
+    def words(self, key: str) -> str:
+        """The group in words; its name too where another group has the same members."""
+        group = self.groups.get(key)
+        if group is None:
+            return f"group {key!r}"
+        words = group.words()
+        if any(g.words() == words for k, g in self.groups.items() if k != key):
+            words += f" named {key!r}"
+        return words
 
     def issued(self, op: str) -> str:
         """``2 all_reduce (on the default group)``: how many times ``op`` was issued, per group."""
-        found = [(self.words.get(g, g), n) for (g, o), n in self.by_op.items() if o == op]
+        found = [(self.words(g), n) for (g, o), n in self.by_op.items() if o == op]
         if not found:
             return f"0 {op}"
         return "; ".join(f"{n} {op} (on {words})" for words, n in found)
 
 
-def fired_line(
-    fault: Fault, rank: int, nth: int, number: int, group: str, seconds: float, when: str
-) -> str:
-    """``injected: SIGKILL to rank 2 at all_reduce #3 (the 3rd all_reduce, #5 on the default
-    group), 0.41 s into call (faults.kill(...))``: the line in the test's report."""
-    where = f"{fault.at} #{nth}"
-    slot = f"#{number} on {group}" if fault.at not in P2P else f"on {group}"
+@dataclasses.dataclass
+class Plan:
+    """One rank's armed faults and its counts: which fault is due at each op."""
+
+    armed: list[Fault] = dataclasses.field(default_factory=list)
+    counts: Counts = dataclasses.field(default_factory=Counts)
+
+    def see(self, op: str, group: Group) -> tuple[Slot | None, list[Fault]]:
+        """The rank is about to run ``op`` on ``group``: where it falls, and the faults that
+        fire now (marked fired): those at ``op`` whose ``nth`` it is on that group."""
+        slot = self.counts.note(group, op)
+        if slot is None:
+            return None, []
+        due = [f for f in self.armed if not f.fired and f.at == op and f.nth == slot.nth]
+        for fault in due:
+            fault.fired = True
+        return slot, due
+
+    def missed(self) -> list[Fault]:
+        """Armed faults that never fired and are not optional."""
+        return [f for f in self.armed if not f.fired and not f.optional]
+
+
+def fired_line(fault: Fault, rank: int, slot: Slot, seconds: float, when: str) -> str:
+    """``injected: SIGKILL to rank 2 at all_reduce #5 on the default group (its 3rd
+    all_reduce), 0.41 s into call (faults.kill(...))``: the line in the test's report. ``#5``
+    numbers the group's collectives, as the verdicts do; where the rank issued the op on other
+    groups too, its count over every group follows (``its 2nd all_reduce there, its 3rd in
+    all``)."""
+    op = slot.op
+    where = f"{op} #{slot.number} on {slot.group}" if slot.number else f"{op} on {slot.group}"
+    count = f"its {ordinal(slot.nth)} {op}"
+    if slot.overall != slot.nth:
+        count += f" there, its {ordinal(slot.overall)} in all"
     return (
-        f"injected: {fault.action(rank)} at {where} (the {ordinal(nth)} {fault.at}, {slot}), "
-        f"{seconds:.2f} s into {when} ({fault.call})"
+        f"injected: {fault.action(rank)} at {where} ({count}), {seconds:.2f} s into {when} "
+        f"({fault.call})"
     )
 
 

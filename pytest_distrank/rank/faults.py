@@ -7,6 +7,9 @@ happened. The mode sees every ``c10d::`` op (``torch.distributed.*``, DDP's broa
 backward all-reduce) and every ``_c10d_functional::`` op (DTensor, tensor parallel), counts them
 per group and per op (:mod:`faultplan`), and fires an armed fault just before the op it names
 runs: the rank never enters that collective. It does not see inside ``torch.compile``d graphs.
+The plugin's own collectives are not the test's and are not counted: those on the checks'
+twin groups (:mod:`ownedgroups`, known by their ``group_desc``) and every op while
+``reference()`` runs (its one-rank world is then torch's default group, not the test's).
 
 A fired fault is reported before it acts: in pool mode through the rank's pipe (the channel the
 pool rank sets, :func:`set_channel`), so that a killed rank is an expected exit and its line
@@ -17,6 +20,7 @@ pool mode only there: torchrun's agent stops every worker when one dies).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
 import sys
@@ -32,13 +36,16 @@ from .faultplan import (
     MODE_NAME,
     OPS,
     USER_NAME,
-    Counts,
     Fault,
+    Group,
+    Plan,
+    Slot,
     call_words,
     fired_line,
     make_fault,
     never_fired,
 )
+from .ownedgroups import OWNED_DESC
 
 #: ``(code, source, injected line, phase)`` -> the controller (pool mode; None elsewhere).
 Channel = Callable[[int | None, str, str, str], None]
@@ -72,9 +79,11 @@ class Faults:
         self.rank = rank
         self.world_size = world_size
         self.item = item
-        #: The faults armed on this rank.
-        self.armed: list[Fault] = []
-        self.counts = Counts()
+        #: The faults armed on this rank, and the test's ops counted.
+        self.plan = Plan()
+        #: The test's default group (torch's ``group.WORLD``) when the fixture was set up:
+        #: another one is ``reference()``'s one-rank world. None: none yet (the test makes it).
+        self.world: Any = None
         self.started = time.monotonic()
         self.call_started: float | None = None
         self.call_ended: float | None = None
@@ -152,7 +161,7 @@ class Faults:
 
     def _arm(self, fault: Fault) -> None:
         if fault.rank == self.rank:
-            self.armed.append(fault)
+            self.plan.armed.append(fault)
 
     # -- the test's life -----------------------------------------------------------------------
 
@@ -169,9 +178,9 @@ class Faults:
         finally:
             restore()
             faults._leave()
-        missed = [f for f in faults.armed if not f.fired and not f.optional]
+        missed = faults.plan.missed()
         if missed:
-            text = "\n".join(never_fired(f, rank, faults.counts) for f in missed)
+            text = "\n".join(never_fired(f, rank, faults.plan.counts) for f in missed)
             pytest.fail(text, pytrace=False)
 
     def _watch_call(self) -> Callable[[], None]:
@@ -200,6 +209,9 @@ class Faults:
         return restore
 
     def _enter(self) -> None:
+        import torch.distributed as dist
+
+        self.world = dist.group.WORLD if dist.is_available() else None
         self.mode = _mode_class()(self)
         self.mode.__enter__()
 
@@ -221,25 +233,40 @@ class Faults:
 
     def before(self, op: str, args: tuple[Any, ...]) -> None:
         """The rank is about to run ``op`` (a user op name): count it, fire what is due."""
-        key, words = _group_of(args)
+        group = _group_of(args, self._in_reference())
         with self._lock:
-            nth, number = self.counts.note(key, op, words)
-            due = [f for f in self.armed if not f.fired and f.at == op and f.nth == nth]
-            for fault in due:
-                fault.fired = True
+            slot, due = self.plan.see(op, group)
         for fault in due:
-            self._fire(fault, nth, number, words)
+            assert slot is not None
+            self._fire(fault, slot)
 
-    def _fire(self, fault: Fault, nth: int, number: int, words: str) -> None:
+    def _in_reference(self) -> bool:
+        """Whether ``reference()`` runs: torch's default group is then its one-rank world's,
+        not the test's: the one it had when the fixture was set up, or one of its world size
+        that it made (or made again) since. (At world size 1 a world made after the fixture's
+        setup is taken for the test's only where it had none.)"""
+        import torch.distributed as dist
+
+        world = dist.group.WORLD
+        if (
+            world is not self.world
+            and world is not None
+            and world.size() == self.world_size
+            and (self.world is None or self.world_size > 1)
+        ):
+            self.world = world  # the test made its world after the fixture's setup
+        return world is not self.world
+
+    def _fire(self, fault: Fault, slot: Slot) -> None:
         when, seconds = self._phase()
-        line = fired_line(fault, self.rank, nth, number, words, seconds, when)
+        line = fired_line(fault, self.rank, slot, seconds, when)
         kill = fault.kind == "kill"
         if _channel is not None:
             _channel(-fault.signal if kill else None, fault.call if kill else "", line, when)
         else:
             self.item.add_report_section(when, SECTION_KEY, line)
         if kill:
-            _die(fault.signal, line)
+            _die(fault, line, when)
         elif fault.kind == "raise_in":
             assert fault.exc is not None
             raise fault.exc
@@ -250,43 +277,82 @@ class Faults:
                 time.sleep(3600)
 
 
-def _die(signum: int, line: str) -> None:
-    """End this rank by ``signum``, as the fault says, after a word in its log."""
+#: How long a kill waits for its signal to end the rank before it ends it by SIGKILL.
+SIGNAL_WAIT_S = 2.0
+
+
+def _die(fault: Fault, line: str, when: str) -> None:
+    """End this rank by the fault's signal, after a word in its log.
+
+    Whatever the rank or the test set for the signal is undone first, so that its default
+    action (to end the process) is what happens: faulthandler's dump (a pool rank's SIGUSR1),
+    a Python handler of the test's or an ignored disposition (SIGPIPE), a block (a pool rank
+    keeps SIGUSR2 blocked: it is sent to this thread alone, unblocked here). Where the signal
+    still does not end the rank (a handler set in C, or a Python handler when the fault fires
+    in another thread than the main one: only the main thread may reset it), the rank says so
+    and ends by SIGKILL, announced first as its expected exit: the kit never fails a test for
+    the exit it produced.
+    """
+    signum = fault.signal
     with contextlib.suppress(Exception):
         sys.stdout.flush()
         sys.stderr.flush()
         os.write(2, f"{line}\n".encode())
-    if signum != signal.SIGKILL and signal.getsignal(signum) not in (signal.SIG_DFL, None):
-        with contextlib.suppress(ValueError, OSError):  # a handler of the test's: not this time
+    if signum != signal.SIGKILL:
+        with contextlib.suppress(Exception):
+            faulthandler.unregister(signum)
+        with contextlib.suppress(ValueError, OSError):  # ValueError: not the main thread
             signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
-    time.sleep(5)  # a signal that does not end a process (SIGCHLD, SIGURG): end it anyway
-    os._exit(128 + signum)
+        with contextlib.suppress(OSError):
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+        signal.pthread_kill(threading.get_ident(), signum)
+        time.sleep(SIGNAL_WAIT_S)
+        name = signal.Signals(signum).name
+        why = (
+            f"{fault.call}: {name} did not end the rank within {SIGNAL_WAIT_S:g} s (a handler "
+            "the kit cannot reset took it), so the kit ended it by SIGKILL"
+        )
+        if _channel is not None:
+            _channel(-int(signal.SIGKILL), why, "", when)
+        with contextlib.suppress(Exception):
+            os.write(2, f"{why}\n".encode())
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _group_of(args: tuple[Any, ...]) -> tuple[str, str]:
-    """The op's process group: its name (the counting key) and its words."""
+def _group_of(args: tuple[Any, ...], in_reference: bool) -> Group:
+    """The op's process group: its name (the counting key), members, and whether it is one of
+    the plugin's own (a twin of the checks across ranks; anything inside ``reference()``)."""
     import torch
     import torch.distributed as dist
 
-    from .groupstate import group_words
-
+    pg: Any = None
+    name = "?"
     for arg in args:
         if isinstance(arg, torch.ScriptObject):
             try:  # a c10d op's group, boxed (ProcessGroup.unbox: torch's own binding)
                 pg = dist.ProcessGroup.unbox(arg)
             except Exception:
                 continue
-            return str(pg.group_name), group_words(pg)
-    names = [a for a in args if isinstance(a, str)]
-    if names:  # a functional collective names its group last
-        name = names[-1]
-        try:
-            pg = dist.distributed_c10d._resolve_process_group(name)
-        except Exception:
-            return name, f"group {name!r}"
-        return str(pg.group_name), group_words(pg)
-    return "?", "an unknown group"
+            break
+    else:
+        names = [a for a in args if isinstance(a, str)]
+        if names:  # a functional collective names its group last
+            name = names[-1]
+            with contextlib.suppress(Exception):
+                pg = dist.distributed_c10d._resolve_process_group(name)
+    if pg is None:
+        return Group(name, plugin=in_reference)
+    try:
+        members: tuple[int, ...] | None = tuple(dist.get_process_group_ranks(pg))
+    except Exception:
+        members = None
+    twin = str(getattr(pg, "group_desc", "")) == OWNED_DESC
+    return Group(
+        str(pg.group_name),
+        members,
+        default=pg is dist.group.WORLD,
+        plugin=in_reference or twin,
+    )
 
 
 _MODE: type | None = None

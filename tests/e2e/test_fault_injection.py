@@ -5,10 +5,15 @@ PyTorch's harness anyway (seconds).
 
 The cases share one inner session (``INJECTION``), each followed, where it breaks its pool, by a
 healthy test that must pass on a new pool; ``XDIST`` runs a kill and a raised fault under
-``-n 2``. Every case is bounded: a 60 s deadline, 2 s for the hang.
+``-n 2``. Every case is bounded: a 60 s deadline, 2 s for the hang. A kill whose signal a
+handler takes is checked in a plain process (no session).
 """
 
 from __future__ import annotations
+
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -19,6 +24,7 @@ CASES = (
     HEADER
     + """
 from capture_off import loud
+from pytest_distrank import assert_equal_across_ranks, reference
 
 
 @pytest.mark.world_size(2)
@@ -146,6 +152,68 @@ def test_hang_optional(rank, faults):
 def test_bad_call(rank, faults):
     faults.kill(rank=1, at="allreduce")
 
+
+@pytest.mark.world_size(2)
+def test_kill_after_a_check(rank, faults):
+    faults.kill(rank=1, at="all_gather", nth=1)
+    assert_equal_across_ranks(torch.ones(2), name="weights")  # the plugin's all_gathers
+    out = [torch.zeros(1), torch.zeros(1)]
+    if rank == 0:
+        with pytest.raises(RuntimeError):  # gloo: "Connection closed by peer"
+            dist.all_gather(out, torch.ones(1))
+    else:
+        dist.all_gather(out, torch.ones(1))
+"""
+    + healthy("kill_after_a_check")
+    + """
+
+@pytest.mark.world_size(2)
+def test_raise_after_a_reference(rank, faults):
+    faults.raise_in(rank=1, at="all_reduce", nth=1)
+    assert reference(lambda: dist.all_reduce(torch.ones(1)) or 1) == 1  # its own world's
+    if rank == 1:
+        with pytest.raises(RuntimeError, match="injected"):
+            dist.all_reduce(torch.ones(1))
+
+
+@pytest.mark.world_size(3)
+def test_fault_on_a_subgroup(rank, faults):
+    faults.raise_in(rank=1, at="all_reduce", nth=2)
+    sub = dist.new_group([1, 2])
+    dist.all_reduce(torch.ones(1))
+    if rank:
+        dist.all_reduce(torch.ones(1), group=sub)
+    if rank == 1:
+        with pytest.raises(RuntimeError, match="injected"):
+            dist.all_reduce(torch.ones(1), group=sub)
+    dist.destroy_process_group(sub)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("sig", ["SIGUSR1", "SIGUSR2"])
+def test_kill_by_a_rank_signal(rank, faults, sig):
+    faults.kill(rank=1, at="barrier", signal=sig)
+    if rank == 1:
+        dist.barrier()
+"""
+    + healthy("kill_by_a_rank_signal")
+    + """
+
+@pytest.mark.world_size(2)
+def test_kill_by_a_handled_signal(rank, faults):
+    faults.kill(rank=1, at="barrier", signal="SIGTERM")
+    if rank == 1:
+        signal.signal(signal.SIGTERM, lambda *args: None)  # the test's: not for a kill
+        dist.barrier()
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("sig", ["SIGCHLD", "SIGTSTP"])
+def test_kill_by_a_signal_that_does_not_end(rank, faults, sig):
+    faults.kill(rank=1, at="barrier", signal=sig)
+"""
+    + healthy("kill_by_a_signal_that_does_not_end")
+    + """
 """
 )
 
@@ -211,8 +279,9 @@ def test_a_fired_kill_is_an_expected_exit_listed_in_the_report(
     assert shared.outcomes("test_fault_kill", "test_fault_kill_then_healthy") == ["passed"] * 2
     shared.section("test_fault_kill").fnmatch_lines(
         [
-            "injected: SIGKILL to rank 2 at all_reduce #2 (the 2nd all_reduce, #2 on the default "
-            "group), * s into call (faults.kill(rank=2, at='all_reduce', nth=2, signal='SIGKILL'))"
+            "injected: SIGKILL to rank 2 at all_reduce #2 on the default group (its 2nd "
+            "all_reduce), * s into call (faults.kill(rank=2, at='all_reduce', nth=2, "
+            "signal='SIGKILL'))"
         ]
     )
 
@@ -235,9 +304,11 @@ def test_raised_and_delayed_faults_fire(shared_session: SharedSession) -> None:
     shared = INJECTION.run(shared_session)
     assert shared.outcomes("test_raise", "test_delay") == ["passed"] * 2
     shared.section("test_raise").fnmatch_lines(
-        ["injected: ValueError raised on rank 1 at broadcast #1 (the 1st broadcast, *"]
+        ["injected: ValueError raised on rank 1 at broadcast #1 on the default group (its 1st *"]
     )
-    shared.section("test_delay").fnmatch_lines(["injected: 0.5 s delay of rank 0 at barrier #1 *"])
+    shared.section("test_delay").fnmatch_lines(
+        ["injected: 0.5 s delay of rank 0 at barrier #1 on the default group *"]
+    )
 
 
 def test_a_hang_is_ended_by_the_deadline_and_named(shared_session: SharedSession) -> None:
@@ -252,6 +323,64 @@ def test_a_bad_call_fails_its_test_naming_the_value(shared_session: SharedSessio
     shared = INJECTION.run(shared_session)
     assert shared.outcome("test_bad_call") == "failed"
     shared.section("test_bad_call").fnmatch_lines(["*unknown op 'allreduce'; at= takes one of*"])
+
+
+def test_the_plugins_own_collectives_are_not_counted(shared_session: SharedSession) -> None:
+    """A check across ranks (its twin group's all_gathers) and a reference (its one-rank
+    world's all_reduce) before the test's first op of that kind: the fault fires at the test's
+    own first one (hostile-4 D9)."""
+    shared = INJECTION.run(shared_session)
+    cases = ("test_kill_after_a_check", "test_kill_after_a_check_then_healthy")
+    assert shared.outcomes(*cases, "test_raise_after_a_reference") == ["passed"] * 3
+    shared.section("test_kill_after_a_check").fnmatch_lines(
+        [
+            "injected: SIGKILL to rank 1 at all_gather #1 on the default group (its 1st "
+            "all_gather), * s into call (*)"
+        ]
+    )
+    shared.section("test_raise_after_a_reference").fnmatch_lines(
+        ["injected: RuntimeError raised on rank 1 at all_reduce #1 on the default group *"]
+    )
+
+
+def test_a_fault_names_its_group_and_counts_as_the_verdicts_do(
+    shared_session: SharedSession,
+) -> None:
+    """The 2nd all_reduce on a subgroup, the rank's 3rd: named by its members and both counts
+    (hostile-4 D19)."""
+    shared = INJECTION.run(shared_session)
+    assert shared.outcome("test_fault_on_a_subgroup") == "passed"
+    shared.section("test_fault_on_a_subgroup").fnmatch_lines(
+        [
+            "injected: RuntimeError raised on rank 1 at all_reduce #2 on the group of ranks 1, 2 "
+            "(its 2nd all_reduce there, its 3rd in all), * s into call (*)"
+        ]
+    )
+
+
+def test_a_kill_ends_the_rank_by_its_signal_or_is_refused(shared_session: SharedSession) -> None:
+    """SIGUSR1 and SIGUSR2 (a rank's dump signals) and a signal the test handles end the rank
+    by that signal, as expected; a signal that ignores or stops is refused at arming, naming it
+    and why, and breaks no pool (hostile-4 D10)."""
+    shared = INJECTION.run(shared_session)
+    killed = [f"test_kill_by_a_rank_signal[{sig}]" for sig in ("SIGUSR1", "SIGUSR2")]
+    killed += ["test_kill_by_a_handled_signal", "test_kill_by_a_rank_signal_then_healthy"]
+    assert shared.outcomes(*killed) == ["passed"] * 4
+    shared.about("test_kill_by_a_rank_signal[SIGUSR2]").fnmatch_lines(
+        ["pool killed after a fault: *rank 1 exited (SIGUSR2(-12)) as expected in *"]
+    )
+    refused = [f"test_kill_by_a_signal_that_does_not_end[{sig}]" for sig in ("SIGCHLD", "SIGTSTP")]
+    assert shared.outcomes(*refused) == ["failed"] * 2
+    shared.section(refused[0]).fnmatch_lines(
+        [
+            "*faults.kill(rank=1, at='barrier', nth=1, signal='SIGCHLD'): SIGCHLD is ignored "
+            "by default*"
+        ]
+    )
+    shared.section(refused[1]).fnmatch_lines(["*SIGTSTP stops a process without ending it*"])
+    assert shared.outcome("test_kill_by_a_signal_that_does_not_end_then_healthy") == "passed"
+    broken = [line for line in shared.result.outlines if line.startswith("pool killed")]
+    assert not [line for line in broken if "does_not_end" in line], broken
 
 
 XDIST_CASES = (
@@ -305,3 +434,36 @@ def test_faults_under_xdist(shared_session: SharedSession) -> None:
 @pytest.mark.parametrize("case", ["code_met", "no_match"])
 def test_no_rank_outlives_its_session(shared_session: SharedSession, case: str) -> None:
     assert INJECTION.run(shared_session).leftover == []
+
+
+#: A "rank" whose kill fires in a thread while the test's SIGTERM handler is set: the handler
+#: takes the signal (only the main thread may reset it); the kit's notes go to stdout.
+HANDLED_IN_A_THREAD = """
+import signal, sys, threading
+from pytest_distrank.rank import faults
+from pytest_distrank.rank.faultplan import make_fault
+
+faults.set_channel(lambda *note: print(repr(note), flush=True))
+signal.signal(signal.SIGTERM, lambda *args: None)
+fault = make_fault("kill", 2, rank=1, at="barrier", signal_="SIGTERM", call="C")
+thread = threading.Thread(target=faults._die, args=(fault, "line", "call"))
+thread.start()
+thread.join()
+sys.exit(3)
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_kill_whose_signal_does_not_end_the_rank_ends_it_by_an_announced_sigkill() -> None:
+    """A handler the kit cannot reset takes the signal: the rank announces SIGKILL as its
+    expected exit, then dies by it, so the kit never fails a test for the exit it produced
+    (hostile-4 D10)."""
+    done = subprocess.run(
+        [sys.executable, "-c", HANDLED_IN_A_THREAD], capture_output=True, text=True, timeout=25
+    )
+    assert done.returncode == -signal.SIGKILL, done
+    why = (
+        "C: SIGTERM did not end the rank within 2 s (a handler the kit cannot reset took it), "
+        "so the kit ended it by SIGKILL"
+    )
+    assert done.stdout.splitlines() == [repr((-9, why, "", "call"))], done

@@ -7,10 +7,13 @@ import signal
 import pytest
 
 from pytest_distrank.rank.faultplan import (
+    NOT_ENDING,
     OPS,
     USER_NAME,
     Counts,
     FaultError,
+    Group,
+    Slot,
     call_words,
     fired_line,
     make_fault,
@@ -37,7 +40,7 @@ def test_user_names_map_to_the_dispatcher_ops() -> None:
         ({"rank": 1, "at": "all_reduce", "nth": 0}, r"nth=0 must be an integer >= 1"),
         ({"rank": 1, "at": "all_reduce", "optional": "yes"}, "optional='yes' must be True"),
         ({"rank": 1, "at": "all_reduce", "signal_": "SIGNOPE"}, "signal 'SIGNOPE' is not"),
-        ({"rank": 1, "at": "all_reduce", "signal_": "SIGSTOP"}, "use faults.hang"),
+        ({"rank": 1, "at": "all_reduce", "signal_": "SIGSTOP"}, "SIGSTOP stops a process"),
     ],
 )
 def test_bad_calls_name_the_call_and_the_value(kwargs: dict[str, object], error: str) -> None:
@@ -65,17 +68,32 @@ def test_defaults() -> None:
     )
 
 
+DEFAULT = Group("0", (0, 1, 2, 3), default=True)
+SUB = Group("1", (2, 3))
+
+
 def test_counting_per_group_and_per_op() -> None:
     counts = Counts()
-    assert counts.note("0", "all_reduce", "the default group") == (1, 1)
-    assert counts.note("0", "broadcast", "the default group") == (1, 2)
-    assert counts.note("0", "send", "the default group") == (1, 2)  # p2p: not numbered
-    assert counts.note("1", "all_reduce", "group '1' (ranks 0, 1)") == (1, 1)
-    assert counts.note("0", "all_reduce", "the default group") == (2, 3)
+    assert counts.note(DEFAULT, "all_reduce") == Slot("all_reduce", "the default group", 1, 1, 1)
+    assert counts.note(DEFAULT, "broadcast") == Slot("broadcast", "the default group", 1, 2, 1)
+    assert counts.note(DEFAULT, "send") == Slot("send", "the default group", 1, 0, 1)  # p2p
+    assert counts.note(SUB, "all_reduce") == Slot("all_reduce", "the group of ranks 2, 3", 1, 1, 2)
+    assert counts.note(Group("h", (0, 1), plugin=True), "all_reduce") is None  # the plugin's
+    assert counts.note(DEFAULT, "all_reduce") == Slot("all_reduce", "the default group", 2, 3, 3)
     assert counts.issued("all_reduce") == (
-        "2 all_reduce (on the default group); 1 all_reduce (on group '1' (ranks 0, 1))"
+        "2 all_reduce (on the default group); 1 all_reduce (on the group of ranks 2, 3)"
     )
     assert counts.issued("barrier") == "0 barrier"
+
+
+def test_groups_are_named_as_the_verdicts_name_them() -> None:
+    counts = Counts()
+    counts.note(Group("5", (0, 1)), "all_reduce")
+    assert counts.words("5") == "the group of ranks 0, 1"
+    counts.note(Group("6", (0, 1)), "all_reduce")  # the same members: the names tell them apart
+    assert counts.words("5") == "the group of ranks 0, 1 named '5'"
+    assert counts.words("6") == "the group of ranks 0, 1 named '6'"
+    assert Group("9a2f").words() == "group '9a2f'"  # members not known
 
 
 def test_the_words() -> None:
@@ -83,15 +101,56 @@ def test_the_words() -> None:
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st",
     ]  # fmt: skip
     kill = make_fault("kill", 4, rank=2, at="all_reduce", nth=3, call="faults.kill(C)")
-    line = fired_line(kill, 2, 3, 5, "the default group", 0.414, "call")
+    line = fired_line(kill, 2, Slot("all_reduce", "the default group", 3, 5, 3), 0.414, "call")
     assert line == (
-        "injected: SIGKILL to rank 2 at all_reduce #3 (the 3rd all_reduce, #5 on the default "
-        "group), 0.41 s into call (faults.kill(C))"
+        "injected: SIGKILL to rank 2 at all_reduce #5 on the default group (its 3rd all_reduce), "
+        "0.41 s into call (faults.kill(C))"
     )
+    sub = Slot("all_reduce", "the group of ranks 2, 3", 2, 2, 3)
+    words = "at all_reduce #2 on the group of ranks 2, 3 (its 2nd all_reduce there, its 3rd in all)"
+    assert words in fired_line(kill, 2, sub, 0.0, "call")
+    send = make_fault("raise_in", 4, rank=2, at="send", call="faults.raise_in(C)")
+    slot = Slot("send", "the default group", 1, 0, 1)
+    assert " at send on the default group (its 1st send), " in fired_line(send, 2, slot, 0, "call")
     counts = Counts()
-    counts.note("0", "all_reduce", "the default group")
+    counts.note(DEFAULT, "all_reduce")
     text = never_fired(kill, 2, counts)
     assert text.startswith(
         "faults.kill(C) never fired: rank 2 issued 1 all_reduce (on the default group)"
     )
     assert "optional=True" in text
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("SIGTSTP", "SIGTSTP stops a process without ending it; use faults.hang"),
+        ("SIGTTIN", "SIGTTIN stops a process"),
+        ("SIGTTOU", "SIGTTOU stops a process"),
+        ("SIGCHLD", "SIGCHLD is ignored by default: it does not end a process"),
+        ("SIGCONT", "SIGCONT is ignored by default"),
+        ("SIGURG", "SIGURG is ignored by default"),
+        ("SIGWINCH", "SIGWINCH is ignored by default"),
+    ],
+)
+def test_a_kill_refuses_a_signal_that_does_not_end_a_process(name: str, why: str) -> None:
+    """hostile-4 D10: these were armed, and the kit then rejected the exit it produced."""
+    with pytest.raises(FaultError, match=why) as info:
+        make_fault("kill", 2, rank=1, at="barrier", signal_=name, call="faults.kill(C)")
+    assert str(info.value).startswith("faults.kill(C): ")
+    assert "such as SIGKILL (the default), SIGTERM" in str(info.value)
+
+
+def test_every_other_signal_ends_a_process_by_default() -> None:
+    """The refused ones are exactly those whose default action is to ignore or to stop
+    (signal(7)); a pool rank's own signals (SIGUSR1: its stack dump, SIGUSR2: its flight
+    recorder) are taken back by the kill (rank/faults.py's _die) and are accepted."""
+    ignore_or_stop = {"SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH"}
+    ignore_or_stop |= {"SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"}
+    assert {signal.Signals(s).name for s in NOT_ENDING} == ignore_or_stop
+    from pytest_distrank.pool.worker.main import DUMP_SIGNAL
+    from pytest_distrank.pool.worker.rankfr import FR_SIGNAL
+
+    for accepted in ("SIGKILL", "SIGTERM", "SIGINT", "SIGPIPE", DUMP_SIGNAL, FR_SIGNAL):
+        fault = make_fault("kill", 2, rank=1, at="barrier", signal_=accepted)
+        assert fault.signal not in NOT_ENDING
