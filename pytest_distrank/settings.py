@@ -348,6 +348,12 @@ def _ini_source(config: pytest.Config, option: Option[Any], raw: str) -> str:
 #: (plugin.py) and launcher detection (launch/env.py) read it.
 RANK_ENV = "DISTRANK_RANK"
 
+#: Launcher mode's secret for the control store's MACs (launch/auth.py): the same value for every
+#: rank, set in the environment (never on a command line). Required on several nodes under
+#: ``DISTRANK_REQUIRE_SECRET=1``; without it such a run says its results are unauthenticated.
+SECRET_ENV = "DISTRANK_SECRET"
+REQUIRE_SECRET_ENV = "DISTRANK_REQUIRE_SECRET"
+
 #: Test seam: ``DISTRANK_TEST_WAITS=S`` makes every fixed wait of the end-of-test rule S seconds:
 #: the failure grace's default, the finish wait and the stack-dump wait (endgame.py), so that the
 #: plugin's own fault tests do not sit out 5 + 5 + 3 s each. Not for users: a grace that short

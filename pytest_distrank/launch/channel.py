@@ -15,6 +15,10 @@ so, then leaves.
 Who hosts the store at MASTER_ADDR:MASTER_PORT: torchrun's agent when it says so
 (``TORCHELASTIC_USE_AGENT_STORE=True``, every rank is a client); otherwise rank 0
 (``is_master=True``), the other ranks connect to it.
+
+The store has no authentication: :meth:`Channel.put` seals every payload with a MAC
+(:class:`auth.Auth`) and :meth:`Channel.get` raises :class:`Forged` for one that does not verify.
+Counters (:meth:`Channel.add`) carry none: a moved counter only says "go read".
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from . import keys
+from .auth import MEANING, Auth
 from .env import Launch
 
 #: Polling of the control store: start fast (a test costs milliseconds), back off to this.
@@ -42,16 +48,53 @@ class ChannelError(Exception):
     """The control store cannot be reached: rank 0 or the launcher's agent is gone."""
 
 
+class Forged(ChannelError):
+    """A payload whose MAC does not verify: who wrote it is unknown.
+
+    A rank that reads a forged verdict, plan or exit code leaves as one that lost the channel;
+    rank 0's gathering fails the test with it instead (:func:`report.forged_report`).
+    """
+
+    def __init__(self, key: str, rank: int, why: str) -> None:
+        self.key = key
+        self.rank = rank
+        self.why = why
+        super().__init__(f"the control store's {key!r} (rank {rank}) {why}: {MEANING}")
+
+
 class Channel:
     """The launched world's control store, seen from one rank."""
 
-    def __init__(self, launch: Launch, connect_timeout: float, client_only: bool = False) -> None:
+    def __init__(
+        self,
+        launch: Launch,
+        connect_timeout: float,
+        auth: Auth,
+        client_only: bool = False,
+        connected: Any = None,
+    ) -> None:
+        """Connect to the store (``connected``: a client of it already made, for both uses)."""
         import torch.distributed as dist
 
         self.launch = launch
+        self.auth = auth
+        self.hosts = launch.rank == 0 and not launch.agent_store and not client_only
+        control = data = connected
+        if connected is None:
+            control, data = self._connect(connect_timeout, client_only)
+        base = f"distrank/r{launch.restart}/"
+        self._raw_data = data
+        self._base = base
+        self.control = dist.PrefixStore(base + "ctl/", control)
+        #: Store of the ``dist_store`` fixture (keys private to each test under it).
+        self.user_store = dist.PrefixStore(base + "user/", data)
+
+    def _connect(self, connect_timeout: float, client_only: bool) -> tuple[Any, Any]:
+        import torch.distributed as dist
+
+        launch = self.launch
         timeout = timedelta(seconds=connect_timeout)
         addr, port = launch.master_addr, launch.master_port
-        self.hosts = launch.rank == 0 and not launch.agent_store and not client_only
         where = f"{addr}:{port}"
         try:
             if self.hosts:
@@ -81,12 +124,7 @@ class Channel:
                 "is reachable from every node, and that MASTER_PORT is free there (another job "
                 "on the same node may use it: pick another port)."
             ) from None
-        base = f"distrank/r{launch.restart}/"
-        self._raw_data = data
-        self._base = base
-        self.control = dist.PrefixStore(base + "ctl/", control)
-        #: Store of the ``dist_store`` fixture (keys private to each test under it).
-        self.user_store = dist.PrefixStore(base + "user/", data)
+        return control, data
 
     def for_fork(self, connect_timeout: float) -> Channel:
         """A connection of its own for a process the test forked.
@@ -95,7 +133,7 @@ class Channel:
         interleave its requests and answers with the rank's own (and a lock the rank's watchdog
         held at fork time stays held in the child forever).
         """
-        return Channel(self.launch, connect_timeout, client_only=True)
+        return Channel(self.launch, connect_timeout, self.auth, client_only=True)
 
     def pg_store(self, generation: int) -> Any:
         """A fresh key space for the ``generation``-th ``init_process_group`` of this run."""
@@ -116,22 +154,32 @@ class Channel:
             ) from None
 
     def put(self, key: str, value: object) -> None:
-        text = json.dumps(value, default=repr)
-        self._op(f"set {key}", lambda: self.control.set(key, text))
+        """Store ``value`` (JSON) at ``key``, sealed with its MAC."""
+        index, rank = keys.subject(key)
+        wire = self.auth.seal(key, index, rank, json.dumps(value, default=repr))
+        self._op(f"set {key}", lambda: self.control.set(key, wire))
 
     def has(self, key: str) -> bool:
         return bool(self._op(f"check {key}", lambda: self.control.check([key])))
 
     def get(self, key: str) -> Any:
-        """The JSON value of a key that exists (check with :meth:`has` first)."""
+        """The JSON value of a key that exists (check with :meth:`has` first); :class:`Forged`
+        unless its MAC verifies (for this run, key, test, rank and attempt)."""
         raw = self._op(f"get {key}", lambda: self.control.get(key))
-        return json.loads(bytes(raw).decode("utf-8"))
+        index, rank = keys.subject(key)
+        try:
+            text = self.auth.unseal(key, index, rank, bytes(raw))
+            return json.loads(text)
+        except ValueError as exc:  # json.JSONDecodeError too: a payload that verified is JSON
+            raise Forged(key, rank, str(exc)) from None
 
     def take(self, key: str) -> Any:
-        """Get and delete (reports are read once; the store does not grow with the session)."""
-        value = self.get(key)
-        self._op(f"delete {key}", lambda: self.control.delete_key(key))
-        return value
+        """Get and delete (reports are read once; the store does not grow with the session). A
+        forged payload is deleted too (:class:`Forged`): the genuine one may still come."""
+        try:
+            return self.get(key)
+        finally:
+            self._op(f"delete {key}", lambda: self.control.delete_key(key))
 
     def add(self, key: str, amount: int) -> int:
         return int(self._op(f"add {key}", lambda: self.control.add(key, amount)))

@@ -78,6 +78,12 @@ class Launch:
     def title(self) -> str:
         return TITLES[self.launcher]
 
+    @property
+    def one_node(self) -> bool:
+        """Every rank runs on this machine, as far as the launcher says (its local world is the
+        whole world, or it counts one node)."""
+        return self.local_world_size == self.world_size or self.nodes == 1
+
     def label(self) -> str:
         """``rank 3/4 (torchrun)``: who this process is, for one-line messages."""
         return f"rank {self.rank}/{self.world_size} ({self.launcher})"

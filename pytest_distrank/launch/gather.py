@@ -8,7 +8,11 @@ polls while the main thread is in the test, and gathers when the main thread is 
 
 Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
 send time, test index, node id: :func:`keys.identity`); anything else fails the test as
-pool mode's :func:`checks.foreign_report` does. A rank whose session ended (``fatal/<rank>``) is
+pool mode's :func:`checks.foreign_report` does. A payload whose MAC does not verify
+(:class:`channel.Forged`: someone else wrote the store) fails the test naming its key and rank
+(:func:`report.forged_report`), and so does a ``done/<test>`` counter that counts more last
+reports than were ever in the store (one was deleted, or the counter moved alone): a counter
+only says "go read". A rank whose session ended (``fatal/<rank>``) is
 lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
 
 When to stop waiting is :class:`endgame.Endgame`'s rule, the same as pool mode's: a rank finished
@@ -50,10 +54,11 @@ from ..outcome.records import Reports, RunTest, WarningRecord
 from ..outcome.warnings import warning_record
 from ..settings import Value
 from . import keys
-from .channel import POLL_MAX
+from .channel import POLL_MAX, Forged
 from .frrecords import peer_records, verdict_story
 from .report import FRESH_GROUP, relabel, silent_report, stopped_report
 from .session import RankSession
+from .tamper import check_done, forged_reports, noted
 
 
 @dataclasses.dataclass
@@ -72,6 +77,10 @@ class Current:
     early_seen: int = 0
     #: Rank 0's watchdog: the ``done/<test>`` count it last looked at.
     done_seen: int = 0
+    #: Rank 0: last reports read from the store (genuine or not), to check ``done/<test>`` by.
+    reports_read: int = 0
+    #: Rank 0: payloads of this test that did not verify, by key (the test fails with each).
+    forged: dict[str, Forged] = dataclasses.field(default_factory=dict)
     #: The main thread finished its part of the test.
     done: bool = False
     #: The watchdog reports this test instead of the main thread (which is stuck).
@@ -172,14 +181,16 @@ def poll_early(rs: RankSession, cur: Current) -> None:
     cur.early_seen, cur.fatal_at = count, now + FATAL_EVERY
     for rank in range(1, rs.world_size):
         if rank not in cur.stopped and channel.has(keys.fatal(rank)):
-            cur.stopped[rank] = channel.get(keys.fatal(rank))
-            cur.game.note_lost(rank, "stopped serving", now)
+            with noted(cur):
+                cur.stopped[rank] = channel.get(keys.fatal(rank))
+                cur.game.note_lost(rank, "stopped serving", now)
         key = keys.early(cur.index, rank)
         if rank not in cur.early_ranks and channel.has(key):
-            data: keys.Early = channel.get(key)
             cur.early_ranks.add(rank)
-            if foreign(rs, cur, rank, data) is None:
-                cur.game.note_trigger(rank, str(data["kind"]), now)
+            with noted(cur):
+                data: keys.Early = channel.get(key)
+                if foreign(rs, cur, rank, data) is None:
+                    cur.game.note_trigger(rank, str(data["kind"]), now)
 
 
 def foreign(rs: RankSession, cur: Current, rank: int, data: keys.Identity) -> TestReport | None:
@@ -241,7 +252,12 @@ def _take_report(
     A payload from another process (or for another test) fails the test; the rank's own
     reports may still come, as in pool mode.
     """
-    data: keys.PeerReport = rs.channel.take(keys.report(cur.index, rank))
+    cur.reports_read += 1
+    data: keys.PeerReport | None = None
+    with noted(cur):
+        data = rs.channel.take(keys.report(cur.index, rank))
+    if data is None:
+        return False
     if _take_foreign(rs, cur, per_rank, rank, data):
         return False
     reports = [rs.deserialize(d) for d in data["reports"]]
@@ -303,6 +319,7 @@ def gather(
             for rank in sorted(missing):
                 if channel.has(keys.report(cur.index, rank)):
                     healthy = _take_report(rs, cur, per_rank, rank) and healthy
+            check_done(cur, done, missing)
             missing -= game.finished
             delay = 0.0005
             if not missing:
@@ -319,7 +336,9 @@ def gather(
         healthy = healthy and late_healthy
     for rank, data in sorted(cur.stopped.items()):
         per_rank.setdefault(rank, []).extend(_stopped_reports(rs, cur, rank, data))
-    return per_rank, stuck, _strays(rs, cur, per_rank) and healthy and not cur.stopped
+    fine = _strays(rs, cur, per_rank) and healthy and not cur.stopped
+    forged_reports(rs, cur, per_rank)
+    return per_rank, stuck, fine and not cur.forged
 
 
 def _stopped_reports(
@@ -352,7 +371,8 @@ def _strays(rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]]
     for rank in range(rs.world_size):
         key = keys.stray(cur.index, rank)
         if channel.has(key):
-            _take_foreign(rs, cur, per_rank, rank, channel.take(key))
+            with noted(cur):
+                _take_foreign(rs, cur, per_rank, rank, channel.take(key))
     return False
 
 
@@ -401,13 +421,16 @@ def _conclude(
             if rank in reported or rank in stacks:
                 continue
             if channel.has(keys.report(cur.index, rank)):
-                data: keys.PeerReport = channel.take(keys.report(cur.index, rank))
-                if not _take_foreign(rs, cur, per_rank, rank, data):
-                    reported[rank] = data
+                cur.reports_read += 1
+                with noted(cur):
+                    data: keys.PeerReport = channel.take(keys.report(cur.index, rank))
+                    if not _take_foreign(rs, cur, per_rank, rank, data):
+                        reported[rank] = data
             elif channel.has(keys.stack(cur.index, rank)):
-                stack: keys.Stack = channel.get(keys.stack(cur.index, rank))
-                if not _take_foreign(rs, cur, per_rank, rank, stack):
-                    stacks[rank] = stack
+                with noted(cur):
+                    stack: keys.Stack = channel.get(keys.stack(cur.index, rank))
+                    if not _take_foreign(rs, cur, per_rank, rank, stack):
+                        stacks[rank] = stack
         if len(reported) + len(stacks) == len(missing) or time.monotonic() >= end:
             break
         time.sleep(POLL_MAX)

@@ -37,7 +37,10 @@ key                                writer    meaning
 =================================  ========  =================================================
 
 Every payload a rank sends about a test carries its :class:`Identity` (pid at send time, test
-index, node id): rank 0 credits it to no other test and no other process.
+index, node id): rank 0 credits it to no other test and no other process. Every payload (not the
+counters) travels with a MAC over the run, its key, the test and rank the key names
+(:func:`subject`) and the attempt (:mod:`auth`): a counter only says "go read", and what is read
+must verify.
 """
 
 from __future__ import annotations
@@ -129,6 +132,23 @@ def still_count(index: int) -> str:
 
 def still(index: int, rank: int) -> str:
     return f"still/{index}/{rank}"
+
+
+#: Keys whose one number is the rank that writes them (in the others it is the test index).
+_RANK_KEYS = ("collect", "fatal")
+
+
+def subject(key: str) -> tuple[int, int]:
+    """The test index (-1: none) and the rank a key speaks for (0: rank 0 writes it), which the
+    payload's MAC covers: ``report/3/1`` -> (3, 1), ``verdict/3`` -> (3, 0), ``fatal/2`` ->
+    (-1, 2), ``plan`` -> (-1, 0)."""
+    name, *numbers = key.split("/")
+    values = [int(n) for n in numbers if n.lstrip("-").isdigit()]
+    if len(values) >= 2:
+        return values[0], values[1]
+    if len(values) == 1:
+        return (-1, values[0]) if name in _RANK_KEYS else (values[0], 0)
+    return -1, 0
 
 
 # -- payloads ----------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ Runs in every rank of a launched world, in :func:`pytest_collection_finish` of
 them and, when they agree, decides for every test (:func:`decide`) whether all ranks run it, rank
 0 alone runs it (no ``world_size`` marker), or rank 0 reports it skipped or errored without
 running it. Its decisions travel back as the plan, so that every rank makes the same ones
-(a GPU count read on one node only, say, can never split the ranks).
+(a GPU count read on one node only, say, can never split the ranks). Both directions are
+sealed (:mod:`auth`): a collection or a plan that does not verify stops the run, naming its key.
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Pl
         channel.put(keys.collect(rs.rank), mine)
         if rs.rank == 0:
             data = _make(rs, settings, session, nodeids)
+            # Every rank's collection verified: each holds the secret, its file can go.
+            channel.auth.forget()
             channel.put(keys.PLAN, data)
         else:
             until = time.monotonic() + 2 * COLLECT_TIMEOUT

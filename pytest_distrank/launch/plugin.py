@@ -311,6 +311,12 @@ class LaunchPlugin:
         if stuck or cur.stopped:
             self.aborted = True
             self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, stuck)
+        elif cur.forged:
+            first = next(iter(cur.forged.values()))
+            self.ended = (
+                f"the control store was written by someone other than the ranks in "
+                f"{item.nodeid} ({first.key!r} was tampered with): no later result could be trusted"
+            )
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:

@@ -5,9 +5,9 @@ main thread is stuck). Pure logic over pytest's report objects and text; imports
 merge itself is :func:`merge.merge_test`, and the report for a rank stuck in a collective or timed
 out is :func:`endgame.unfinished_report`, both the same as pool mode's; this module builds the
 reports only launcher mode needs: a rank that sent neither its reports nor its stack, a rank whose
-pytest session ended in the test, a rank whose process group did not come up, the tests the run
-could not reach, and pool mode's check failures (:mod:`outcome.checks`) told as launcher mode goes
-on.
+pytest session ended in the test, a rank whose process group did not come up, a control payload
+that did not verify (:mod:`auth`), the tests the run could not reach, and pool mode's check
+failures (:mod:`outcome.checks`) told as launcher mode goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pytest import TestReport
 from ..outcome import checks
 from ..outcome.endgame import Location
 from ..outcome.merge import label, synthesized_failure
+from .channel import Forged
 
 #: What follows a check's failure in launcher mode (pool mode replaces the pool instead).
 FRESH_GROUP = (
@@ -81,6 +82,22 @@ def forked_report(
         f"multiprocessing, which manages its children). The rank killed it. {FRESH_GROUP}"
     )
     return relabel(report, rank, world_size, more)
+
+
+def forged_report(
+    nodeid: str, location: Location, world_size: int, forged: Forged, now: float
+) -> TestReport:
+    """A failed report for a control payload that did not verify (or a counter no payload backs):
+    it names the key and the rank it speaks for, and what that means; never a pass."""
+    tag = label(forged.rank, world_size)
+    crash = f"control store tampered with: {forged.key!r} {forged.why}"
+    text = (
+        f"{tag}: {forged}.\nWhat the rank itself sent for this test may still have come; the "
+        "test fails either way, and the run stops after it: its other results could not be "
+        "trusted. Set DISTRANK_SECRET to the same value for every rank (docs/multi-node.md, "
+        "Security), and keep MASTER_PORT out of reach of other users and hosts."
+    )
+    return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=now)
 
 
 def relabel(report: TestReport, rank: int, world_size: int, more: str) -> TestReport:

@@ -4,7 +4,8 @@ Runs in every rank of a launched world. :class:`RankSession` is opened at config
 thread) and lives until the process exits; the watchdog thread reads it, and may end the process
 through :meth:`RankSession.leave`.
 
-Folders: every rank of a run agrees on a run id (rank 0 makes it, the store carries it), and uses
+Folders: every rank of a run agrees on a run id (rank 0 makes it, the store carries it sealed with
+the run's secret, :mod:`auth`, which :meth:`RankSession.open` obtains first), and uses
 ``<base>/distrank-<run id>/``. ``<base>`` is ``--basetemp`` when given (each rank's own basetemp
 is then ``<basetemp>/rank<N>``), else ``pytest-of-<user>`` in pytest's temp root
 (``PYTEST_DEBUG_TEMPROOT``, else the system temp folder), made and checked by pytest itself
@@ -50,7 +51,8 @@ from pytest import TestReport
 from .. import _compat
 from ..rank.hygiene import cap_section, stray_forks
 from . import keys
-from .channel import LOST_EXIT, Channel, ChannelError
+from .auth import AuthError, obtain
+from .channel import LOST_EXIT, Channel, ChannelError, Forged
 from .env import Launch
 
 #: Bound on connecting to the control store and agreeing on the run id.
@@ -61,6 +63,8 @@ FINAL_WAIT = 30.0
 FORK_CONNECT = 10.0
 #: Bound on reaping a forked process after SIGKILL.
 REAP_WAIT = 2.0
+#: How long a rank looks again at a run id that does not verify (see :func:`_agree_run_id`).
+RUN_VERIFY = 15.0
 
 
 class RankSession:
@@ -101,9 +105,17 @@ class RankSession:
         except OSError as exc:
             raise pytest.UsageError(_folder_error(launch, exc)) from None
         try:
-            channel = Channel(launch, CONNECT_TIMEOUT)
+            auth = obtain(launch, base, os.environ)
+        except (AuthError, OSError) as exc:
+            raise pytest.UsageError(
+                f"pytest-distrank: {launch.label()} has no secret for the control store: {exc}"
+            ) from None
+        try:
+            channel = Channel(launch, CONNECT_TIMEOUT, auth)
             run_id = _agree_run_id(launch, channel)
         except ChannelError as exc:
+            if launch.rank == 0:
+                auth.forget()
             raise pytest.UsageError(str(exc)) from None
         for name, value in launch.rank_env().items():
             os.environ.setdefault(name, value)
@@ -247,6 +259,8 @@ class RankSession:
         self.log(f"distrank: {self.launch.label()}: exit code {code} (rank 0's)")
 
     def _at_exit(self) -> None:
+        if self.rank == 0:
+            self.channel.auth.forget()
         if self.exit_code is not None:
             self.leave(self.exit_code)
 
@@ -296,9 +310,17 @@ class RankSession:
 
 
 def _agree_run_id(launch: Launch, channel: Channel) -> str:
+    """Rank 0 draws the run id; the others read it, and from then on every MAC covers it.
+
+    The run id is sealed with an empty run (it is what is being agreed). A rank whose read does
+    not verify looks again for ``RUN_VERIFY`` seconds (rank 0 overwrites a value someone else set
+    first; a secret file of an earlier launch, read before rank 0 replaced it, is read again).
+    """
+    auth = channel.auth
     if launch.rank == 0:
         run_id = uuid.uuid4().hex[:12]
         channel.put(keys.RUN, run_id)
+        auth.run = run_id
         return run_id
     if channel.wait_any([keys.RUN], time.monotonic() + CONNECT_TIMEOUT) is None:
         raise ChannelError(
@@ -306,7 +328,16 @@ def _agree_run_id(launch: Launch, channel: Channel) -> str:
             f"did not register this run within {CONNECT_TIMEOUT:.0f} s; did rank 0 start "
             "pytest with -p distrank (and the same --distrank-launcher)?"
         )
-    return str(channel.get(keys.RUN))
+    end = time.monotonic() + RUN_VERIFY
+    while True:
+        try:
+            auth.run = str(channel.get(keys.RUN))
+            return auth.run
+        except Forged as exc:
+            if time.monotonic() >= end:
+                raise ChannelError(f"pytest-distrank: {launch.label()}: {exc}") from None
+        auth.reread()
+        time.sleep(0.05)
 
 
 def base_folder(config: pytest.Config) -> Path:

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from ..planning.order import describe_order, describe_seed
-from ..settings import Settings
+from ..settings import REQUIRE_SECRET_ENV, SECRET_ENV, Settings
 from .session import RankSession
 
 
@@ -29,6 +29,13 @@ def header_lines(
         lines.append(
             f"distrank: rank 0 reports for all {rs.world_size} ranks; the others log to "
             f"{rs.root}{os.sep}rank<N>.log on their nodes"
+        )
+    if not rs.channel.auth.authenticated:
+        lines.append(
+            f"distrank: results UNAUTHENTICATED: the ranks are on several nodes and "
+            f"{SECRET_ENV} is not set, so anyone who reaches MASTER_ADDR:MASTER_PORT can write "
+            f"a rank's reports. Set {SECRET_ENV} to one random value for every rank, in the "
+            f"environment ({REQUIRE_SECRET_ENV}=1 refuses such a run; docs/multi-node.md)"
         )
     return lines
 

@@ -188,6 +188,13 @@ class _Store:
 
     def __init__(self) -> None:
         self.values: dict[str, Any] = {}
+        #: launch/auth.py's Auth: rank 0 removes the secret file once every rank's collection
+        #: verified (counted here).
+        self.forgotten = 0
+        self.auth = SimpleNamespace(forget=self._forget)
+
+    def _forget(self) -> None:
+        self.forgotten += 1
 
     def put(self, key: str, value: object) -> None:
         self.values[key] = json.loads(json.dumps(value))
@@ -230,6 +237,7 @@ def test_rank_0_plans_every_test_when_the_ranks_collected_the_same() -> None:
         {0: "(rank 0 prints the report)", 1: "node1:/r1.log"},
     )
     assert _exchange(store, 1, items) == plan  # what the other ranks read: the same plan
+    assert store.forgotten == 1  # rank 0 removed the secret file: every rank has the secret
 
 
 def test_a_collection_mismatch_is_an_error_and_no_test_is_planned() -> None:
