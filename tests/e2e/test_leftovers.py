@@ -17,6 +17,7 @@ from .test_faults import Session, Shared
 CLEAN = """
 import os, threading, time, pytest, torch, torch.distributed as dist
 from pytest_distrank import _compat
+from pytest_distrank.rank.ownedgroups import is_owned
 
 START = os.getcwd()
 
@@ -29,8 +30,13 @@ def assert_clean():
     assert not torch.are_deterministic_algorithms_enabled()
     assert torch.backends.cudnn.benchmark is False
     assert torch.backends.cuda.matmul.fp32_precision == "none"
-    assert len(_compat.process_groups()) == 1  # the pool's own default group
+    # the pool's own default group (and the plugin's own twins, which live with the pool)
+    assert len([pg for pg in _compat.process_groups() if not is_owned(pg)]) == 1
     assert _compat.compile_state() == 0
+    assert not torch.is_autocast_enabled("cpu")
+    assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+    assert not torch.is_anomaly_enabled()
+    assert torch._tensor_str.PRINT_OPTS.precision == 4
 """
 
 CASES = (
@@ -93,6 +99,65 @@ def test_d_module_fixture_kept(rank, module_env):
 
     _thread.start_new_thread(foreign, ())
     assert registered.wait(10)
+
+
+@pytest.fixture
+def mixed_precision():
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16)
+    ctx.__enter__()
+    yield
+    # forgot ctx.__exit__(None, None, None): hostile-4 D4
+
+
+@pytest.mark.world_size(2)
+def test_f_autocast_left(rank, mixed_precision):
+    x = torch.ones(8, 8)
+    assert (x @ x).dtype == torch.bfloat16
+    torch.set_anomaly_enabled(True)
+    torch.set_printoptions(precision=1)
+
+
+@pytest.mark.world_size(2)
+def test_f_then_clean(rank):
+    assert_clean()
+
+
+@pytest.mark.world_size(2)
+def test_g_named_only(rank):
+    import logging, signal, socket, subprocess, sys
+    logging.getLogger().setLevel(logging.DEBUG)
+    sys.path.insert(0, "left-by-g")
+    os.umask(0o077)
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    global SERVER, CHILD
+    SERVER = socket.create_server(("127.0.0.1", 0))
+    CHILD = subprocess.Popen(["sleep", "60"])
+
+
+@pytest.mark.world_size(2)
+def test_g_then_named_state_is_still_there(rank):
+    import logging, signal, sys
+    # Named, not restored: the next test sees them (a fresh process would not).
+    assert sys.path[0] == "left-by-g" and signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    sys.path.remove("left-by-g")
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    logging.getLogger().setLevel(logging.WARNING)
+    os.umask(0o022)
+    SERVER.close()
+    CHILD.kill()
+    CHILD.wait()
+
+
+@pytest.mark.world_size(2)
+def test_h_mesh(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+    assert mesh["dp"].size() == 2
+
+
+@pytest.mark.world_size(2)
+def test_h_then_clean(rank):
+    assert_clean()
 
 
 @pytest.mark.world_size(2)
@@ -158,6 +223,12 @@ def test_every_test_passes_the_next_one_starting_clean(left: Shared) -> None:
         "test_c_group_and_compile",
         "test_c_then_clean",
         "test_d_module_fixture_kept",
+        "test_f_autocast_left",
+        "test_f_then_clean",
+        "test_g_named_only",
+        "test_g_then_named_state_is_still_there",
+        "test_h_mesh",
+        "test_h_then_clean",
         "test_e_thread",
         "test_e_then_fresh_ranks",
         "test_first",
@@ -271,3 +342,41 @@ def test_the_fail_policy_fails_the_leaking_test_at_teardown(shared_session: Shar
             "*--distrank-leftovers=fail fails a test for what it leaves behind*",
         ]
     )
+
+
+def test_autocast_and_torch_modes_are_restored_and_named_with_the_polluter(left: Shared) -> None:
+    """hostile-4 D4: an autocast a fixture left entered made the next test pass that fails on
+    fresh ranks; now the next test starts without it (test_f_then_clean passed) and the line
+    names the test that left it."""
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_left.py::test_f_autocast_left left autocast on cpu (bfloat16), "
+            "autocast left entered (nesting level 1), anomaly detection on and torch print "
+            "options (precision 1) on ranks 0, 1 (restored)"
+        ]
+    )
+
+
+def test_what_cannot_be_restored_is_named_not_restored(left: Shared) -> None:
+    lines = [line for line in left.about("test_g_named_only").lines if "leftovers:" in line]
+    text = "\n".join(lines)
+    for words in (
+        "sys.path changed ('left-by-g' added) (not restored)",
+        "umask 0o077 (not restored)",
+        "SIGUSR2 ignored (not restored)",
+        "the root logger: level DEBUG (not restored)",
+        "(sleep 60) still running",
+        "a socket listening on 127.0.0.1:",
+    ):
+        assert words in text, text
+    assert all(
+        line.startswith("leftovers: test_left.py::test_g_named_only left ") for line in lines
+    )
+    assert "(restored)" not in text, text
+
+
+def test_a_device_mesh_the_test_built_is_cleaned_up_unnamed(left: Shared) -> None:
+    """Issue 37 item 4: a DeviceMesh's groups are normal (no line names them) but destroyed
+    (test_h_then_clean saw only the pool's group), and their sockets do not pile up (a socket
+    still listening would be named)."""
+    assert [line for line in left.about("test_h_mesh").lines if "leftovers:" in line] == []
