@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.settings import OPTIONS, TEST_WAITS_ENV
+from pytest_distrank.settings import OPTIONS, REQUIRE_SECRET_ENV, SECRET_ENV, TEST_WAITS_ENV
 
 from ..helpers import TAG_ENV, RunPytest, wait_gone
 from .test_deadlocks import LEGAL_SIZES
@@ -90,9 +90,8 @@ def launch_env(pytester: pytest.Pytester) -> Iterator[dict[str, str]]:
     end-of-test rule's fixed waits take 1 s (``DISTRANK_TEST_WAITS``, as ``run_pytest`` sets)."""
     tag = uuid.uuid4().hex
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
-    for option in OPTIONS:
-        env.pop(option.env, None)
-    env.pop("PYTEST_ADDOPTS", None)
+    for name in [o.env for o in OPTIONS] + [SECRET_ENV, REQUIRE_SECRET_ENV, "PYTEST_ADDOPTS"]:
+        env.pop(name, None)
     env.update({TAG_ENV: tag, "COLUMNS": "200", "OMP_NUM_THREADS": "1", TEST_WAITS_ENV: "1"})
     yield env
     leftover = wait_gone(tag, 15)
@@ -517,6 +516,95 @@ def test_b(rank):
 # -- the worlds --------------------------------------------------------------------------------
 
 
+FORGED_TEST = """
+import time
+import pytest
+
+@pytest.mark.world_size(2)
+def test_rank_one_fails(rank):
+    time.sleep(6)
+    if rank == 1:
+        time.sleep(2)
+        assert False, "rank 1 computed the wrong answer"
+"""
+
+#: hostile-4 D3's forge: another local user, with a stdlib client of torchrun's store, writes
+#: rank 1's "passed" reports as soon as the plan appears (its pids are there; the plan's MAC is
+#: no secret, only what it proves). Says "forged" once written.
+FORGE = r"""
+import json, socket, struct, sys, time
+VALIDATE, SET, GET, ADD, CHECK = 0, 1, 3, 4, 5
+PREFIX = "/distrank/r0/ctl//"
+
+class Store:
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=3)
+        self.s.sendall(struct.pack("<BI", VALIDATE, 0x3C85F7CE))
+    def _str(self, b):
+        return struct.pack("<Q", len(b)) + b
+    def _recvn(self, n):
+        buf = b""
+        while len(buf) < n:
+            c = self.s.recv(n - len(buf))
+            if not c:
+                raise EOFError
+            buf += c
+        return buf
+    def check(self, key):
+        self.s.sendall(struct.pack("<BQ", CHECK, 1) + self._str(key.encode()))
+        return self._recvn(1) == b"\x00"
+    def get(self, key):
+        self.s.sendall(struct.pack("<B", GET) + self._str(key.encode()))
+        return self._recvn(struct.unpack("<Q", self._recvn(8))[0])
+    def set(self, key, value):
+        self.s.sendall(struct.pack("<B", SET) + self._str(key.encode()) + self._str(value))
+    def add(self, key, n):
+        self.s.sendall(struct.pack("<B", ADD) + self._str(key.encode()) + struct.pack("<q", n))
+        return struct.unpack("<q", self._recvn(8))[0]
+
+port, nodeid = int(sys.argv[1]), sys.argv[2]
+st, plan, end = None, None, time.monotonic() + 120
+while plan is None and time.monotonic() < end:
+    try:
+        st = st or Store(port)
+        if st.check(PREFIX + "plan"):
+            raw = st.get(PREFIX + "plan")
+            plan = json.loads(raw if raw.startswith(b"{") else raw.partition(b":")[2])
+    except (OSError, EOFError):
+        st = None
+    time.sleep(0.01)
+pid, now = plan["pids"][1], time.time()
+path, _, name = nodeid.partition("::")
+reports = [{"$report_type": "TestReport", "nodeid": nodeid, "location": [path, 0, name],
+            "keywords": {}, "outcome": "passed", "longrepr": None, "when": when,
+            "user_properties": [], "sections": [], "duration": 0.001, "start": now,
+            "stop": now} for when in ("setup", "call", "teardown")]
+payload = {"pid": pid, "index": 0, "nodeid": nodeid, "reports": reports,
+           "healthy": True, "warnings": [], "sequence": {}}
+st.set(PREFIX + "report/0/1", json.dumps(payload).encode())
+st.add(PREFIX + "done/0", 1)
+print("forged", flush=True)
+"""
+
+
+def _forge_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun, 2 ranks, and hostile-4 D3's forge beside it (a client of torchrun's store)."""
+    write(folder, {"test_forge.py": FORGED_TEST, "forge.py": FORGE})
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        "--master-addr=127.0.0.1", f"--master-port={port}",
+        *pytest_args(folder, "-rA"),
+    ]  # fmt: skip
+    forge = [
+        sys.executable,
+        str(folder / "forge.py"),
+        str(port),
+        "test_forge.py::test_rank_one_fails",
+    ]
+    return start([cmd, forge], [env, env], folder)
+
+
 def _torchrun_world(env: dict[str, str], folder: Path) -> Run:
     """torchrun, 2 ranks: one report, forks, an unmatched collective, then a hang ends it."""
     write(
@@ -628,6 +716,7 @@ WORLDS: dict[str, Callable[[dict[str, str], Path], Run]] = {
     "pytest-exit": _stop_world("pytest-exit"),
     "keyboard-interrupt": _stop_world("keyboard-interrupt"),
     "mismatch": _mismatch_world,
+    "forge": _forge_world,
 }
 #: Worlds already launched in this outer session, by name (or why one did not finish).
 _LAUNCHED: dict[str, Run | str] = {}
@@ -858,6 +947,45 @@ def test_two_torchrun_agents_as_two_nodes(world: Callable[[str], Run]) -> None:
         "test_rank_1_fails": "failure",
     }
     run.match(reporting[0], ["*= 2 failed, 1 passed, 1 skipped in *"])
+    # Two nodes and no DISTRANK_SECRET: the run says once that its results are unauthenticated.
+    assert run.outputs[reporting[0]].count("distrank: results UNAUTHENTICATED: ") == 1
+
+
+# -- the control store is authenticated ----------------------------------------------------------
+
+
+def test_a_forged_passed_report_fails_the_test_naming_the_key(world: Callable[[str], Run]) -> None:
+    """hostile-4 D3: another local user wrote rank 1's "passed" reports into torchrun's store
+    before rank 1's own, and a failing test was reported PASSED. Now the forgery is named, the
+    test fails, and the run stops after it."""
+    run = world("forge")
+    assert run.outputs[1].strip() == "forged", run.outputs[1]  # the forge did write, in time
+    assert run.codes == [1, 0], run.outputs[0]
+    run.match(
+        0,
+        [
+            "  rank 0/2  passed",
+            "  rank 1/2  control store tampered with: 'report/0/1' carries no MAC  <- root cause",
+            "*the control store's 'report/0/1' (rank 1) carries no MAC: someone other than the "
+            "ranks of this run wrote to the control store at MASTER_ADDR:MASTER_PORT*",
+        ],
+    )
+    run.match(
+        0,
+        [
+            "run ended early: the control store was written by someone other than the ranks in "
+            "test_forge.py::test_rank_one_fails ('report/0/1' was tampered with): no later result "
+            "could be trusted",
+            "FAILED test_forge.py::test_rank_one_fails - [[]rank 1/2[]] control store tampered "
+            "with: 'report/0/1' carries no MAC",
+            "*= 1 failed in *",
+        ],
+    )
+    assert "PASSED test_forge.py::test_rank_one_fails" not in run.outputs[0]
+    # The secret file is gone once every rank read it; its folder is this user's alone.
+    secrets = run.folder / "bt" / "distrank-secrets"
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
+    assert list(secrets.iterdir()) == []
 
 
 # -- desync: the failure grace ends the world ----------------------------------------------------
