@@ -31,10 +31,10 @@ def interrupted_blame(failures: Failures, world_size: int) -> Blame | None:
     (signal,) = signals
     rank, report = failures[0]
     ranks = [r for r, _ in failures]
-    if len(ranks) == world_size:
-        tag, still = f"[all {world_size} ranks] ", f"all {world_size} ranks"
-    elif len(ranks) == 1:
+    if len(ranks) == 1:
         tag, still = f"[{label(rank, world_size)}] ", label(rank, world_size)
+    elif len(ranks) == world_size:
+        tag, still = f"[all {world_size} ranks] ", f"all {world_size} ranks"
     else:
         words = ", ".join(map(str, ranks))
         tag, still = f"[ranks {words} of {world_size}] ", f"ranks {words} of {world_size}"

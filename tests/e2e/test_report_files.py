@@ -4,18 +4,21 @@ merged reports of each distributed test; ranks write none.
 Runs in the outer pytest process; the inner sessions run in subprocesses. ``report-files`` is one
 shared session with pytest-reportlog, pytest-html and pytest-json-report at once, and a
 ``conftest.py`` that records in every process (controller and ranks) which of those plugins'
-file writers it registered. The SIGKILL case runs a session of its own and kills its controller
-in the middle of a test. Each test skips when a plugin it checks is not installed.
+file writers it registered. The SIGKILL and SIGTERM cases run a session each and signal its
+controller in the middle of a test. Each test skips when a plugin it checks is not installed.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -225,34 +228,41 @@ def test_killed_in_here(rank):
 """
 
 
-def test_report_log_keeps_finished_tests_after_sigkill(pytester: pytest.Pytester) -> None:
-    """pytest-reportlog writes and flushes each merged report as its test ends: after SIGKILL of
-    the controller in the fourth test, a plain ``--report-log`` file holds every line of the
-    three finished tests, each whole, and nothing of the fourth; no process is left."""
-    pytest.importorskip("pytest_reportlog")
-    pytester.makepyfile(test_killed=KILLED)
+def start_session(
+    pytester: pytest.Pytester, env: Mapping[str, str], *args: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``pytest -p distrank ARGS`` in the pytester folder, tagged, with ``env`` added
+    (``{folder}`` in a value: the folder), its output in ``output``."""
     tag = f"report-files-{os.getpid()}-{time.time_ns()}"
-    started = pytester.path / "started"
-    env = {**os.environ, TAG_ENV: tag, "KILLED_STARTED": str(started)}
+    folder = str(pytester.path)
+    env = {**os.environ, TAG_ENV: tag, **{k: v.format(folder=folder) for k, v in env.items()}}
     env.pop("PYTEST_ADDOPTS", None)
-    args = ["-p", "distrank", "-p", "no:cacheprovider", "--report-log=log.jsonl"]
-    args.append(f"--basetemp={pytester.path / 'basetemp'}")
+    base = ["-p", "distrank", "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'basetemp'}"]
     with open(pytester.path / "output", "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", *args],
+            [sys.executable, "-m", "pytest", *base, *args],
             cwd=pytester.path,
             env=env,
             stdout=out,
             stderr=subprocess.STDOUT,
         )
+    return proc, tag
+
+
+def signal_when(
+    pytester: pytest.Pytester, proc: subprocess.Popen[bytes], tag: str, started: Path, sig: int
+) -> str:
+    """Send ``sig`` to the session once ``started`` exists; its output once it ended, and no
+    process of it left."""
+    output = pytester.path / "output"
     try:
         end = time.monotonic() + RUN_TIMEOUT
         while not started.exists():
-            assert proc.poll() is None, (pytester.path / "output").read_text()
-            assert time.monotonic() < end, "the fourth test never started"
+            assert proc.poll() is None, output.read_text()
+            assert time.monotonic() < end, f"{started.name} never appeared\n{output.read_text()}"
             time.sleep(0.1)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+        proc.send_signal(sig)
+        proc.wait(60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -260,7 +270,19 @@ def test_report_log_keeps_finished_tests_after_sigkill(pytester: pytest.Pytester
         left = wait_gone(tag, 15)
         for pid in left:
             os.kill(pid, signal.SIGKILL)
-    assert not left, f"alive after SIGKILL of the controller: {left}"
+    assert not left, f"alive after {signal.Signals(sig).name} of the controller: {left}"
+    return output.read_text()
+
+
+def test_report_log_keeps_finished_tests_after_sigkill(pytester: pytest.Pytester) -> None:
+    """pytest-reportlog writes and flushes each merged report as its test ends: after SIGKILL of
+    the controller in the fourth test, a plain ``--report-log`` file holds every line of the
+    three finished tests, each whole, and nothing of the fourth; no process is left."""
+    pytest.importorskip("pytest_reportlog")
+    pytester.makepyfile(test_killed=KILLED)
+    env = {"KILLED_STARTED": "{folder}/started"}
+    proc, tag = start_session(pytester, env, "--report-log=log.jsonl")
+    signal_when(pytester, proc, tag, pytester.path / "started", signal.SIGKILL)
     text = (pytester.path / "log.jsonl").read_text()
     assert text.endswith("\n")
     lines = [json.loads(line) for line in text.splitlines()]
@@ -271,3 +293,72 @@ def test_report_log_keeps_finished_tests_after_sigkill(pytester: pytest.Pytester
         for when in ("setup", "call", "teardown")
     ]
     assert lines[-1]["$report_type"] == "TestReport"  # no SessionFinish: it was killed
+
+
+# -- SIGTERM: the test in flight --------------------------------------------------------------
+
+INTERRUPTED = """
+import os, pathlib, time
+
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_a_done(rank):
+    pass
+
+
+@pytest.mark.world_size(2)
+def test_b_in_flight(rank):
+    folder = pathlib.Path(os.environ["IN_FLIGHT"])
+    folder.mkdir(exist_ok=True)
+    (folder / f"rank{rank}").touch()
+    time.sleep(120)
+"""
+
+
+def _html_rows(path: Path) -> dict[str, list[str]]:
+    """pytest-html's rows by node id: the result of each (its data blob, as its page reads it)."""
+    blob = re.search(r'data-jsonblob="([^"]*)"', path.read_text())
+    assert blob is not None, "no data blob in the html report"
+    tests = json.loads(html.unescape(blob.group(1)))["tests"]
+    return {nodeid: [row["result"] for row in rows] for nodeid, rows in tests.items()}
+
+
+def test_the_test_in_flight_at_sigterm_has_its_row_in_every_report_file(
+    pytester: pytest.Pytester,
+) -> None:
+    """hostile-4 D8: SIGTERM while both ranks are in a test: the session ends interrupted (exit
+    code 2) and the test in flight has its row in pytest-html's file (written at its teardown
+    report, which its killed ranks never sent: the controller adds one) and all three phases in
+    report-log's; its report names no rank "root cause" (every rank was only interrupted, the
+    issue) and says where each rank was."""
+    pytest.importorskip("pytest_reportlog")
+    pytest.importorskip("pytest_html")
+    pytester.makepyfile(test_in_flight=INTERRUPTED)
+    args = ("--report-log=log.jsonl", "--html=report.html", "--self-contained-html")
+    proc, tag = start_session(pytester, {"IN_FLIGHT": "{folder}/started"}, *args)
+    started = pytester.path / "started" / "rank1"
+    output = signal_when(pytester, proc, tag, started, signal.SIGTERM)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, output
+    b = "test_in_flight.py::test_b_in_flight"
+    assert _html_rows(pytester.path / "report.html") == {
+        "test_in_flight.py::test_a_done": ["Passed"],
+        b: ["Failed"],
+    }, output
+    lines = [json.loads(line) for line in (pytester.path / "log.jsonl").read_text().splitlines()]
+    phases = [(t["when"], t["outcome"]) for t in lines if t.get("nodeid") == b and "when" in t]
+    assert phases == [("setup", "passed"), ("call", "failed"), ("teardown", "passed")], output
+    assert lines[-1] == {"exitstatus": 2, "$report_type": "SessionFinish"}
+    assert "root cause:" not in output and "<- root cause" not in output, output
+    pytest.LineMatcher(output.splitlines()).fnmatch_lines(
+        [
+            "distrank: the session was interrupted by SIGTERM while all 2 ranks were in the "
+            "test: no rank failed, none is the root cause (where each was, below); shown: rank 0/2",
+            "  rank 0/2  interrupted in call by SIGTERM after * s; blocked in test_b_in_flight "
+            "at test_in_flight.py:*",
+            "  rank 1/2  interrupted in call by SIGTERM after * s; blocked in test_b_in_flight "
+            "at test_in_flight.py:*",
+        ],
+        consecutive=True,
+    )
