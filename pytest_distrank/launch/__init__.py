@@ -8,6 +8,8 @@ reports from its peers through a control store, merges them and is the only one 
 - ``keys``: the wire protocol: the control store's keys (a function each) and payloads
   (a ``TypedDict`` each), with who writes them.
 - ``channel``: the control store connection: short operations, heartbeats, waiting for keys.
+- ``auth``: the run's secret (never from the store) and the MAC every payload carries;
+  ``tamper``: rank 0's notes of payloads that did not verify, which fail their test.
 - ``session``: :class:`~session.RankSession`, the rank's own state: channel, run id, folders,
   log, forks, the exit together, a lost channel; and which thread owns which field.
 - ``plan``: the collection exchange and rank 0's step for each test.
