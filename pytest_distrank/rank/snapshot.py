@@ -62,7 +62,7 @@ class Snapshot:
             processstate.signal_state(),
             processstate.logging_state(),
             processstate.children_state(),
-            dict.fromkeys(processstate.socket_inodes()),
+            dict.fromkeys(processstate.socket_inodes(), True),  # None would read absent
         )
 
     def categories(self) -> dict[str, Category]:

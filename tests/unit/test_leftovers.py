@@ -3,7 +3,11 @@ summary lines the controller makes of them (outcome/checks.py ``leftover_lines``
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import types
+from typing import Any, cast
 
 import pytest
 import torch
@@ -128,3 +132,41 @@ def test_a_logger_an_import_created_is_not_named_one_the_test_configured_is() ->
     assert processstate.logging_words("", (30, (), True, False), configured, set()) == (
         "the root logger: level DEBUG"
     )
+
+
+def _drive(wrapper: Any, during: Any = None) -> None:
+    """Run a hook wrapper of LeftoverCheck around ``during``, as pluggy would."""
+    gen = wrapper
+    next(gen)
+    if during is not None:
+        during()
+    with contextlib.suppress(StopIteration):
+        gen.send(None)
+
+
+def test_a_socket_a_wider_fixture_opened_is_its_own_one_the_test_left_is_named() -> None:
+    """A module fixture's server (a DeviceMesh's groups listen too) is the fixture's while it
+    is set up; a socket the test leaves listening is named, not restored."""
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    check = LeftoverCheck(0, "restore", (), ())
+    held: list[socket.socket] = []
+    fixture = types.SimpleNamespace(scope="module", argname="server")
+    try:
+        check.start(cast(pytest.Item, None), harness=False)
+        _drive(
+            check.pytest_fixture_setup(cast(Any, fixture), cast(Any, None)),
+            lambda: held.append(socket.create_server(("127.0.0.1", 0))),
+        )
+        _drive(check.pytest_runtest_teardown(cast(pytest.Item, None)))
+        assert check.finish() == ((), "")
+        check.start(cast(pytest.Item, None), harness=False)
+        held.append(socket.create_server(("127.0.0.1", 0)))
+        _drive(check.pytest_runtest_teardown(cast(pytest.Item, None)))
+        words, unfit = check.finish()
+        port = held[1].getsockname()[1]
+        assert words == (f"a socket listening on 127.0.0.1:{port} (not restored)",), words
+        assert unfit == ""
+    finally:
+        for server in held:
+            server.close()
