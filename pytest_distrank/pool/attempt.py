@@ -128,9 +128,7 @@ class Attempt:
             label = f"rank {live.rank}/{self.pool.key.world_size}"
             self.tail = LiveTail(self.terminal, label, live.log_path, live.log_offset)
         if self.end_deadlocks:
-            self.watch = Watch(
-                self.pool, self.game, self.test_file, self.sent_ns, index=self.test.index
-            )
+            self.watch = Watch(self.pool, self.game, self.test_file, self.sent_ns)
         self.exits.start(self)
 
     def run(self) -> TestRun:

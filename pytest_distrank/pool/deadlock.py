@@ -38,7 +38,7 @@ from ..outcome.endgame import effective_timeout
 from ..outcome.progress import WATCH_EVERY, Stillness, waits_on_work
 from ..outcome.stacks import collective_entered
 from .probes import dump_stacks, read_collectives, request_collectives
-from .protocol import Phase, phase_slots
+from .protocol import phase_slots
 
 if TYPE_CHECKING:
     from ..outcome.endgame import Endgame
@@ -61,9 +61,6 @@ class Watch:
     stillness: Stillness = dataclasses.field(default_factory=lambda: Stillness(time.monotonic()))
     #: What the last probe found proven, once it ended the test.
     verdict: Verdict | None = None
-    #: The test's index (the shared phase array's): a rank whose phase says it finished this
-    #: test counts as finished for the proof; -1: only its last reports say so.
-    index: int = -1
 
     def progress(self, now: float) -> None:
         """A rank sent a message: progress, whatever it was."""
@@ -76,7 +73,7 @@ class Watch:
 
     def look(self, now: float) -> bool:
         """Look at the ranks; True when the test was proven deadlocked (``game`` says when)."""
-        pending = [r for r in self.pool.ranks if r.rank in self._still_in_test()]
+        pending = [r for r in self.pool.ranks if r.rank in self.game.pending]
         if not pending:
             return False
         marks = tuple(tuple(self.pool.phases[i] for i in phase_slots(r.rank)) for r in pending)
@@ -93,26 +90,9 @@ class Watch:
         self.game.note_deadlock(time.monotonic())
         return True
 
-    def _still_in_test(self) -> set[int]:
-        """The pending ranks, less those whose phase says their test's protocol returned: such
-        a rank enters no collective of the test again; it meets its peers before the groups
-        the test made are destroyed (``pool.worker.rankgroup.meet_before_destroy``), then
-        sends its last reports."""
-        phases = self.pool.phases
-        done = {
-            rank
-            for rank in self.game.pending
-            if self.index >= 0
-            and phases[phase_slots(rank)[1]] == self.index
-            and phases[phase_slots(rank)[0]] == Phase.FINISHED
-        }
-        return self.game.pending - done
-
     def _probe(self) -> Verdict | None:
         """The ranks' records, judged: a proven verdict whose waiting ranks' stacks confirm
         they are inside a collective, or None."""
-        # Before the records are asked for: a rank done with the test then is in its records.
-        done = self.game.pending - self._still_in_test()
         alive = [r for r in self.pool.ranks if r.process.exitcode is None]
         request_collectives(alive)
         answers = read_collectives(alive, ANSWER_WAIT)
@@ -122,7 +102,7 @@ class Watch:
         story = explain(
             dumps,
             self.sent_ns,
-            finished=self.game.finished | done,
+            finished=self.game.finished,
             lost=self.game.lost,
             world_size=self.pool.key.world_size,
             timeout_s=effective_timeout(self.game.timeout),

@@ -4,8 +4,10 @@ Issue 28. One inner session (``DEADLOCKS``, a 60 s deadline): four deadlocks the
 (a rank that leaves, an op mismatch, a shape mismatch, a rank stuck on a group its peer left),
 each ending within 10 s with the root cause in the head, ``-ra`` and junit's message; and what
 must never end early: a rank that joins 8 s late, a legal uneven ``all_to_all_single``, object
-collectives and point-to-point ops of different sizes. ``DISTRANK_TEST_WAITS=1`` (the suite's
-seam) makes the quiet time before a look 1 s.
+collectives and point-to-point ops of different sizes. Hostile review 4's cases (``HOSTILE4``):
+proven hangs where other members completed their part, and ranks in ``Work.wait()`` or DDP's
+backward, end early too; two groups of the same ranks and a test of a group's own timeout never
+do. ``DISTRANK_TEST_WAITS=1`` (the suite's seam) makes the quiet time before a look 1 s.
 """
 
 from __future__ import annotations
@@ -122,9 +124,89 @@ def test_object_collectives_and_p2p_of_different_sizes_pass(rank, pg):
         assert buf.sum() == 5
 """
 
+#: Hostile review 4: two groups of the same ranks used in different orders while a rank is
+#: slow (D6) and a test of a group's own timeout (D7) pass; a member that left while the others
+#: completed their part of a broadcast, a rank in ``Work.wait()`` and one in DDP's backward are
+#: proven hangs (D15).
+HOSTILE4 = """
+
+@pytest.mark.world_size(3)
+def test_two_groups_of_the_same_ranks_pass(rank, pg):
+    grads = dist.new_group([0, 1])
+    ckpt = dist.new_group([0, 1])
+    x, y, z = torch.ones(4), torch.zeros(2), torch.ones(1)
+    if rank == 0:
+        pending = dist.all_reduce(z, async_op=True)  # the world: waits for rank 2
+        dist.all_reduce(x, group=grads)
+        dist.broadcast(y, src=0, group=ckpt)
+        pending.wait()
+    elif rank == 1:
+        pending = dist.broadcast(y, src=0, group=ckpt, async_op=True)
+        dist.all_reduce(z)
+        dist.all_reduce(x, group=grads)
+        pending.wait()
+    else:
+        time.sleep(3)  # loading its shard
+        dist.all_reduce(z)
+    assert z.item() == 3
+
+
+@pytest.mark.world_size(3)
+def test_barrier_times_out_on_its_own_group(rank, pg):
+    from datetime import timedelta
+
+    group = dist.new_group(timeout=timedelta(seconds=3))
+    if rank == 0:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="(?i)timed out|timeout"):
+            dist.barrier(group)
+        assert time.monotonic() - started >= 2.5
+        dist.destroy_process_group(group)  # one collective ahead: not left to the pool
+
+
+def test_clock_h0():
+    clock("h0")
+
+
+@pytest.mark.world_size(4)
+def test_rank_three_leaves_before_the_broadcast(rank, pg):
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if rank != 3:
+        dist.broadcast(t, src=0)
+
+
+def test_clock_h1():
+    clock("h1")
+
+
+@pytest.mark.world_size(2)
+def test_async_wait(rank, pg):
+    if rank == 0:
+        dist.all_reduce(torch.ones(1), async_op=True).wait()
+
+
+def test_clock_h2():
+    clock("h2")
+
+
+@pytest.mark.world_size(2)
+def test_rank_one_skips_backward(rank, pg):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    model = DDP(torch.nn.Linear(4, 1))
+    loss = model(torch.ones(2, 4)).sum()
+    if rank == 0:
+        loss.backward()  # waits in the bucket's all_reduce, inside autograd
+
+
+def test_clock_h3():
+    clock("h3")
+"""
+
 DEADLOCKS = Session(
     "test_hangs_explained.DEADLOCKS",
-    {"test_cases.py": DEADLOCK_CASES + LEGAL_SIZES},
+    {"test_cases.py": DEADLOCK_CASES + LEGAL_SIZES + HOSTILE4},
     ("-ra", "--distrank-timeout=60"),
     {"DEADLOCK_CLOCK": "{folder}/clock"},
 )
@@ -164,6 +246,21 @@ def _junit_message(shared: Shared, test: str) -> str:
             "test_group_left",
             ("3", "4"),
             "rank 1/4 never entered all_reduce #1 on the group of ranks 0, 1 (rank 0 waits in it)",
+        ),
+        (
+            "test_rank_three_leaves_before_the_broadcast",
+            ("h0", "h1"),
+            "rank 3/4 never entered broadcast #2 on the default group (rank 1 waits in it)",
+        ),
+        (
+            "test_async_wait",
+            ("h1", "h2"),
+            "rank 1/2 never entered all_reduce #1 on the default group (rank 0 waits in it)",
+        ),
+        (
+            "test_rank_one_skips_backward",
+            ("h2", "h3"),
+            "rank 1/2 never entered * on the default group (rank 0 waits in it)",
         ),
     ],
 )
@@ -212,3 +309,16 @@ def test_slow_ranks_and_legal_uneven_sizes_are_never_ended_early(
         "test_uneven_all_to_all_passes",
         "test_object_collectives_and_p2p_of_different_sizes_pass",
     ) == ["passed", "passed", "passed"]
+
+
+def test_groups_of_the_same_ranks_and_a_groups_own_timeout_are_never_ended_early(
+    shared_session: SharedSession,
+) -> None:
+    """Hostile review 4, D6: two groups of ranks 0, 1 used in different orders while rank 2
+    sleeps were numbered as one ("a mismatch"); D7: rank 0's barrier on a group with a 3 s
+    timeout, which the test expects, was ended as "can never finish", and once that was fixed,
+    ranks 1, 2 destroyed the group under it ("Connection reset by peer")."""
+    shared = DEADLOCKS.run(shared_session)
+    assert shared.outcomes(
+        "test_two_groups_of_the_same_ranks_pass", "test_barrier_times_out_on_its_own_group"
+    ) == ["passed", "passed"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from ... import _compat
 from ...rank.context import RankContext
+from ...rank.ownedgroups import twin_of_world
 from ..protocol import RankConfig
 from .simulate import simulate
 
@@ -37,6 +38,7 @@ def start_rank(cfg: RankConfig) -> RankContext:
     store = dist.FileStore(cfg.store_path, cfg.world_size)
     ctx = RankContext(cfg.rank, cfg.world_size, cfg.local_rank, cfg.backend, store, None)
     ctx.cuda_device = cfg.cuda_device
+    register_pid(ctx)
     if not cfg.init_process_group:
         master_store(ctx, "pool/")  # as the process it is: rank 0 of its pool
     if cfg.simulated is not None:
@@ -57,6 +59,7 @@ def start_rank(cfg: RankConfig) -> RankContext:
             device_id=device_id,
         )
         ctx.pg = dist.group.WORLD
+        twin_of_world()  # every rank is here now: no check waits in the twin's rendezvous
     return ctx
 
 
@@ -159,34 +162,124 @@ def _scoped_handler(scheme: str, original: Any) -> Any:
     return handler
 
 
-#: After a test that made or replaced the default group, how long a rank whose test did not
-#: fail waits for its peers to finish the test before that group is destroyed.
+#: After a test, how long a rank whose test did not fail waits for the other members of the
+#: groups it made (or of a default group it made or replaced) to finish the test before they
+#: are destroyed (seconds): gloo's ``init_process_group`` may return on one rank while a peer
+#: still connects to it.
 MEET_WAIT = 2.0
+#: A group whose own timeout is at most this (seconds) is a test of that timeout: a member may
+#: wait in a collective on it until the timeout ends it, and the meeting waits as long (and
+#: :data:`MEET_WAIT` more). Longer timeouts (torch's default, 30 min) are no test's subject.
+SHORT_TIMEOUT = 120.0
+#: How often a rank that meets its peers looks whether they finished (seconds).
+MEET_POLL = 0.02
+#: The process groups (identity, name) a rank held after its previous test: those it holds
+#: beyond them now, the test made (or a fixture of the test's).
+_HELD: set[tuple[int, str]] = set()
 
 
 def meet_before_destroy(ctx: RankContext, failed: bool) -> None:
-    """After a test that made (``init_process_group=False``) or replaced the default group:
-    say this rank finished the test and, unless its test failed, wait (at most
-    :data:`MEET_WAIT`) until every rank said so.
+    """After every test: say this rank finished it; after a test that made process groups
+    (its own, a fixture's) or made or replaced the default group, and did not fail here, wait
+    until the other members of those groups said so too, died, or :func:`_meet_wait` passed.
 
-    The plugin destroys that group right after the test; gloo's ``init_process_group`` may
-    return on one rank while a peer still connects to it, and the destroy then failed that peer
-    ("Gloo connectFullMesh failed ... Connection closed by peer"; fresh processes, slower to
-    exit, hid it). A rank whose test failed does not wait: its destroy is what errors out a
-    peer left blocked in a collective it will never enter, and its failure went out already.
+    The plugin destroys what the test left right after it (``group_problem``, the leftover
+    check), and destroying one member's side breaks the group under the others: gloo's
+    ``init_process_group`` may return on one rank while a peer still connects to it
+    ("Connection closed by peer"), and a peer may wait in a collective on it that its group's
+    short timeout will end, as the test expects (PyTorch's ``test_barrier_timeout_group``: only
+    rank 0 calls the barrier; destroyed under it, it failed with "Connection reset by peer"
+    instead). A rank whose test failed does not wait: its destroy is what errors out a peer
+    left blocked in a collective it will never enter (DeepSpeed's harness relies on that), and
+    its failure went out already. The wait is bounded: a rank that waits has not sent its last
+    reports, and the deadlock watch counts it as running.
     """
     import torch.distributed as dist
 
-    if not dist.is_initialized() or dist.group.WORLD is ctx.pg:
-        return  # the test used the pool's own group: nothing of its own to destroy
     with contextlib.suppress(Exception):
         store = dist.PrefixStore(f"distrank-end/{ctx.test.index}/", ctx.store)
-        store.add("finished", 1)
-        end = time.monotonic() + MEET_WAIT
-        while not failed and store.add("finished", 0) < ctx.world_size:
-            if time.monotonic() >= end:
-                return
-            time.sleep(0.005)
+        store.set(f"finished/{ctx.rank}", "1")  # a peer may wait for it, whatever this one made
+        made, members = _made_groups(ctx)
+        peers = sorted(members - {ctx.rank})
+        end = time.monotonic() + _meet_wait(made)
+        pids: dict[int, int] = {}
+        while not failed and peers and time.monotonic() < end:
+            peers = [
+                r for r in peers if not store.check([f"finished/{r}"]) and _alive(ctx, r, pids)
+            ]
+            if peers:
+                time.sleep(MEET_POLL)
+
+
+def _made_groups(ctx: RankContext) -> tuple[list[Any], set[int]]:
+    """The groups the test made (none for a new default group: every rank is a member) and the
+    ranks to meet before destroying what it made: none when it made nothing."""
+    import torch.distributed as dist
+
+    from ...rank.ownedgroups import is_owned
+
+    if not dist.is_initialized() or ctx.backend == "fake":
+        return [], set()  # a simulated world is one process: no peer to meet
+    if dist.group.WORLD is not ctx.pg:
+        return [], set(range(ctx.world_size))
+    held = {(id(pg), str(pg.group_name)): pg for pg in _compat.process_groups()}
+    made = [
+        pg
+        for key, pg in held.items()
+        if key not in _HELD and pg is not dist.group.WORLD and not is_owned(pg)
+    ]
+    _HELD.clear()
+    _HELD.update(held)
+    members: set[int] = set()
+    for pg in made:
+        with contextlib.suppress(Exception):
+            members.update(dist.get_process_group_ranks(pg))
+    return made, members
+
+
+def _meet_wait(made: list[Any]) -> float:
+    """:data:`MEET_WAIT`, or longer where a group the test made has a short timeout of its own:
+    a peer may still wait in a collective on it until that timeout ends it."""
+    longest = 0.0
+    for pg in made:
+        seconds = _group_timeout(pg)
+        if seconds is not None and seconds <= SHORT_TIMEOUT:
+            longest = max(longest, seconds)
+    return MEET_WAIT + longest
+
+
+def _group_timeout(pg: Any) -> float | None:
+    """A group's own timeout in seconds (its backend's options; torch 2.13), None if unknown."""
+    import torch
+
+    for device in ("cpu", "cuda"):
+        with contextlib.suppress(Exception):
+            return float(pg._get_backend(torch.device(device)).options._timeout.total_seconds())
+    return None
+
+
+def register_pid(ctx: RankContext) -> None:
+    """Write this rank's pid into the pool's store: a peer meeting it after a test
+    (:func:`meet_before_destroy`) stops waiting for it once it died."""
+    ctx.store.set(f"distrank-pid/{ctx.rank}", str(os.getpid()))
+
+
+def _alive(ctx: RankContext, rank: int, pids: dict[int, int]) -> bool:
+    """Whether ``rank``'s process still runs (not gone, not a zombie); True when unknown.
+    ``pids``: those read from the store so far."""
+    try:
+        if rank not in pids:
+            key = f"distrank-pid/{rank}"
+            if not ctx.store.check([key]):
+                return True
+            pids[rank] = int(ctx.store.get(key))
+        with open(f"/proc/{pids[rank]}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    except Exception:
+        return True
+    return state not in (b"Z", b"X")
 
 
 def group_problem(ctx: RankContext) -> str:
