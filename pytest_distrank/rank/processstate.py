@@ -11,6 +11,7 @@ returns a category of :class:`leftovers.Snapshot`: a dict of key to value, None 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -51,13 +52,24 @@ def umask_state() -> dict[str, Any]:
 def signal_state() -> dict[str, Any]:
     """Each signal's Python-level disposition (a handler torch or a C library installed is not
     seen: Python reports it as None before and after alike)."""
-    state: dict[str, Any] = {}
-    for number in signal.valid_signals():
+    getsignal = signal.getsignal
+    return {name: getsignal(number) for name, number in _signals()}
+
+
+@functools.cache
+def _signals() -> tuple[tuple[str, int], ...]:
+    """(key, number) of each signal a handler can be set for (real-time ones included) and
+    Python reads, looked up once."""
+    found = []
+    for number in sorted(signal.valid_signals()):
         if number in _UNCATCHABLE:
             continue
-        with contextlib.suppress(ValueError, OSError):
-            state[str(number)] = signal.getsignal(number)
-    return state
+        try:
+            signal.getsignal(number)
+        except (ValueError, OSError):
+            continue
+        found.append((str(int(number)), int(number)))
+    return tuple(found)
 
 
 def logging_state() -> dict[str, Any]:
