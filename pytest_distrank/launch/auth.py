@@ -181,45 +181,68 @@ def obtain(launch: Launch, base: Path, env: Mapping[str, str]) -> Auth:
 
 def secret_folder(base: Path) -> Path:
     """``<base>/distrank-secrets``: made 0700; refused unless a folder of this user that nobody
-    else can enter."""
+    else can enter (:func:`_open_folder`)."""
     folder = base / "distrank-secrets"
+    os.close(_open_folder(folder))
+    return folder
+
+
+def _open_folder(folder: Path) -> int:
+    """``folder`` (made 0700 when missing), opened without following a link and checked through
+    that descriptor: what is checked is what the file is then opened in."""
     with contextlib.suppress(FileExistsError):
         folder.mkdir(mode=0o700)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        raise AuthError(f"{folder} is not a folder owned by the current user")
-    if info.st_mode & 0o077:
-        raise AuthError(
-            f"{folder} can be entered by other users (mode {stat.S_IMODE(info.st_mode):o}); "
-            "make it 0700 or remove it"
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise AuthError(f"{folder} is not a folder of the current user ({exc.strerror})") from None
+    info = os.fstat(fd)
+    problem = ""
+    if info.st_uid != os.geteuid():
+        problem = "is not a folder owned by the current user"
+    elif info.st_mode & 0o077:
+        problem = (
+            f"can be entered by other users (mode {stat.S_IMODE(info.st_mode):o}); make it 0700 "
+            "or remove it"
         )
-    return folder
+    if problem:
+        os.close(fd)
+        raise AuthError(f"{folder} {problem}")
+    return fd
 
 
 def _make_secret(path: Path) -> bytes:
     """Rank 0: a fresh secret in ``path`` (written aside, then renamed over a stale one)."""
     secret = secrets.token_hex(32).encode()
-    aside = path.with_name(f"{path.name}.{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(aside)
-    fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    aside = f"{path.name}.{os.getpid()}"
+    folder = _open_folder(path.parent)
     try:
-        os.write(fd, secret)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside, dir_fd=folder)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(aside, flags, 0o600, dir_fd=folder)
+        try:
+            os.write(fd, secret)
+        finally:
+            os.close(fd)
+        os.replace(aside, path.name, src_dir_fd=folder, dst_dir_fd=folder)
     finally:
-        os.close(fd)
-    os.replace(aside, path)
+        os.close(folder)
     return secret
 
 
 def _read_secret(path: Path) -> bytes | None:
     """The secret in ``path``; None while it is missing or incomplete. :class:`AuthError` for a
     file that is not this user's own, 0600 (a link is refused by ``O_NOFOLLOW``)."""
+    folder = _open_folder(path.parent)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path.name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=folder)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise AuthError(f"cannot open the secret file {path}: {exc}") from None
+    finally:
+        os.close(folder)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():

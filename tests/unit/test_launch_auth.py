@@ -27,6 +27,7 @@ from pytest import TestReport
 
 from pytest_distrank.launch import auth as auth_module
 from pytest_distrank.launch import keys
+from pytest_distrank.launch import session as session_module
 from pytest_distrank.launch.auth import Auth, AuthError, launch_token, mac, obtain, verifies
 from pytest_distrank.launch.channel import Channel, ChannelError, Forged
 from pytest_distrank.launch.env import Launch
@@ -454,6 +455,18 @@ def test_the_secret_file_is_refused_through_a_link_or_readable_by_others(
         obtain(peer, tmp_path, _env())
 
 
+def test_a_secrets_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
+    """Another user who owns the temporary folder replaces ``distrank-secrets`` with a link to a
+    folder of theirs: rank 0 must not write the secret there, nor a rank read one from there."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    (tmp_path / "distrank-secrets").symlink_to(theirs)
+    for rank in (0, 1):
+        with pytest.raises(AuthError, match="distrank-secrets is not a folder of the current"):
+            obtain(_launch(29500, rank), tmp_path, _env())
+    assert list(theirs.iterdir()) == []
+
+
 def test_a_stale_secret_file_is_read_again(tmp_path: Path) -> None:
     """An earlier launch with the same token left its file; rank 1 read it before rank 0
     replaced it: it reads it again (session._agree_run_id does, while the run id does not
@@ -493,3 +506,31 @@ def test_a_wait_for_the_secret_file_is_bounded(
     with pytest.raises(AuthError):
         obtain(_launch(29500, 1), tmp_path, _env())
     assert time.monotonic() - start < 2
+
+
+def test_the_run_id_is_read_again_while_a_stale_secret_file_was_read(
+    store: Store, tmp_path: Path
+) -> None:
+    """session._agree_run_id: rank 1 read an earlier launch's secret file before rank 0 replaced
+    it; the run id rank 0 then sealed does not verify, so rank 1 reads the file again."""
+    launch = _launch(store.raw.port, 0, restart=store.attempt)
+    fresh = obtain(launch, tmp_path, _env())
+    assert fresh.path is not None
+    rank0 = Channel(launch, 5.0, dataclasses.replace(fresh, run=""), connected=store.raw)
+    stale = Auth(b"d" * 64, "test", True, store.attempt, path=fresh.path)
+    peer = dataclasses.replace(launch, rank=1)
+    rank1 = Channel(peer, 5.0, stale, connected=store.raw)
+    run_id = session_module._agree_run_id(launch, rank0)
+    assert session_module._agree_run_id(peer, rank1) == run_id
+    assert rank1.auth.secret == fresh.secret and rank1.auth.run == run_id
+
+
+def test_a_run_id_that_never_verifies_stops_the_rank_naming_it(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(session_module, "RUN_VERIFY", 0.2)
+    store.forge(keys.RUN, b'"0123456789ab"')
+    peer = _launch(store.raw.port, 1, restart=store.attempt)
+    channel = Channel(peer, 5.0, Auth(SECRET, "test", True, store.attempt), connected=store.raw)
+    with pytest.raises(ChannelError, match=r"rank 1/2 \(torchrun\): the control store's 'run'"):
+        session_module._agree_run_id(peer, channel)
