@@ -1,0 +1,256 @@
+"""What a check across ranks sees of a value: its leaves, each a tensor or an exact plain value.
+
+Runs in rank processes of both modes, inside a test (:mod:`rank.parity`, :mod:`rank.reference`).
+torch is imported only when a function is called; numpy only where the test imported it. The
+rules (docs/parity.md, "What each check compares"):
+
+- Containers are walked: mappings by key (the key order is not compared), lists and tuples by
+  position (a list equals a tuple with the same items), dataclass instances by field
+  (``.loss``), an ``nn.Module`` by its ``state_dict()``. An empty container is a leaf of kind
+  ``empty``: ``{"a": []}`` differs from ``{}``.
+- Leaves: tensors (detached; conjugate and negative bits resolved; sparse made dense; a
+  replicated DTensor by its local tensor); numpy arrays and numpy scalars as the tensor of their
+  dtype, shape and bytes; Python numbers as 0-dim tensors (``bool``, ``int`` as int64, ``float``
+  as float64, ``complex`` as complex128; an ``int`` beyond int64 exactly, as a number); ``str``,
+  ``bytes``, ``None``, enum members, ``torch.dtype`` and ``torch.device`` exactly (:class:`Plain`).
+- Anything else (iterators and generators, sets, objects of other classes) is refused with a
+  :class:`ParityUsageError` naming the leaf's path and type and what to pass instead: nothing is
+  ever compared by ``repr``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+#: A leaf's path in the value, as written in Python: ``['w']``, ``[0]``, ``.loss``, or ``""``.
+Leaves = list[tuple[str, Any]]
+#: numpy dtype kinds torch holds: bool, signed and unsigned integers, floats, complex.
+NUMPY_KINDS = "biufc"
+#: What the checks take, for the refusals' messages.
+TAKES = (
+    "tensors, numpy arrays, numbers, str, bytes, None, enums, and lists, tuples, dicts, "
+    "dataclasses and nn.Modules of them"
+)
+
+
+class ParityUsageError(ValueError):
+    """A check across ranks was called with what it cannot check (a bad group, a sharded
+    DTensor, a value of a type it does not compare, a simulated world): the test's error, not
+    a difference between ranks."""
+
+    #: Named without its module on the report's crash line, as pytest names its ``Failed``.
+    __module__ = "builtins"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plain:
+    """A leaf compared exactly, not as a tensor: its kind (``str``, ``None``, ``enum Color``,
+    ``empty`` ...) and its exact text (``'a'``, ``pkg.Color.RED``). Pickles whatever the
+    original was, so a failed check can gather it."""
+
+    kind: str
+    text: str
+
+
+#: The leaf an empty container (``[]``, ``()``, ``{}``, a module without state) leaves.
+EMPTY = Plain("empty", "")
+
+
+def leaves(value: Any, what: str) -> Leaves:
+    """(path, leaf) of every leaf of ``value``, each as compared (:func:`normalize`); a
+    ParityUsageError names the first leaf the checks cannot compare."""
+    return [(p, normalize(p, v, what)) for p, v in flatten(value, what)]
+
+
+def comparable(found: Sequence[tuple[str, Any]]) -> bool:
+    """Whether any leaf holds something to compare (not only empty containers)."""
+    return any(leaf != EMPTY for _, leaf in found)
+
+
+def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, ...] = ()) -> Leaves:
+    """(path, raw leaf) of every leaf of ``value``: containers walked, leaves as they are."""
+    import torch
+
+    if isinstance(value, torch.Tensor) or _numpy_value(value) or _exact(value):
+        return [(path, value)]
+    if id(value) in above:
+        raise ParityUsageError(f"{what}{path} contains itself: a cycle cannot be compared.")
+    above = (*above, id(value))
+    if isinstance(value, torch.nn.Module):
+        return flatten(value.state_dict(), what, path, above)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = [(f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
+    elif isinstance(value, Mapping):
+        items = sorted(((f"[{key!r}]", item) for key, item in value.items()), key=_first)
+        names = [name for name, _ in items]
+        twice = next((n for n, m in itertools.pairwise(names) if n == m), None)
+        if twice is not None:
+            raise ParityUsageError(
+                f"{what}{path} has two keys written {twice[1:-1]}: keys are compared by their "
+                "repr, so use keys whose repr tells them apart (str, int)."
+            )
+    elif isinstance(value, (list, tuple)):
+        items = [(f"[{i}]", item) for i, item in enumerate(value)]
+    else:
+        raise ParityUsageError(_refusal(what, path, value))
+    if not items:
+        return [(path, EMPTY)]
+    out: Leaves = []
+    for name, item in items:
+        out += flatten(item, what, path + name, above)
+    return out
+
+
+def _first(item: tuple[str, Any]) -> str:
+    return item[0]
+
+
+def _numpy_value(value: Any) -> bool:
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, (numpy.ndarray, numpy.generic))
+
+
+def _exact(value: Any) -> bool:
+    """Whether ``value`` is a leaf compared exactly (numbers included)."""
+    import torch
+
+    exact = (str, bytes, bool, int, float, complex, enum.Enum, torch.dtype, torch.device)
+    return value is None or isinstance(value, exact)
+
+
+def _refusal(what: str, path: str, value: Any) -> str:
+    kind = f"{type(value).__module__}.{type(value).__qualname__}".removeprefix("builtins.")
+    leaf = f"{what}{path}"
+    if isinstance(value, Iterator):
+        instead = (
+            f"pass a list (list({leaf})) or, for a model's parameters, "
+            "dict(model.named_parameters()) or model.state_dict()"
+        )
+        why = "an iterator: it can be read once, and its repr is an address"
+    elif isinstance(value, (set, frozenset)):
+        why, instead = "unordered: it has no order to compare by", f"pass sorted({leaf})"
+    else:
+        why = "of a type the checks do not compare (they never compare a repr)"
+        instead = f"pass its data: torch.as_tensor({leaf}), a dict of its fields, or a dataclass"
+    return f"{leaf} ({kind}) is {why}. The checks compare {TAKES}; {instead}."
+
+
+def normalize(path: str, leaf: Any, what: str) -> Any:
+    """A raw leaf as compared: a tensor (numbers, numpy values, DTensors, sparse tensors and
+    views made plain tensors) or a :class:`Plain`."""
+    import torch
+
+    if leaf is EMPTY:
+        return leaf
+    if _numpy_value(leaf):
+        return _from_numpy(path, leaf, what)
+    if isinstance(leaf, enum.Enum):
+        kind = type(leaf).__qualname__
+        return Plain(f"enum {kind}", f"{type(leaf).__module__}.{kind}.{leaf.name}")
+    if isinstance(leaf, bool):
+        return torch.tensor(leaf)
+    if isinstance(leaf, int):
+        if -(2**63) <= leaf < 2**63:
+            return torch.tensor(int(leaf), dtype=torch.int64)
+        return Plain("int", str(int(leaf)))
+    if isinstance(leaf, float):
+        return torch.tensor(float(leaf), dtype=torch.float64)
+    if isinstance(leaf, complex):
+        return torch.tensor(complex(leaf), dtype=torch.complex128)
+    if not isinstance(leaf, torch.Tensor):
+        return _plain(leaf)
+    return _tensor(path, leaf, what)
+
+
+def _plain(leaf: Any) -> Plain:
+    import torch
+
+    if leaf is None:
+        return Plain("None", "None")
+    if isinstance(leaf, str):
+        return Plain("str", repr(str(leaf)))
+    if isinstance(leaf, bytes):
+        return Plain("bytes", repr(bytes(leaf)))
+    if isinstance(leaf, torch.dtype):
+        return Plain("dtype", str(leaf))
+    return Plain("device", str(leaf))
+
+
+def _tensor(path: str, leaf: Any, what: str) -> Any:
+    import torch
+
+    leaf = leaf.detach()
+    dtensor = dtensor_type()
+    if dtensor is not None and isinstance(leaf, dtensor):
+        placements = tuple(leaf.placements)
+        if not all(type(p).__name__ == "Replicate" for p in placements):
+            names = ", ".join(str(p) for p in placements)
+            raise ParityUsageError(
+                f"{what}{path} is a DTensor with placements ({names}): its local tensors differ "
+                "between ranks by design, so they are not compared. Compare "
+                f"{what}{path}.full_tensor() (a collective of the test, on its mesh) or "
+                f"{what}{path}.to_local() explicitly."
+            )
+        leaf = leaf.to_local()
+    if leaf.device.type == "meta":
+        raise ParityUsageError(
+            f"{what}{path} is a tensor on the meta device: it holds no values to compare. "
+            "Compare it where it is materialised (to_empty() and initialised, or on a real device)."
+        )
+    if leaf.layout != torch.strided:
+        leaf = leaf.to_dense()
+    return leaf.resolve_conj().resolve_neg()
+
+
+def _from_numpy(path: str, leaf: Any, what: str) -> Any:
+    import numpy
+    import torch
+
+    array = numpy.asarray(leaf)
+    dtype = array.dtype
+    if dtype.kind not in NUMPY_KINDS or dtype.names is not None or dtype.itemsize > 16:
+        raise ParityUsageError(
+            f"{what}{path} is a numpy {'array' if array.ndim else 'scalar'} of dtype {dtype}, "
+            "which torch does not hold, so it is not compared. Convert it to one that torch "
+            "holds (bool, integers, float16-64, complex64/128), or compare its items as a list."
+        )
+    if not dtype.isnative:
+        array = array.astype(dtype.newbyteorder("="))
+    try:
+        return torch.from_numpy(numpy.array(array, copy=True, order="C"))
+    except TypeError as exc:  # long double and the like
+        raise ParityUsageError(
+            f"{what}{path} is a numpy value of dtype {dtype}, which torch does not hold ({exc}). "
+            "Convert it (astype(numpy.float64) where that loses nothing)."
+        ) from None
+
+
+def dtensor_type() -> Any:
+    module = sys.modules.get("torch.distributed.tensor")
+    return getattr(module, "DTensor", None)
+
+
+def kind_words(leaf: Any) -> str:
+    """``(4, 8) float32``, ``() int64``, or a plain leaf's kind (``str``, ``empty``)."""
+    import torch
+
+    if isinstance(leaf, torch.Tensor):
+        return f"{tuple(leaf.shape)} {str(leaf.dtype).removeprefix('torch.')}"
+    if isinstance(leaf, Plain):
+        return leaf.kind
+    return type(leaf).__name__
+
+
+def header(found: Sequence[tuple[str, Any]]) -> bytes:
+    """What must agree before values can be compared: the paths, the kinds, and plain
+    values themselves (exactly)."""
+    parts = []
+    for path, leaf in found:
+        text = f"\0{leaf.text}" if isinstance(leaf, Plain) else ""
+        parts.append(f"{path}\0{kind_words(leaf)}{text}")
+    return "\1".join(parts).encode(errors="surrogatepass")
