@@ -57,15 +57,32 @@ def pytest_configure(config: pytest.Config) -> None:
 #: What pytest-xdist sets in its workers: an inner session that inherits them believes it is an
 #: xdist worker (pool names, plugins' worker ids), so the suite can run under ``-n``.
 XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+#: What a launcher (torchrun, a CI runner that is itself launched) sets: an inner session that
+#: inherits them believes it is a launched rank, and its harness tests see them.
+LAUNCHER_ENV = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 def _inner_environment(monkeypatch: pytest.MonkeyPatch, tag: str) -> None:
-    """The environment of an inner session: its tag, the short test waits, no xdist worker's."""
+    """The environment of an inner session: its tag, the short test waits, no xdist worker's
+    or launcher's variables."""
     monkeypatch.setenv(TAG_ENV, tag)
     # The end-of-test rule's fixed waits (grace 5 s, finish 5 s, dumps 3 s) take 1 s here; a test
     # of those defaults deletes the variable (settings.TEST_WAITS_ENV).
     monkeypatch.setenv(TEST_WAITS_ENV, "1")
-    for name in XDIST_ENV:
+    for name in (*XDIST_ENV, *LAUNCHER_ENV):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -29,9 +29,12 @@ from torch.testing._internal.common_distributed import MultiProcessTestCase, TES
 
 
 def note(test):
+    # The rank process's name, not its environment: a harness test sees its child's.
+    import multiprocessing
+    pool = multiprocessing.current_process().name
     name = f"pool-{type(test).__name__}.{test._testMethodName}-{test.rank}"
     with open(name, "w") as f:
-        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER')} {os.getpid()}")
+        f.write(f"{pool if pool.startswith('distrank-pool') else None} {os.getpid()}")
 
 
 class Base(MultiProcessTestCase):
@@ -306,6 +309,95 @@ class TestLeaks(Base):
         self.assertNotIn("LEAKED_BY_B", os.environ)
         self.assertNotIn("leaky", [t.name for t in threading.enumerate()])
 """,
+    # A harness test's environment is its child's: the controller's (the inner session's, whose
+    # outer environment has no launcher variables: tests/conftest.py), nothing of the pool's.
+    "childenv": PLAIN
+    + CONTINUOUS
+    + """
+import subprocess
+
+POOLS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+         "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_USE_AGENT_STORE",
+         "TORCHELASTIC_RESTART_COUNT")
+
+
+def seen():
+    # DISTRANK_* that the inner session's own environment has (options) are the controller's.
+    own = ("DISTRANK_RANK", "DISTRANK_POOL_TAG", "DISTRANK_MASTER_PORT", "DISTRANK_WORLD_SIZE")
+    return sorted(k for k in os.environ if k in POOLS or k in own)
+
+
+class TestChildEnv(Base):  # the issue's reproducer (its own harness: passed)
+    def test_no_launcher_variables(self):
+        leaked = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "TORCHELASTIC_USE_AGENT_STORE")
+                  if k in os.environ]
+        self.assertEqual(leaked, [])
+
+    def test_nothing_of_the_pools(self):
+        self.assertEqual(seen(), [])
+        with self.assertRaisesRegex(ValueError, "environment variable"):
+            dist.init_process_group("gloo")  # env:// finds no MASTER_ADDR, as in the child
+        os.environ["SET_BY_THE_CHILD"] = "1"
+
+    def test_the_childs_variable_died_with_it(self):
+        self.assertNotIn("SET_BY_THE_CHILD", os.environ)
+        env = subprocess.run(["env"], capture_output=True, text=True, check=True).stdout
+        self.assertNotIn("MASTER_ADDR=", env)
+        import multiprocessing
+        if multiprocessing.current_process().name.startswith("distrank-pool"):
+            # What the test starts still carries the pool's tag (the reaper's), out of os.environ.
+            self.assertIn("DISTRANK_POOL_TAG=", env)
+
+
+class TestContinuousEnv(ContinuousBase):
+    def test_a_worker(self):
+        self.assertEqual(seen(), ["LOCAL_RANK"])  # _init_pg sets it in the worker
+        os.environ["KEPT_BY_THE_WORKER"] = str(self.rank)
+
+    def test_b_same_worker(self):
+        self.assertEqual(os.environ.get("KEPT_BY_THE_WORKER"), str(self.rank))
+        self.assertNotIn("MASTER_PORT", os.environ)
+""",
+    # A harness test sees the loggers its child has: no handler of pytest's or the plugin's
+    # (test_c10d_logger.py's test_get_or_create_logger), yet records are still captured.
+    "loggers": PLAIN
+    + CONTINUOUS
+    + """
+import logging
+from torch.distributed.c10d_logger import _c10d_logger
+
+
+def foreign():
+    found = []
+    for lg in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for h in getattr(lg, "handlers", []):
+            if type(h).__module__.split(".")[0] in ("_pytest", "pytest_distrank"):
+                found.append(f"{lg.name}: {type(h).__name__}")
+    return found
+
+
+class TestLoggers(Base):
+    def test_get_or_create_logger(self):
+        self.assertIsNotNone(_c10d_logger)
+        self.assertEqual(1, len(_c10d_logger.handlers))
+        self.assertIsInstance(_c10d_logger.handlers[0], logging.NullHandler)
+        self.assertEqual(foreign(), [])
+        _c10d_logger.warning("MARK-c10d-record-%d", self.rank)
+
+
+class TestContinuousLoggers(ContinuousBase):
+    def test_no_foreign_handler(self):
+        self.assertEqual(foreign(), [])
+        self.assertEqual(1, len(_c10d_logger.handlers))
+"""
+    + """
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_plugin_test_still_captures(rank):
+    logging.getLogger("some.library").warning("MARK-plugin-record")
+""",
     # As PyTorch's DistributedTest suite (TestDistBackend.setUp): the parent's setUp makes a
     # folder, hands it to its children in the environment, and its tearDown removes it; the
     # children meet at a file barrier there, and the harness sets a fresh port per test.
@@ -465,9 +557,10 @@ def test_the_summary_counts_distributed_tests_and_pools(suites: pytest.RunResult
     """Every test method taken over is a distributed test (not ``TestOwn``'s, nor one that a
     unittest decorator skips before any process); pools: the warm one, a new one after each fault
     (two failures in continuous classes, a thread left running, ``TestAbort``'s expected abort;
-    a variable left set is restored) and one per test of ``TestFresh`` and of ``TestRpcLike``;
-    none for the tests skipped by marker (at world size 3)."""
-    suites.stdout.fnmatch_lines(["32 distributed tests; pools started: 9 at world size 2"])
+    a variable left set is restored), one per test of ``TestFresh`` and of ``TestRpcLike``, and
+    one for the plugin test beside the harness classes (its group is initialised); none for the
+    tests skipped by marker (at world size 3)."""
+    suites.stdout.fnmatch_lines(["40 distributed tests; pools started: 10 at world size 2"])
 
 
 def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> None:
@@ -604,7 +697,8 @@ def test_a_leaked_thread_replaces_the_pool_and_a_variable_is_restored(
     suites: pytest.RunResult,
 ) -> None:
     """Harness classes go through the same leftover checks as plain tests (rank/leftovers.py):
-    a thread still running makes the pool unfit, a variable is restored and named."""
+    a thread still running makes the pool unfit. A variable the test set was its child's
+    environment (pool/worker/harnessenv.py): the rank's own comes back, and nothing is named."""
     suites.stdout.fnmatch_lines_random(
         [
             "test_leaks.py::TestLeaks::test_a_leaks_a_thread PASSED*",
@@ -612,13 +706,44 @@ def test_a_leaked_thread_replaces_the_pool_and_a_variable_is_restored(
             "test_leaks.py::TestLeaks::test_c_sees_a_clean_process PASSED*",
             "pool killed after a fault: *: test_leaks.py::TestLeaks::test_a_leaks_a_thread left "
             "thread 'leaky' running (not a daemon: a fresh process would wait for it) on rank *",
-            "leftovers: test_leaks.py::TestLeaks::test_b_sets_a_variable left LEAKED_BY_B set on "
-            "ranks 0, 1 (restored)",
         ]
     )
+    assert "LEAKED_BY_B" not in suites.stdout.str()  # the child's environment: gone, unnamed
     names = ("test_a_leaks_a_thread", "test_b_sets_a_variable", "test_c_sees_a_clean_process")
     pools = [_pools(f"TestLeaks.{name}")[0][0] for name in names]
     assert pools[0] != pools[1] == pools[2], pools  # a new pool after the thread only
+
+
+def test_a_harness_test_sees_its_childs_environment_not_the_pools(
+    suites: pytest.RunResult,
+) -> None:
+    """The issue's reproducer (its own harness: 1 passed): no launcher variable, no DISTRANK_*,
+    env:// finds nothing to meet at; what the child set dies with it; a continuous class's
+    worker keeps its own from one test to the next; processes a test starts carry the tag."""
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_childenv.py::TestChildEnv::test_no_launcher_variables PASSED*",
+            "test_childenv.py::TestChildEnv::test_nothing_of_the_pools PASSED*",
+            "test_childenv.py::TestChildEnv::test_the_childs_variable_died_with_it PASSED*",
+            "test_childenv.py::TestContinuousEnv::test_a_worker PASSED*",
+            "test_childenv.py::TestContinuousEnv::test_b_same_worker PASSED*",
+        ]
+    )
+    assert "SET_BY_THE_CHILD" not in suites.stdout.str()  # never named a leftover
+
+
+def test_a_harness_test_sees_no_handler_of_pytest_or_the_plugin(suites: pytest.RunResult) -> None:
+    """test_c10d_logger.py's check passes with no option; what a non-propagating logger logs in
+    a harness test is still captured (its record in the -rA section), and plugin tests' too."""
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_loggers.py::TestLoggers::test_get_or_create_logger PASSED*",
+            "test_loggers.py::TestContinuousLoggers::test_no_foreign_handler PASSED*",
+            "test_loggers.py::test_plugin_test_still_captures*PASSED*",
+            "*MARK-c10d-record-0*",
+            "*MARK-plugin-record*",
+        ]
+    )
 
 
 def test_the_parents_setup_runs_once_its_environment_reaches_every_rank(

@@ -11,6 +11,7 @@
 - ``rankpdb``: pdb whose terminal is the controller's (breakpoint, ``--pdb``, ``--trace``).
 - ``rankreruns``: pytest-rerunfailures' verdict on a failure, made where the exception is.
 - ``suiterank``, ``suiteclass``: tests of PyTorch's own harness classes, run as it runs them.
+- ``harnessenv``: a harness test's environment is its child's (the controller's), not the pool's.
 - ``simulate``: a simulated world: the fake group, LocalTensorMode around tests.
 - ``preload``: the fork server's last preload: freezes its heap.
 

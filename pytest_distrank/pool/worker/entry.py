@@ -21,7 +21,7 @@ import pytest
 from ... import _compat
 from ..protocol import Fatal, RankConfig
 from ..workerinput import WorkerInput, xdist_environ
-from . import ranklogs
+from . import harnessenv, ranklogs
 from .main import WorkerPlugin
 from .rankfr import start_responder
 from .rankproc import detach_from_controller_tree, rank_env
@@ -46,6 +46,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.clear()
         os.environ.update(rank_env(cfg))
         os.environ.update(xdist_environ(cfg.workerinput))  # as in an xdist worker (workerinput.py)
+        harnessenv.remember(cfg.env)  # what a harness class's test sees instead (harnessenv.py)
         os.chdir(cfg.cmdline.invocation_dir)  # relative paths in the arguments mean the same
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)

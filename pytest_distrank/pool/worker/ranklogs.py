@@ -19,11 +19,19 @@ and again at a phase only when loggers were created since: a new logger gets its
 next phase, as pytest would give it its handler; an existing logger turned non-propagating
 during a test, or a relay a test removed (``logger.handlers.clear()``), is covered again from the
 next test on.
+
+A test of PyTorch's harness classes runs in a process without pytest (the harness's child), and
+such tests look at loggers' handlers (``test_c10d_logger.py`` asserts c10d's logger has exactly
+its ``NullHandler``). While one runs (:func:`out_of_sight`), neither pytest's handlers nor the
+relays are in any logger's ``handlers``: every record reaches the capture handlers through a wrap
+of ``logging.Logger.callHandlers`` instead, once per record, whatever logger it came from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Generic, TypeVar
 
@@ -142,3 +150,39 @@ def new_test() -> None:
     """A test is about to start: walk every logger (see the module docstring)."""
     if RELAYS.installed:
         RELAYS.cover_new_loggers()
+
+
+@contextlib.contextmanager
+def out_of_sight() -> Iterator[None]:
+    """For a while, capture without a handler in sight (see the module docstring): pytest's
+    handlers leave the root logger and the relays their loggers, and a wrap of
+    ``Logger.callHandlers`` hands each record to the capture handlers; all back afterwards."""
+    if not RELAYS.installed:
+        yield
+        return
+    root = logging.getLogger()
+    ours = [handler for handler in root.handlers if handler in RELAYS.active]
+    relayed = [(lg, relay) for lg, relay in RELAYS.by_logger.items() if relay in lg.handlers]
+    for handler in ours:
+        root.removeHandler(handler)
+    for lg, relay in relayed:
+        lg.removeHandler(relay)
+    original = logging.Logger.callHandlers
+
+    def call_handlers(self: logging.Logger, record: logging.LogRecord) -> None:
+        original(self, record)
+        for handler in RELAYS.active:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+
+    logging.Logger.callHandlers = call_handlers  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        logging.Logger.callHandlers = original  # type: ignore[method-assign]
+        for lg, relay in relayed:
+            if relay not in lg.handlers:
+                lg.addHandler(relay)
+        for handler in ours:
+            if handler not in root.handlers:
+                root.addHandler(handler)

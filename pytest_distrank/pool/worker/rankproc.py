@@ -26,6 +26,7 @@ from ... import _compat
 from ...rank import reaper
 from ...settings import RANK_ENV
 from ..protocol import RankConfig
+from . import harnessenv
 from .rankgroup import MASTER_ADDR
 
 _PR_SET_PDEATHSIG = 1
@@ -77,7 +78,7 @@ def end_with_controller() -> NoReturn:
     this rank and its tests started, then leave. Nothing is reported: no one is listening."""
     me = os.getpid()
     found = reaper.descendants([me])  # orphans too: the rank is their subreaper
-    tag = os.environ.get(reaper.POOL_TAG_ENV)
+    tag = harnessenv.pool_tag()  # not os.environ: a harness test's environment is its child's
     if tag:
         found |= reaper.tagged(tag)  # what left the tree (the pool's other ranks' too)
     found.discard(me)

@@ -58,6 +58,7 @@ from ...outcome.expectations import harness_source
 from ...rank import faults
 from ...rank.context import RANK_CONTEXT, RankContext
 from ..suites import CASE, Case
+from . import harnessenv, ranklogs
 from .suiteclass import ClassState, child_view
 from .suiteparent import ParentEnv
 
@@ -78,6 +79,8 @@ class SuiteRunner:
         self.fresh: dict[type, ClassState] = {}
         #: The continuous class's worker's own view of its class, kept between its tests.
         self.worker_view: ClassState | None = None
+        #: The continuous class's worker's environment, kept between its tests.
+        self.worker_env = harnessenv.WorkerEnv()
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_finish(self, session: pytest.Session) -> None:
@@ -98,11 +101,15 @@ class SuiteRunner:
         ctx = item.config.stash[RANK_CONTEXT]
         if case.kind == "spawn":
             self._end_continuous(ctx)
-        if case.kind == "spawn":
             cls = getattr(item, "cls")  # noqa: B009
-            _run_spawned(item, ctx, self.fresh.get(cls), self.after_setup)
+            # The environment and loggers of the harness's parent and child, not the pool's.
+            with harnessenv.child_environment(), ranklogs.out_of_sight():
+                _run_spawned(item, ctx, self.fresh.get(cls), self.after_setup)
         else:
-            self._run_continuous(item, ctx, case)
+            if self.continuous is not getattr(item, "cls"):  # noqa: B009
+                self._end_continuous(ctx)  # the next class's worker starts afresh
+            with self.worker_env.around(), ranklogs.out_of_sight():
+                self._run_continuous(item, ctx, case)
 
     # -- MultiProcContinuousTest ---------------------------------------------------------------
 
@@ -171,6 +178,7 @@ class SuiteRunner:
 
         self.continuous = None
         self.worker_view = None
+        self.worker_env.end()
         ctx.pg = None
         if dist.is_initialized():
             with contextlib.suppress(Exception):
