@@ -207,8 +207,11 @@ def module_words(name: str, before: Any, after: Any) -> str | None:
 
 
 def _imported(name: str, module: Any) -> bool:
+    """A module imported under ``name``, or an alias of one imported under its own name (a
+    package that registers a submodule under a second name as it is imported)."""
     spec = getattr(module, "__spec__", None) if isinstance(module, types.ModuleType) else None
-    return spec is not None and getattr(spec, "name", None) == name
+    own = getattr(spec, "name", None)
+    return own is not None and (own == name or sys.modules.get(own) is module)
 
 
 def umask_words(mask: int) -> str:

@@ -117,6 +117,11 @@ def test_words_of_torch_modes_and_named_state() -> None:
     assert processstate.signal_words("15", __import__("signal").SIG_IGN) == "SIGTERM ignored"
     assert processstate.module_words("json", object(), object()) == "sys.modules['json'] replaced"
     assert processstate.module_words("json", None, __import__("json")) is None  # an import
+    # an alias an import made of a module imported under its own name: no leftover either
+    assert processstate.module_words("json_alias", None, __import__("json")) is None
+    assert processstate.module_words("fake", None, types.ModuleType("fake")) == (
+        "sys.modules['fake'] added"
+    )
     assert processstate.path_words(("a",), ("x", "a")) == "sys.path changed ('x' added)"
 
 
@@ -170,3 +175,22 @@ def test_a_socket_a_wider_fixture_opened_is_its_own_one_the_test_left_is_named()
     finally:
         for server in held:
             server.close()
+
+
+def test_the_fail_policy_fails_for_what_is_only_named_too() -> None:
+    """Under --distrank-leftovers=fail a umask left changed fails the test's teardown, naming
+    it as not restored."""
+    from pytest_distrank.rank.leftovers import LeftoverCheck, LeftoverError
+
+    check = LeftoverCheck(1, "fail", (), ())
+    item = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_umask"))
+    check.start(item, harness=False)
+    old = os.umask(0o077)
+    try:
+        with pytest.raises(
+            LeftoverError, match=r"t.py::test_umask left umask 0o077 \(not restored\) on rank 1"
+        ):
+            _drive(check.pytest_runtest_teardown(item))
+    finally:
+        os.umask(old)
+    assert check.finish() == (("umask 0o077 (not restored)",), "")
