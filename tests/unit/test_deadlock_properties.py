@@ -19,6 +19,9 @@ Rules:
    is judged a hang, naming that member, the peer among the blocked.
 3. Verdicts do not change when groups are renamed (groups of the same members included): only
    the recorder's names change, never the calls.
+4. No state whose waited collectives are on groups with a timeout before the test's deadline
+   ends early before that timeout (and its margin) passed: the timeout ends the collective
+   with an error the test may catch.
 """
 
 from __future__ import annotations
@@ -113,7 +116,9 @@ def names_of(program: Program) -> list[str]:
     return [str(i) for i in range(len(program.groups))]
 
 
-def records(state: State, names: list[str], now: int) -> dict[int, dict[str, Any]]:
+def records(
+    state: State, names: list[str], now: int, timeout_ms: int = TIMEOUT_MS
+) -> dict[int, dict[str, Any]]:
     program = state.program
     out = {}
     for rank in range(program.world):
@@ -131,7 +136,7 @@ def records(state: State, names: list[str], now: int) -> dict[int, dict[str, Any
                     "process_group": [names[ev.group], "default_pg" if ev.group == 0 else ""],
                     "retired": state.done(rank, event),
                     "time_created_ns": at,
-                    "timeout_ms": TIMEOUT_MS,
+                    "timeout_ms": timeout_ms,
                     "input_sizes": [[4]],
                     "input_dtypes": ["Float"],
                 }
@@ -140,12 +145,11 @@ def records(state: State, names: list[str], now: int) -> dict[int, dict[str, Any
     return out
 
 
-def judge(state: State, names: list[str], now: int) -> Verdict:
+def judge(state: State, names: list[str], now: int, timeout_ms: int = TIMEOUT_MS) -> Verdict:
     world = state.program.world
     finished = {r for r in range(world) if state.finished(r)}
-    story = explain(
-        records(state, names, now), START, finished=finished, world_size=world, timeout_s=60.0
-    )
+    dumps = records(state, names, now, timeout_ms)
+    story = explain(dumps, START, finished=finished, world_size=world, timeout_s=60.0)
     return Verdict() if story is None else story.verdict
 
 
@@ -273,3 +277,23 @@ def test_verdicts_do_not_depend_on_the_groups_names(program: Program, data: st.D
     before = judge(last, names_of(program), now)
     after = judge(last, ["0", *fresh], now)
     assert after == before
+
+
+@given(programs(), st.data())
+def test_a_group_timeout_before_the_deadline_is_waited_for(
+    program: Program, data: st.DataObject
+) -> None:
+    """Rule 4: states of failing and completing executions alike (one rank may skip a
+    collective), every group with a 6 s timeout, the records taken before it passed (and its
+    2 s margin): none ends early; long after, the same states are judged as without timeouts."""
+    if data.draw(st.booleans(), label="skip one"):
+        rank = data.draw(st.integers(0, program.world - 1))
+        steps = program.order[rank]
+        if steps:
+            del steps[data.draw(st.integers(0, len(steps) - 1))]
+    _, last = run(program, data, data.draw(st.integers(0, program.world - 1)))
+    names = names_of(program)
+    early = START + data.draw(st.integers(0, 7), label="seconds in") * 10**9
+    assert not ends_early(last, judge(last, names, early, timeout_ms=6_000))
+    late = START + 20 * 10**9
+    assert judge(last, names, late, timeout_ms=6_000) == judge(last, names, late)

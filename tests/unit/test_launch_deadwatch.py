@@ -206,3 +206,48 @@ def test_a_rank_says_once_that_it_stands_still_and_again_when_it_moves(
     assert channel.counters[keys.still_count(0)] == 2
     assert channel.values[keys.still(0, 1)]["still"] is False
     assert watch.beacon is None
+
+
+def _timed(op: str, done: bool, timeout_ms: int) -> dict[str, Any]:
+    return {**entry(op, done), "timeout_ms": timeout_ms}
+
+
+def test_a_collective_whose_group_timeout_comes_first_does_not_end_the_test() -> None:
+    """Hostile review 4, D7, under a launcher: rank 1 waits in a barrier on a group with a 6 s
+    timeout, which the test expects; rank 0 finished without it. Its beacon, taken 2 s in,
+    proves nothing before that timeout (the test's deadline is 60 s); one taken 10 s in does."""
+    for dumped, proven in ((2, False), (10, True)):
+        channel = Channel()
+        rs, cur = world(channel, size=2)
+        cur.game.note_finished(0)
+        cur.records = records()
+        waiting = {
+            "entries": [_timed("barrier", False, 6_000)],
+            "pg_config": {},
+            "dumped_ns": START + dumped * 1_000_000_000,
+        }
+        say(channel, 1, json.dumps(waiting), inside="barrier")
+        assert Judge(rs, cur).look(at(0)) is proven, dumped
+
+
+def test_a_rank_in_work_wait_is_waiting_only_when_all_it_left_pending_is_hopeless() -> None:
+    """Hostile review 4, D15: rank 1 stands in ``Work.wait()`` (its beacon says so) on an
+    all_reduce rank 0 finished without; with another pending collective that may complete
+    (on a group rank 0 is not in), it is not."""
+    channel = Channel()
+    rs, cur = world(channel, size=2)
+    cur.game.note_finished(0)
+    cur.records = records()
+    wait = "waits in Work.wait() in test_x at test_x.py:5"
+    say(channel, 1, records(entry("all_reduce", False)), inside=wait)
+    assert Judge(rs, cur).look(at(0))
+    channel = Channel()
+    rs, cur = world(channel, size=2)
+    cur.game.note_finished(0)
+    cur.records = records()
+    alone = {"1": {"ranks": "[1]"}}
+    hopeful = dump(
+        entry("barrier", False, group=("1", "")), entry("all_reduce", False), groups=alone
+    )
+    say(channel, 1, json.dumps(hopeful), inside=wait)
+    assert not Judge(rs, cur).look(at(0))
