@@ -10,7 +10,7 @@ writes every key. So the secret never comes from the store, nor from any exchang
 - ``DISTRANK_SECRET`` set (the user sets the same value for every rank, in the environment: never
   on a command line, which ``/proc/<pid>/cmdline`` shows to every local user): that secret.
 - otherwise, when every rank is on this machine: rank 0 draws one and writes it to a file
-  ``<pytest's temp folder of this user>/distrank-secrets/<launch token>`` (folder 0700, file
+  ``<pytest's temp folder of this user>/.distrank-secrets/<launch token>`` (folder 0700, file
   0600, opened ``O_NOFOLLOW``, owner and mode checked before reading), whose name every local rank
   derives from the launcher's environment alone (:func:`launch_token`); the other ranks wait for
   it. Rank 0 removes it once every rank has proven it holds the secret (a signed collection).
@@ -180,9 +180,9 @@ def obtain(launch: Launch, base: Path, env: Mapping[str, str]) -> Auth:
 
 
 def secret_folder(base: Path) -> Path:
-    """``<base>/distrank-secrets``: made 0700; refused unless a folder of this user that nobody
+    """``<base>/.distrank-secrets``: made 0700; refused unless a folder of this user that nobody
     else can enter (:func:`_open_folder`)."""
-    folder = base / "distrank-secrets"
+    folder = base / ".distrank-secrets"
     os.close(_open_folder(folder))
     return folder
 

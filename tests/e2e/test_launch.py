@@ -656,7 +656,8 @@ def _group_left_world(env: dict[str, str], folder: Path) -> Run:
 
 def _slurm_world(env: dict[str, str], folder: Path) -> Run:
     """Slurm's variables by hand, every test passes: the mapped variables, warnings; no
-    --basetemp and a fresh TMPDIR, so the run folder goes to pytest-of-<user>."""
+    --basetemp and a fresh TMPDIR, so the run folder goes to pytest-of-<user>; DISTRANK_SECRET
+    set."""
     write(folder, {"test_a_mapped.py": MAPPED, "test_b_warnings.py": WARNS})
     ranks = [
         {"SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r), "SLURM_STEP_ID": "0"}
@@ -666,6 +667,7 @@ def _slurm_world(env: dict[str, str], folder: Path) -> Run:
     tmp = folder / "tmp"
     tmp.mkdir()
     env["TMPDIR"] = str(tmp)
+    env[SECRET_ENV] = "a secret of the two tasks"  # no node count: they may be on two nodes
     return by_hand(
         env, folder, ranks, "--junitxml=junit.xml", "--report-log=log.jsonl", basetemp=False
     )
@@ -983,7 +985,7 @@ def test_a_forged_passed_report_fails_the_test_naming_the_key(world: Callable[[s
     )
     assert "PASSED test_forge.py::test_rank_one_fails" not in run.outputs[0]
     # The secret file is gone once every rank read it; its folder is this user's alone.
-    secrets = run.folder / "bt" / "distrank-secrets"
+    secrets = run.folder / "bt" / ".distrank-secrets"
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700
     assert list(secrets.iterdir()) == []
 
@@ -1092,6 +1094,9 @@ def test_slurm_by_hand(world: Callable[[str], Run]) -> None:
     )
     assert run.outcomes("test_a_mapped", "junit.xml") == {"test_mapped": "passed"}
     assert run.outputs[1].strip().startswith("distrank: rank 1/2 (slurm): report on rank 0; log in")
+    # DISTRANK_SECRET signs the control store's messages: authenticated, and no secret file.
+    assert "UNAUTHENTICATED" not in run.outputs[0]
+    assert not (mine / ".distrank-secrets").exists()
 
 
 def test_launched_warnings_of_every_rank_are_in_the_summary_once(

@@ -456,13 +456,13 @@ def test_the_secret_file_is_refused_through_a_link_or_readable_by_others(
 
 
 def test_a_secrets_folder_that_is_a_link_is_refused(tmp_path: Path) -> None:
-    """Another user who owns the temporary folder replaces ``distrank-secrets`` with a link to a
+    """Another user who owns the temporary folder replaces ``.distrank-secrets`` with a link to a
     folder of theirs: rank 0 must not write the secret there, nor a rank read one from there."""
     theirs = tmp_path / "theirs"
     theirs.mkdir(mode=0o700)
-    (tmp_path / "distrank-secrets").symlink_to(theirs)
+    (tmp_path / ".distrank-secrets").symlink_to(theirs)
     for rank in (0, 1):
-        with pytest.raises(AuthError, match="distrank-secrets is not a folder of the current"):
+        with pytest.raises(AuthError, match=r"\.distrank-secrets is not a folder of the current"):
             obtain(_launch(29500, rank), tmp_path, _env())
     assert list(theirs.iterdir()) == []
 
