@@ -234,7 +234,9 @@ def _take_foreign(
 
 def poll_finished(rs: RankSession, cur: Current) -> None:
     """Rank 0's watchdog: note the peers whose last reports are waiting in the store (one
-    counter read when none is new). They stay there for :func:`gather` to take."""
+    counter read when none is new). They stay there for :func:`gather` to take, and verify then:
+    a forged one noted here as finished fails the test when taken (reading it here too could
+    block on a key the main thread takes meanwhile)."""
     count = rs.channel.add(keys.done_count(cur.index), 0)
     if count == cur.done_seen:
         return
