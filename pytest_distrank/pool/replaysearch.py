@@ -203,7 +203,11 @@ def search(verdict: Verdict, run: Runner, budget: Budget) -> None:
             verdict.kind = "no single polluter"
             verdict.polluter = candidates[0]
     except BudgetSpent:
-        verdict.stopped = f"{budget.describe()} spent after {verdict.runs} runs"
+        runs = verdict.runs
+        if runs > len(verdict.history):  # the budget ran out inside the last one
+            verdict.stopped = f"{budget.describe()} spent during replay {runs}: no outcome"
+        else:
+            verdict.stopped = f"{budget.describe()} spent after {runs} replay{'s' * (runs != 1)}"
         verdict.candidates = tuple(candidates)
     except Unreachable as exc:
         verdict.stopped = f"replay {verdict.runs} could not run the test: {exc}"

@@ -266,7 +266,7 @@ def test_the_replay_budget_is_a_bound(shared_session: SharedSession) -> None:
             "0 replays, 0.0 s",
             "test_budget.py::test_polluted fails after 1 earlier test of its pool; passes alone "
             "on fresh ranks; budget of 4 s (--distrank-replay-budget=4 (command line)) spent "
-            "after 2 runs; candidates left: test_polluter",
+            "during replay 2: no outcome; candidates left: test_polluter",
             "2 replays, * s",
         ],
         consecutive=True,

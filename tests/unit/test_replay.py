@@ -20,6 +20,7 @@ from pytest_distrank.pool.poolkey import PoolKey
 from pytest_distrank.pool.replay import TITLE, WORKEROUTPUT_KEY, Replays, refusal
 from pytest_distrank.pool.replaysearch import (
     Budget,
+    BudgetSpent,
     Suspect,
     Unreachable,
     Verdict,
@@ -151,13 +152,59 @@ def test_a_spent_budget_stops_the_search_and_names_the_option_and_what_is_left()
     assert (verdict.kind, verdict.runs) == ("", 3)
     assert verdict_lines(verdict) == [
         f"{FILE}::test_d fails after 4 earlier tests of its pool; passes alone on fresh ranks; "
-        "budget of 250 s (--distrank-replay-budget, default) spent after 3 runs; candidates "
+        "budget of 250 s (--distrank-replay-budget, default) spent after 3 replays; candidates "
         "left: test_c, test_e",
         "3 replays, 300.0 s",
     ]
     given = Budget(Value(5.0, "DISTRANK_REPLAY_BUDGET=5 (environment)"))
     assert given.describe() == "budget of 5 s (DISTRANK_REPLAY_BUDGET=5 (environment))"
     assert not budget(0.0, clock=lambda: 1e9).spent()  # 0: no limit
+
+
+def test_the_budget_cuts_deadlines_and_a_cut_replay_has_no_outcome() -> None:
+    """hostile-4 D16: each deadline of a replay is cut to the budget left (a test's source says
+    so); a replay the budget cut short gives no outcome; without a limit nothing is cut."""
+    now = [0.0]
+    spent = budget(10.0, "--distrank-replay-budget=10 (command line)", lambda: now[0])
+    own = Value(300.0, "default")
+    assert spent.cut(Value(4.0, "marker")) == (Value(4.0, "marker"), False)
+    now[0] = 7.5
+    assert spent.cut(own) == (
+        Value(2.5, "--distrank-replay-budget: 2.5 s of the budget left"),
+        True,
+    )
+    assert spent.cap(0.0) == (2.5, True)  # no deadline of its own: the budget's
+    assert spent.covers(2.5) and not spent.covers(2.6)
+    assert budget(0.0, clock=lambda: 1e9).cut(own) == (own, False)
+
+    def run(nodeids: Sequence[str]) -> bool:
+        now[0] += 2.5  # the replay's test ran into its cut deadline
+        raise BudgetSpent
+
+    verdict = Verdict(suspect(["test_a"]))
+    search(verdict, run, spent)
+    assert (verdict.runs, verdict.history, verdict.kind) == (1, [], "")
+    assert verdict_lines(verdict)[0] == (
+        f"{FILE}::test_d fails after 1 earlier test of its pool; budget of 10 s "
+        "(--distrank-replay-budget=10 (command line)) spent during replay 1: no outcome"
+    )
+
+
+def test_a_test_whose_session_run_took_more_than_the_budget_left_is_not_replayed() -> None:
+    """hostile-4 D16: a test that failed at its deadline (its run in the session took 41.5 s)
+    would take as long again alone: with 30 s of budget it is not replayed, and says why."""
+    verdict = Verdict(Suspect(f"{FILE}::test_d", KEY, ids("test_a"), 41.5))
+    search(verdict, runner(lambda before: True), budget(30.0))
+    assert verdict.runs == 0
+    assert verdict_lines(verdict) == [
+        f"{FILE}::test_d fails after 1 earlier test of its pool; not replayed: its run in the "
+        "session took 41.5 s, more than the 30.0 s left of the budget of 30 s "
+        "(--distrank-replay-budget, default)",
+        "0 replays, 0.0 s",
+    ]
+    covered = Verdict(Suspect(f"{FILE}::test_d", KEY, ids("test_a"), 29.0))
+    search(covered, runner(lambda before: True), budget(30.0))
+    assert covered.kind == "alone"
 
 
 def test_a_replay_that_cannot_run_the_test_ends_the_search_with_why() -> None:
