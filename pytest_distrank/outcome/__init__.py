@@ -10,6 +10,7 @@ reports and text: no torch, no processes, so that it is unit-tested without rank
 - ``merge``: N per-rank reports to one per phase; synthesized failures; the rerun line.
 - ``checks``: the checks after each test (unmatched collectives, forks) and their reports.
 - ``collectives``: a hang explained: which collective each rank is in, who is out of step.
+- ``frcalls``: a rank's flight records read as its collectives, numbered per group identity.
 - ``stacks``: stack dumps, "blocked in ...", log tails, exit statuses and signals in words.
 - ``warnings``: the ranks' warnings, each shown once.
 

@@ -11,7 +11,9 @@ here, :func:`load` reads them back as plain checked data, never unpickled).
 
 Collectives are numbered from the test's start (``#1`` is the first the test issued on that
 group), since a warm pool's groups outlive tests: only records created after the test was sent
-count. Completion is read from ``retired`` (on gloo ``state`` stays ``scheduled``). The verdict is
+count. They are numbered and compared per group identity, the recorder's process-group name
+(:mod:`frcalls`), never per member list: two groups of the same ranks have numberings of their
+own. Completion is read from ``retired`` (on gloo ``state`` stays ``scheduled``). The verdict is
 one line a person reads first:
 
 - mismatch: ``rank 1 entered broadcast #2 while rank 0 entered all_reduce #2 (the default group)``;
@@ -25,8 +27,11 @@ one line a person reads first:
 
 A verdict (:class:`Verdict`) also says whom it blames (the root cause of the report:
 :mod:`rootcause`) and whether the records prove the test can never finish (the early end of
-:mod:`pool.deadlock`): never a guess, only records of the group's members, with the ranks that
-finished the test or died.
+:mod:`pool.deadlock` and :mod:`launch.deadwatch`): never a guess, only records of the group's
+members, with the ranks that finished the test or died. One member that finished or died
+without entering proves it, whatever the others did; a waited collective whose group timeout
+falls before the test's deadline proves nothing until well past that timeout (the test may
+expect the error). The rules are properties in ``tests/unit/test_deadlock_properties.py``.
 """
 
 from __future__ import annotations

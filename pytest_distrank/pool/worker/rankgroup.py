@@ -7,6 +7,8 @@ rendezvous themselves (``init_process_group=False``, which PyTorch harness class
 and it is exported as MASTER_PORT, so that code using ``env://`` finds a live store and nobody
 guesses a free port. Other pools listen on no port of the plugin's and have no MASTER_PORT.
 torchrun's ``TORCHELASTIC_USE_AGENT_STORE=True`` convention is scoped to that store only.
+After each test a rank meets the other members of the groups the test made before the plugin
+destroys them (:func:`meet_before_destroy`).
 """
 
 from __future__ import annotations
