@@ -279,8 +279,15 @@ class LeftoverCheck:
         if left and destroyed:
             gc.collect()
             left = ps.listening(new & ps.socket_inodes())
-        words = [ps.socket_words(address) for address in sorted(left.values())]
-        return [_not_restored(w) for w in few(words, NAMES["sockets"])]
+        words = few(
+            [ps.socket_words(address) for address in sorted(left.values())], NAMES["sockets"]
+        )
+        if words and destroyed:
+            words[-1] += (
+                " (a process group destroyed after the test listens until freed: a DeviceMesh "
+                "or group the test kept in a global holds it)"
+            )
+        return [_not_restored(w) for w in words]
 
     # -- comparing and restoring ----------------------------------------------------------------
 

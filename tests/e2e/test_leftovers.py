@@ -161,6 +161,14 @@ def test_h_then_clean(rank):
 
 
 @pytest.mark.world_size(2)
+def test_i_keeps_a_mesh(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    global MESH  # its groups are destroyed after the test, but their listeners stay open
+    MESH = init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))
+
+
+@pytest.mark.world_size(2)
 def test_e_thread(rank):
     if rank == 1:
         threading.Thread(target=time.sleep, args=(60,), name="worker").start()
@@ -229,6 +237,7 @@ def test_every_test_passes_the_next_one_starting_clean(left: Shared) -> None:
         "test_g_then_named_state_is_still_there",
         "test_h_mesh",
         "test_h_then_clean",
+        "test_i_keeps_a_mesh",
         "test_e_thread",
         "test_e_then_fresh_ranks",
         "test_first",
@@ -380,3 +389,15 @@ def test_a_device_mesh_the_test_built_is_cleaned_up_unnamed(left: Shared) -> Non
     (test_h_then_clean saw only the pool's group), and their sockets do not pile up (a socket
     still listening would be named)."""
     assert [line for line in left.about("test_h_mesh").lines if "leftovers:" in line] == []
+
+
+def test_a_mesh_kept_in_a_global_names_the_sockets_it_holds_open(left: Shared) -> None:
+    """Its groups are destroyed (not named), but a DeviceMesh kept alive holds them, and their
+    listeners, open: the sockets are named with why."""
+    lines = [line for line in left.about("test_i_keeps_a_mesh").lines if "leftovers:" in line]
+    assert len(lines) == 2, lines  # one per rank: the ports differ
+    for line in lines:
+        assert line.startswith(
+            "leftovers: test_left.py::test_i_keeps_a_mesh left a socket listening on 127.0.0.1:"
+        ), line
+        assert "a DeviceMesh or group the test kept in a global holds it) (not restored)" in line
