@@ -286,7 +286,8 @@ REPLAY_BUDGET = Option(
     "DISTRANK_REPLAY_BUDGET",
     "300",
     "Seconds the replays after the session may take, all together (default: 300; 0 for no "
-    "limit). A search cut short says how far it got.",
+    "limit): a bound, each replay's deadlines are cut to the budget left, and a test whose run "
+    "took longer than what is left is not replayed. A search cut short says how far it got.",
     parse_seconds,
 )
 ORDER = Option(
