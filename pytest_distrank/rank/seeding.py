@@ -1,11 +1,16 @@
-"""Each rank's random state at the start of each distributed test (``--distrank-seed``).
+"""Each rank's random state in each phase of each distributed test (``--distrank-seed``).
 
 Runs in the rank processes of both modes: pool ranks register :class:`SeedPlugin` in their
 ``pytest_configure`` (``pool/worker/main.py``), the ranks of a launched world when they start
 (``launch/plugin.py``). Ranks forked from one server would otherwise all draw the same numbers,
 and a test's numbers would depend on the tests before it in the pool: here every rank starts
-every distributed test from a state that depends only on the session seed, the test's node id
-and the rank, before any of the test's fixtures (a tryfirst ``pytest_runtest_setup``).
+each phase of every distributed test (setup, before any of its fixtures; call; teardown) from a
+state that depends only on the session seed, the test's node id, the rank and the phase. A
+fixture of a wider scope (class, module, package, session) is set up from a state that depends
+on its scope's node id instead (and its name and parameter), never on the test that happened
+to set it up, and the state the test had is put back after it: what a test draws, and what its
+wider fixtures drew, are the same whether it runs alone (the "rerun just this test" command)
+or after the tests that shared those fixtures.
 
 What is seeded (each for about a microsecond; ``torch.manual_seed`` would cost 0.2-0.8 ms):
 torch's default CPU generator, the CUDA generators where CUDA is initialised, ``random``,
@@ -18,10 +23,12 @@ that a test makes itself are its own.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 import pytest
 
@@ -33,14 +40,24 @@ NUMPY_SEED_MASK = 2**32 - 1
 _CURRENT: list[tuple[int, str]] = []
 
 
-def seed_of(session_seed: int, nodeid: str, rank: int) -> int:
-    """The 64-bit seed of one test on one rank: a hash of the session seed, node id and rank.
+def seed_of(session_seed: int, nodeid: str, rank: int, phase: str = "setup") -> int:
+    """The 64-bit seed of one phase of one test on one rank: a hash of the session seed, the
+    node id, the rank and the phase (``setup``, ``call``, ``teardown``; a wider fixture's:
+    :func:`fixture_phase`, with its scope's node id).
 
-    Distinct per rank and per test, the same in every session with the same seed, whatever ran
-    before (and the same on a rerun of the test).
+    Distinct per rank, test and phase, the same in every session with the same seed, whatever
+    ran before (and the same on a rerun of the test).
     """
-    text = f"{session_seed}\0{nodeid}\0{rank}".encode(errors="surrogatepass")
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little")
+    text = f"{session_seed}\0{nodeid}\0{rank}"
+    if phase != "setup":  # the setup's seed is the one of the first version
+        text += f"\0{phase}"
+    digest = hashlib.blake2b(text.encode(errors="surrogatepass"), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def fixture_phase(argname: str, param_index: int = 0) -> str:
+    """The phase word of a wider-scoped fixture's setup: its name and parameter's index."""
+    return f"fixture\0{argname}\0{param_index}"
 
 
 def current_test_seed() -> tuple[int, str] | None:
@@ -66,8 +83,62 @@ def seed_random_state(seed: int, torch_only: bool) -> None:
         numpy.random.seed(seed & NUMPY_SEED_MASK)
 
 
+@dataclasses.dataclass
+class RandomState:
+    """What :func:`seed_random_state` seeds, as it was: put back after a wider fixture's setup."""
+
+    torch_only: bool
+    cpu: Any = None
+    cuda: Any = None
+    python: Any = None
+    numpy: Any = None
+
+    @classmethod
+    def capture(cls, torch_only: bool) -> RandomState:
+        state = cls(torch_only)
+        if "torch" in sys.modules:
+            import torch
+
+            state.cpu = torch.default_generator.get_state()
+            if torch.cuda.is_initialized():
+                state.cuda = torch.cuda.get_rng_state_all()
+        if not torch_only:
+            state.python = random.getstate()
+            numpy = sys.modules.get("numpy")
+            if numpy is not None:
+                state.numpy = numpy.random.get_state()
+        return state
+
+    def restore(self, seed: int) -> None:
+        """Put the state back; what had none then (CUDA initialised since, numpy imported
+        since) is seeded with ``seed``, the phase's, as it would have been."""
+        if "torch" in sys.modules:
+            import torch
+
+            if self.cpu is not None:
+                torch.default_generator.set_state(self.cpu)
+            else:
+                torch.default_generator.manual_seed(seed)
+            if torch.cuda.is_initialized():
+                if self.cuda is not None:
+                    torch.cuda.set_rng_state_all(self.cuda)
+                else:
+                    torch.cuda.manual_seed_all(seed)
+            _compat.reset_dtensor_rng()  # made from the fixture's state, maybe: dropped
+        if self.torch_only:
+            return
+        random.setstate(self.python)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            if self.numpy is not None:
+                numpy.random.set_state(self.numpy)
+            else:
+                numpy.random.seed(seed & NUMPY_SEED_MASK)
+
+
 class SeedPlugin:
-    """Seeds every distributed test's random state on this rank before its fixtures."""
+    """Seeds every distributed test's random state on this rank: each phase, and its wider
+    fixtures' setups."""
 
     def __init__(
         self,
@@ -81,13 +152,48 @@ class SeedPlugin:
         self.distributed = distributed
         #: pytest-randomly reseeds ``random`` and numpy in every phase: leave them to it.
         self.torch_only = False
+        #: The distributed test being run and the seed of its phase; None between them and
+        #: in the tests that are not distributed.
+        self.running: tuple[str, int] | None = None
+
+    def _phase(self, item: pytest.Item, phase: str) -> None:
+        if not self.distributed(item):
+            self.running = None
+            return
+        _CURRENT[:] = [(self.session_seed, item.nodeid)]
+        seed = seed_of(self.session_seed, item.nodeid, self.rank, phase)
+        self.running = (item.nodeid, seed)
+        seed_random_state(seed, self.torch_only)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
-        if self.distributed(item):
-            _CURRENT[:] = [(self.session_seed, item.nodeid)]
-            seed = seed_of(self.session_seed, item.nodeid, self.rank)
-            seed_random_state(seed, self.torch_only)
+        self._phase(item, "setup")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        self._phase(item, "call")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> None:
+        self._phase(item, "teardown")
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        """A wider fixture of a distributed test is set up from its scope's seed, and the
+        test's state is put back after it."""
+        if self.running is None or fixturedef.scope == "function":
+            return (yield)
+        phase = fixture_phase(fixturedef.argname, getattr(request, "param_index", 0))
+        saved = RandomState.capture(self.torch_only)
+        seed_random_state(
+            seed_of(self.session_seed, request.node.nodeid, self.rank, phase), self.torch_only
+        )
+        try:
+            return (yield)
+        finally:
+            saved.restore(self.running[1])
 
 
 def register(

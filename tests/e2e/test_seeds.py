@@ -3,9 +3,11 @@
 
 Two inner sessions over one file. ``SEEDS`` runs every test with ``--distrank-seed=76
 --distrank-order=random``: ``test_draw`` runs after ``test_consume`` took draws in the same pool,
-world sizes 2 and 3 interleave. ``ALONE`` (tiny: one distributed test and two ordinary ones,
-``--distrank-order=reverse``) runs ``test_draw`` as its pool's only test, with the same seed: it
-must draw what it drew in ``SEEDS``. The order itself is checked by tests/unit/test_seeds.py.
+``test_draw_weights`` after ``test_sets_up`` set up the module's ``weights`` fixture (which
+draws), world sizes 2 and 3 interleave. ``ALONE`` (tiny: two distributed tests and two ordinary
+ones, ``--distrank-order=reverse``) runs ``test_draw`` and ``test_draw_weights`` without the
+others, with the same seed: they must draw what they drew in ``SEEDS``. The order itself and the
+seeds' rules are checked by tests/unit/test_seeds.py and test_seeds_properties.py.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ import numpy as np
 import pytest, torch
 
 
-def draw(name, rank):
+def draw(name, rank, *more):
     out = pathlib.Path(os.environ["SEEDS_OUT"])
     out.mkdir(exist_ok=True)
-    drawn = [torch.rand(1).item(), random.random(), float(np.random.rand())]
+    drawn = [torch.rand(1).item(), random.random(), float(np.random.rand()), *more]
     (out / f"{name}-{rank}.json").write_text(json.dumps(drawn))
 
 
@@ -59,6 +61,21 @@ def test_fails(rank):
     assert rank < 0
 
 
+@pytest.fixture(scope="module")
+def weights(rank):
+    return torch.rand(4)  # set up by the first test of the module that needs it
+
+
+@pytest.mark.world_size(2)
+def test_sets_up(rank, weights):
+    pass
+
+
+@pytest.mark.world_size(2)
+def test_draw_weights(rank, weights):
+    draw("wide", rank, weights.sum().item())
+
+
 def test_plain_1():
     pass
 
@@ -73,6 +90,8 @@ COLLECTED = [
     "test_draw",
     "test_three_b",
     "test_fails",
+    "test_sets_up",
+    "test_draw_weights",
     "test_plain_1",
     "test_plain_2",
 ]
@@ -101,9 +120,9 @@ def alone(shared_session: SharedSession) -> Shared:
     return ALONE.run(shared_session)
 
 
-def draws(session: Shared, rank: int) -> list[float]:
+def draws(session: Shared, rank: int, name: str = "draw") -> list[float]:
     out = session.folder / f"draws-{session.name.removeprefix('seeds-') or 'seeds'}"
-    values: list[float] = json.loads((out / f"draw-{rank}.json").read_text())
+    values: list[float] = json.loads((out / f"{name}-{rank}.json").read_text())
     return values
 
 
@@ -147,7 +166,7 @@ def test_random_order_repeats_from_the_seed_and_keeps_one_pool_per_world_size(
     sizes = [3 if "three" in name else 2 for name in expected if "plain" not in name]
     assert sum(a != b for a, b in itertools.pairwise(sizes)) >= 2  # world sizes interleave
     seeds.result.stdout.fnmatch_lines(
-        ["5 distributed tests; pools started: 1 at world size 2, 1 at world size 3"]
+        ["7 distributed tests; pools started: 1 at world size 2, 1 at world size 3"]
     )
 
 
@@ -158,6 +177,20 @@ def test_a_test_draws_the_same_alone_as_after_other_tests(seeds: Shared, alone: 
     assert (draws(alone, 0), draws(alone, 1)) == after
 
 
+def test_a_wider_fixture_draws_the_same_whichever_test_sets_it_up(
+    seeds: Shared, alone: Shared
+) -> None:
+    """``weights`` (module scope) is set up by ``test_sets_up`` in ``SEEDS`` and by
+    ``test_draw_weights`` itself in ``ALONE`` (the "rerun just this test" case): its values and
+    the test's own draws are the same in both (hostile-4 D12)."""
+    assert ran(seeds).index("test_sets_up") < ran(seeds).index("test_draw_weights")
+    assert "test_sets_up" not in ran(alone)
+    assert seeds.outcome("test_draw_weights") == alone.outcome("test_draw_weights") == "passed"
+    for rank in (0, 1):
+        assert draws(alone, rank, "wide") == draws(seeds, rank, "wide")
+    assert draws(seeds, 0, "wide")[3] != draws(seeds, 1, "wide")[3]  # each rank its own
+
+
 def test_reverse_order(alone: Shared) -> None:
-    assert ran(alone) == ["test_plain_2", "test_plain_1", "test_draw"]
+    assert ran(alone) == ["test_plain_2", "test_plain_1", "test_draw_weights", "test_draw"]
     alone.result.stdout.fnmatch_lines(["distrank: *, seed 76 (*), order reverse, timeout *"])
