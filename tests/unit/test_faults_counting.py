@@ -21,6 +21,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_distrank.outcome.collectives import group_of_ranks
 from pytest_distrank.rank.faultplan import P2P, Group, Plan, fired_line, make_fault, ordinal
 
 #: The groups a generated rank (rank 2 of 4) issues ops on.
@@ -91,7 +92,7 @@ def test_the_fired_line_counts_and_names_as_the_sequence_says(
     number = sum(1 for c, g in own if g.key == at_group.key and c not in P2P)
     overall = sum(1 for c, _ in own if c == op)
     assert at_group in (DEFAULT, SUB, SAME_MEMBERS)
-    words = "the default group" if at_group is DEFAULT else "the group of ranks 2, 3"
+    words = "the default group" if at_group is DEFAULT else group_of_ranks((2, 3))
     if any(g.key != at_group.key and g.words() == at_group.words() for _, g in own):
         words += f" named {at_group.key!r}"  # SUB and SAME_MEMBERS both issued on: told apart
     where = f"{op} #{number} on {words}" if op not in P2P else f"{op} on {words}"
