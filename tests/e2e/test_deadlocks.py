@@ -5,9 +5,10 @@ Issue 28. One inner session (``DEADLOCKS``, a 60 s deadline): four deadlocks the
 each ending within 10 s with the root cause in the head, ``-ra`` and junit's message; and what
 must never end early: a rank that joins 8 s late, a legal uneven ``all_to_all_single``, object
 collectives and point-to-point ops of different sizes. Hostile review 4's cases (``HOSTILE4``):
-proven hangs where other members completed their part, and ranks in ``Work.wait()`` or DDP's
-backward, end early too; two groups of the same ranks and a test of a group's own timeout never
-do. ``DISTRANK_TEST_WAITS=1`` (the suite's seam) makes the quiet time before a look 1 s.
+proven hangs where other members completed their part, ranks in ``Work.wait()`` or DDP's
+backward, and a rank that skips a check across ranks (named as that check) end early too; two
+groups of the same ranks and a test of a group's own timeout never do. ``DISTRANK_TEST_WAITS=1``
+(the suite's seam) makes the quiet time before a look 1 s.
 """
 
 from __future__ import annotations
@@ -202,6 +203,19 @@ def test_rank_one_skips_backward(rank, pg):
 
 def test_clock_h3():
     clock("h3")
+
+
+@pytest.mark.world_size(3)
+def test_rank_two_skips_a_check(rank, pg):
+    from pytest_distrank import assert_equal_across_ranks
+
+    assert_equal_across_ranks(torch.ones(2))  # the plugin's twin group exists from here
+    if rank != 2:
+        assert_equal_across_ranks(torch.ones(3))
+
+
+def test_clock_h4():
+    clock("h4")
 """
 
 DEADLOCKS = Session(
@@ -261,6 +275,12 @@ def _junit_message(shared: Shared, test: str) -> str:
             "test_rank_one_skips_backward",
             ("h2", "h3"),
             "rank 1/2 never entered * on the default group (rank 0 waits in it)",
+        ),
+        (
+            "test_rank_two_skips_a_check",
+            ("h3", "h4"),
+            "rank 2/3 never entered a check across ranks (assert_*_across_ranks; its all_gather "
+            "#2 on the group of ranks 0, 1, 2) (ranks 0, 1 wait in it)",
         ),
     ],
 )
