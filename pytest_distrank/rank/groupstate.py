@@ -111,7 +111,9 @@ def collective_counts(mark: int = -1) -> dict[str, tuple[int, str]] | None:
     the old one's records stay in the recorder).
 
     Point-to-point ops count in a group's sequence number but not here, so this tells a
-    send/recv between some ranks from a collective that only some ranks issued.
+    send/recv between some ranks from a collective that only some ranks issued. The last op's
+    words say when it is over on this rank (:data:`OVER_ALONE`): reported only where the rank
+    issued more than its peers, which then never entered it.
     """
     entries = flight_entries()
     if entries is None:
@@ -121,5 +123,17 @@ def collective_counts(mark: int = -1) -> dict[str, tuple[int, str]] | None:
         if entry.get("is_p2p") or (mark >= 0 and int(entry.get("record_id", -1)) <= mark):
             continue
         name = str(entry.get("process_group", ("?",))[0])
-        last[name] = (int(entry.get("collective_seq_id", 0)), str(entry.get("profiling_name")))
+        op = str(entry.get("profiling_name"))
+        if entry.get("retired"):
+            op += f", over on this rank ({OVER_ALONE})"
+        last[name] = (int(entry.get("collective_seq_id", 0)), op)
     return {group_words(pg): last.get(str(pg.group_name), (0, "")) for pg in live_groups()}
+
+
+#: After an unmatched collective's op when the rank saw it end: no peer entered it, so it ended
+#: in an error the test caught (most often its group's own timeout; a broadcast's root on gloo
+#: may also end its part alone).
+OVER_ALONE = (
+    "no peer entered it: an error the test caught, such as its group's timeout? a test of that "
+    "timeout destroys the group in the test, see docs/failure-reports.md"
+)

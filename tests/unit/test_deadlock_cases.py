@@ -6,7 +6,10 @@ rules behind them are the properties of ``test_deadlock_properties.py``.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from pytest_distrank.outcome.collectives import explain
 
@@ -113,3 +116,27 @@ def test_a_skipped_check_across_ranks_is_named_as_the_check() -> None:
         "rank 2/3 never entered a check across ranks (assert_*_across_ranks; its all_gather #1 "
         "on the group of ranks 0, 1, 2) (ranks 0, 1 wait in it)"
     )
+
+
+def test_an_unmatched_collective_over_on_its_rank_says_what_ended_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """D7: rank 0's barrier on a group with a short timeout, which the test caught, is one
+    collective ahead of its peers after the test: the count says it ended on this rank without
+    a peer (a timeout the test caught?) and where to read how to write such a test; a pending
+    one is named as before."""
+    from pytest_distrank.rank import groupstate
+
+    group = SimpleNamespace(group_name="1")
+    monkeypatch.setattr(groupstate, "live_groups", lambda: [group])
+    monkeypatch.setattr(groupstate, "group_words", lambda pg: "group '1' (ranks 0, 1, 2)")
+    over = {**call("barrier", True, "1"), "collective_seq_id": 1}
+    monkeypatch.setattr(groupstate, "flight_entries", lambda: [over])
+    counts = groupstate.collective_counts()
+    assert counts is not None
+    ((count, op),) = counts.values()
+    assert count == 1
+    assert op == f"gloo:barrier, over on this rank ({groupstate.OVER_ALONE})"
+    assert "docs/failure-reports.md" in op
+    monkeypatch.setattr(groupstate, "flight_entries", lambda: [{**over, "retired": False}])
+    assert groupstate.collective_counts() == {"group '1' (ranks 0, 1, 2)": (1, "gloo:barrier")}
