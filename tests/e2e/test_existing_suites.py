@@ -581,7 +581,7 @@ def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> N
     )
     suites.stdout.fnmatch_lines(
         [
-            "FAILED test_error.py::TestError::test_rank_1_disagrees - [[]rank 1/2[]] Failed: "
+            "FAILED test_error.py::TestError::test_rank_1_disagrees - [[]rank 1/2[]] "
             "AssertionError: Scalars*"
         ]
     )
@@ -689,7 +689,12 @@ def test_set_up_class_state_reaches_the_test_only_where_the_harness_child_has_it
     )
     for title in ("TestSpawned.test_sees_class_state", "TestContinuousState.test_sees_class_state"):
         failure_section(suites.stdout.lines, title).fnmatch_lines(
-            ["*None mismatch: None is not from setUpClass*"]
+            [
+                # The test's own line, read from the child's traceback (not the plugin's raise).
+                "distrank: all 2 ranks failed the same way (AssertionError at "
+                "test_class_state.py:*)*",
+                "*None mismatch: None is not from setUpClass*",
+            ]
         )
 
 

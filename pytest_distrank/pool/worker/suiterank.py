@@ -43,10 +43,12 @@ restored after the test without being named (:attr:`SuiteRunner.after_setup`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import os
+import re
 import unittest
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from multiprocessing import Pipe
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,19 @@ class SuiteRunner:
                 cls = getattr(item, "cls")  # noqa: B009
                 if cls not in self.fresh:  # before any test (and setUpClass) ran here
                     self.fresh[cls] = ClassState.of(cls)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """A failure read from the child's traceback is shown at the test's own line, with the
+        child's exception line (the headline, ``-ra`` and junit's ``message=`` read it)."""
+        report = yield
+        site = getattr(call.excinfo.value, CRASH_ATTR, None) if call.excinfo else None
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if site is not None and crash is not None:
+            crash.path, crash.lineno, crash.message = site
+        return report
 
     def problem(self) -> str:
         """What the last test left that makes this rank unfit for the next one ("" if none)."""
@@ -323,7 +338,9 @@ def _judge(parent: Any, fn: Any, rank: int, code: int, error: str, reasons: list
             pytest.xfail(f"expected failure: {last}")
         if not error:
             pytest.fail(f"rank {rank} exited with code {code} and sent no traceback", pytrace=False)
-        pytest.fail(f"{_exception_line(error)}\n\n{error}", pytrace=False)
+        failed = pytest.fail.Exception(f"{_exception_line(error)}\n\n{error}", pytrace=False)
+        setattr(failed, CRASH_ATTR, _crash_site(error, fn))
+        raise failed
     unchecked, special = _compat.harness_return_code_rules(parent)
     if fn in unchecked:
         return
@@ -338,6 +355,27 @@ def _judge(parent: Any, fn: Any, rank: int, code: int, error: str, reasons: list
             "called, ended the process with sys.exit)",
             pytrace=False,
         )
+
+
+#: On the failure :func:`_judge` raises: (path, line, message) of the test's own line that
+#: failed in the child's traceback (:meth:`SuiteRunner.pytest_runtest_makereport`).
+CRASH_ATTR = "_distrank_crash_site"
+_FRAME = re.compile(r'^  File "(?P<path>[^"]+)", line (?P<line>\d+), in ')
+
+
+def _crash_site(error: str, fn: Any) -> tuple[str, int, str] | None:
+    """Where the child's traceback left the test's own file last: the line a person reads
+    first (the parent's own re-raise is no place to look). None when no frame is there."""
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    if code is None:
+        return None
+    own = os.path.realpath(code.co_filename)
+    found = None
+    for line in error.splitlines():
+        frame = _FRAME.match(line)
+        if frame and os.path.realpath(frame["path"]) == own:
+            found = (frame["path"], int(frame["line"]))
+    return None if found is None else (*found, _exception_line(error))
 
 
 def _exception_line(text: str) -> str:
