@@ -109,20 +109,20 @@ class RandomState:
                 state.numpy = numpy.random.get_state()
         return state
 
-    def restore(self, seed: int) -> None:
+    def restore(self, seed: int | None) -> None:
         """Put the state back; what had none then (CUDA initialised since, numpy imported
-        since) is seeded with ``seed``, the phase's, as it would have been."""
+        since) is seeded with ``seed``, the phase's, as it would have been (None: left)."""
         if "torch" in sys.modules:
             import torch
 
             if self.cpu is not None:
                 torch.default_generator.set_state(self.cpu)
-            else:
+            elif seed is not None:
                 torch.default_generator.manual_seed(seed)
             if torch.cuda.is_initialized():
                 if self.cuda is not None:
                     torch.cuda.set_rng_state_all(self.cuda)
-                else:
+                elif seed is not None:
                     torch.cuda.manual_seed_all(seed)
             _compat.reset_dtensor_rng()  # made from the fixture's state, maybe: dropped
         if self.torch_only:
@@ -132,7 +132,7 @@ class RandomState:
         if numpy is not None:
             if self.numpy is not None:
                 numpy.random.set_state(self.numpy)
-            else:
+            elif seed is not None:
                 numpy.random.seed(seed & NUMPY_SEED_MASK)
 
 
@@ -152,8 +152,8 @@ class SeedPlugin:
         self.distributed = distributed
         #: pytest-randomly reseeds ``random`` and numpy in every phase: leave them to it.
         self.torch_only = False
-        #: The distributed test being run and the seed of its phase; None between them and
-        #: in the tests that are not distributed.
+        #: The distributed test being run and the seed of its phase; None in the tests that
+        #: are not distributed.
         self.running: tuple[str, int] | None = None
 
     def _phase(self, item: pytest.Item, phase: str) -> None:
@@ -181,9 +181,10 @@ class SeedPlugin:
     def pytest_fixture_setup(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, object, object]:
-        """A wider fixture of a distributed test is set up from its scope's seed, and the
-        test's state is put back after it."""
-        if self.running is None or fixturedef.scope == "function":
+        """A wider fixture is set up from its scope's seed, and the test's state is put back
+        after it: also when a test that is not distributed sets it up (launcher mode runs
+        those on rank 0 alone, unseeded), since a distributed test may use it next."""
+        if fixturedef.scope == "function":
             return (yield)
         phase = fixture_phase(fixturedef.argname, getattr(request, "param_index", 0))
         saved = RandomState.capture(self.torch_only)
@@ -193,7 +194,7 @@ class SeedPlugin:
         try:
             return (yield)
         finally:
-            saved.restore(self.running[1])
+            saved.restore(self.running[1] if self.running is not None else None)
 
 
 def register(

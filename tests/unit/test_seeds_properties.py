@@ -18,6 +18,9 @@ The rules:
 - **The call starts from its own seed**: the call's draws are those of ``seed_of(..., "call")``,
   however much the setup drew.
 - **Distinct ranks draw differently**.
+
+Some generated tests are not distributed (launcher mode runs them on rank 0 alone, unseeded):
+the rules hold for the distributed ones, whichever test set up a wider fixture they share.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ class Case:
     cls: str | None
     fixtures: tuple[Fixture, ...]
     draws: int
+    #: False: a test launcher mode runs on rank 0 alone, not seeded.
+    distributed: bool = True
 
     def scope_node(self, scope: str) -> str:
         """The node id pytest's SubRequest.node has for ``scope``."""
@@ -79,7 +84,8 @@ def draw(n: int) -> list[float]:
 
 def run(tests: list[Case], session_seed: int, rank: int) -> dict[str, list[float]]:
     """Each test's draws: its fixtures' values, in order, then its call's."""
-    plugin = SeedPlugin(session_seed, rank)
+    plugin = SeedPlugin(session_seed, rank, lambda item: item.nodeid in distributed)
+    distributed = {t.nodeid for t in tests if t.distributed}
     cache: dict[tuple[str, str], list[float]] = {}
     out: dict[str, list[float]] = {}
     for test in tests:
@@ -133,7 +139,8 @@ def sessions(draw_: st.DrawFn) -> list[Case]:
             cls = f"{module}::C" if draw_(st.booleans()) else None
             nodeid = f"{cls or module}::t{t}"
             used = tuple(f for f in available if draw_(st.booleans()))
-            tests.append(Case(nodeid, module, cls, used, draw_(st.integers(0, 2))))
+            drawn, distributed = draw_(st.integers(0, 2)), draw_(st.booleans())
+            tests.append(Case(nodeid, module, cls, used, drawn, distributed))
     # one class's tests stay together, as pytest collects them
     return sorted(tests, key=lambda t: (t.module, t.cls is None, t.cls or ""))
 
@@ -161,13 +168,15 @@ def test_a_test_draws_the_same_whichever_tests_run_with_it(
     tests: list[Case], data: st.DataObject, session_seed: int, rank: int
 ) -> None:
     whole = run(tests, session_seed, rank)
-    for test in tests:  # each alone: the "rerun just this test" command
+    seeded = [t for t in tests if t.distributed]
+    for test in seeded:  # each alone: the "rerun just this test" command
         assert run([test], session_seed, rank)[test.nodeid] == whole[test.nodeid], test.nodeid
     chosen = data.draw(st.lists(st.sampled_from(tests), min_size=1, unique=True))
     selection = [t for t in tests if t in chosen]  # in the session's order
     some = run(selection, session_seed, rank)
     for test in selection:
-        assert some[test.nodeid] == whole[test.nodeid], test.nodeid
+        if test.distributed:
+            assert some[test.nodeid] == whole[test.nodeid], test.nodeid
 
 
 @given(sessions(), seeds, st.integers(0, 3))
@@ -176,6 +185,8 @@ def test_a_wider_fixtures_value_and_the_calls_draws_come_from_their_own_seeds(
 ) -> None:
     drawn = run(tests, session_seed, rank)
     for test in tests:
+        if not test.distributed:
+            continue
         values, start = drawn[test.nodeid], 0
         for fixture in test.fixtures:
             if fixture.scope != "function":
@@ -190,5 +201,5 @@ def test_a_wider_fixtures_value_and_the_calls_draws_come_from_their_own_seeds(
 
 @given(sessions(), seeds)
 def test_distinct_ranks_draw_differently(tests: list[Case], session_seed: int) -> None:
-    assume(any(t.draws for t in tests))
+    assume(any(t.draws for t in tests if t.distributed))
     assert run(tests, session_seed, 0) != run(tests, session_seed, 1)
