@@ -44,9 +44,9 @@ from typing import Any
 import pytest
 
 from .. import _compat
-from ..outcome.checks import NOT_RESTORED, and_words
-from ..outcome.merge import ranks_words
+from ..outcome.checks import and_words
 from . import processstate as ps
+from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
 from .snapshot import Snapshot, decoded, diff, env_key, live_groups, owned_groups, restore
 from .torchstate import DYNAMO, dynamo_default, flag_words, reset_dynamo_config
 
@@ -72,43 +72,11 @@ HARNESS_CATEGORIES = ("env", "cwd", "torch", "path", "modules", "signals", "logg
 MESH_DESC = "mesh_"
 
 
-#: What the entries of each named category are, in the words that count those not shown.
-NAMES = {
-    "path": "sys.path changes",
-    "modules": "sys.modules entries",
-    "umask": "umask changes",
-    "signals": "signal dispositions",
-    "logging": "logger changes",
-    "children": "child processes still running",
-    "sockets": "listening sockets",
-}
-
-
 class LeftoverError(Exception):
     """A test left process-wide state changed (``--distrank-leftovers=fail``)."""
 
     #: Named without its module on the report's crash line, as pytest names its ``Failed``.
     __module__ = "builtins"
-
-
-def env_words(name: str, before: str | None, after: str | None) -> str:
-    """An environment variable's change in words; values are not shown (they may be secrets)."""
-    if before is None:
-        return f"{name} set"
-    return f"{name} unset" if after is None else f"{name} changed"
-
-
-#: At most this many environment variables are named one by one (``os.environ.clear()``).
-NAMED_VARIABLES = 6
-
-
-def few(words: list[str], what: str) -> list[str]:
-    """``words``, or its first ones and how many more (a test that cleared the environment
-    changed every variable; the line names a few)."""
-    if len(words) <= NAMED_VARIABLES:
-        return words
-    rest = len(words) - NAMED_VARIABLES + 1
-    return [*words[: NAMED_VARIABLES - 1], f"{rest} more {what}"]
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -287,7 +255,7 @@ class LeftoverCheck:
                 " (a process group destroyed after the test listens until freed: a DeviceMesh "
                 "or group the test kept in a global holds it)"
             )
-        return [_not_restored(w) for w in words]
+        return [not_restored(w) for w in words]
 
     # -- comparing and restoring ----------------------------------------------------------------
 
@@ -298,6 +266,7 @@ class LeftoverCheck:
         variables: list[str] = []
         named: dict[str, list[str]] = {}
         imported: set[str] = set()  # modules imported during the test, read on first need
+        until = time.monotonic() + ENDING_WAIT  # the children a test started end by then
         for (category, key), value in diff(expected, now):
             by = f" by {whose[category, key]}" if (category, key) in whose else ""
             if (category, key) in self.quiet:
@@ -330,12 +299,12 @@ class LeftoverCheck:
                     imported = imported or (now.modules.keys() - expected.modules.keys())
                     said = ps.logging_words(key, value, after, imported)
                 else:
-                    said = _named_words(category, key, value, after)
+                    said = named_words(category, key, value, after, until)
                 if said:
                     named.setdefault(category, []).append(said + by)
         self.found.words[:0] = few(variables, "environment variables")
         for category, all_said in named.items():
-            self.found.words += [_not_restored(w) for w in few(all_said, NAMES[category])]
+            self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
 
     def _torch(self, key: str, value: Any, was: bool, now: Snapshot, by: str) -> None:
@@ -388,50 +357,6 @@ class LeftoverCheck:
             "undo it in the test or a fixture's teardown (monkeypatch does), or see "
             "docs/reuse.md#leftovers."
         )
-
-
-def _named_words(category: str, key: Any, before: Any, after: Any) -> str | None:
-    """The words of a change that is named and not restored (None: not a leftover)."""
-    if category == "path":
-        return ps.path_words(before, after)
-    if category == "modules":
-        return ps.module_words(key, before, after)
-    if category == "umask":
-        return ps.umask_words(after)
-    if category == "signals":
-        return ps.signal_words(key, after)
-    if category == "children":
-        if before is None and after is not None and _running(key):
-            return ps.child_words(key, after)
-    return None
-
-
-def _not_restored(words: str) -> str:
-    """Named only: the summary line keeps these apart from what was restored."""
-    return words if words.endswith(" still running") else words + NOT_RESTORED
-
-
-def _running(pid: str) -> bool:
-    """A child still running after a moment (one exiting is not a leftover)."""
-    until = time.monotonic() + ENDING_WAIT
-    while ps.children_state().get(pid) is not None:
-        if time.monotonic() >= until:
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def group_words(pg: Any) -> str:
-    """``process group '1' (ranks 0-127)``."""
-    import torch.distributed as dist
-
-    if pg is dist.group.WORLD:
-        return "the default process group"
-    try:
-        ranks = ranks_words(dist.get_process_group_ranks(pg))
-    except Exception:
-        ranks = "ranks ?"
-    return f"process group {pg.group_name!r} ({ranks})"
 
 
 def _ending(thread: threading.Thread, until: float) -> bool:

@@ -14,7 +14,7 @@ import torch
 
 from pytest_distrank.outcome.checks import and_words, leftover_lines
 from pytest_distrank.rank import processstate
-from pytest_distrank.rank.leftovers import env_words, few
+from pytest_distrank.rank.leftoverwords import env_words, few
 from pytest_distrank.rank.snapshot import Snapshot
 from pytest_distrank.rank.torchstate import flag_words
 
