@@ -288,10 +288,10 @@ def _die(fault: Fault, line: str, when: str) -> None:
     action (to end the process) is what happens: faulthandler's dump (a pool rank's SIGUSR1),
     a Python handler of the test's or an ignored disposition (SIGPIPE), a block (a pool rank
     keeps SIGUSR2 blocked: it is sent to this thread alone, unblocked here). Where the signal
-    still does not end the rank (a handler set in C, or a Python handler when the fault fires
-    in another thread than the main one: only the main thread may reset it), the rank says so
-    and ends by SIGKILL, announced first as its expected exit: the kit never fails a test for
-    the exit it produced.
+    still does not end the rank (a handler, when the fault fires in a thread other than the
+    main one: only the main thread may reset it), the rank says so and ends by SIGKILL,
+    announced first as its expected exit: the kit never fails a test for the exit it
+    produced.
     """
     signum = fault.signal
     with contextlib.suppress(Exception):
