@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import types
-from collections.abc import Container
+from collections.abc import Iterable
 from typing import Any
 
 #: Handler classes of these modules are pytest's and the plugin's own: pytest attaches its
@@ -234,7 +234,7 @@ def signal_words(number: str, handler: Any) -> str:
     return f"{name} {how}"
 
 
-def logging_words(name: str, before: Any, after: Any, imported: Container[str]) -> str | None:
+def logging_words(name: str, before: Any, after: Any, imported: Iterable[str]) -> str | None:
     """A logger's change in words: its level, handlers added or removed, propagation. A logger
     the test created is compared with a fresh one, unless a module imported during the test
     is its name or holds it (``torch._dynamo.guards.__recompiles``): an import configures its
@@ -260,9 +260,12 @@ def logging_words(name: str, before: Any, after: Any, imported: Container[str]) 
     return f"{who}: {', '.join(parts)}"
 
 
-def _by_import(name: str, imported: Container[str]) -> bool:
-    parts = name.split(".")
-    return any(".".join(parts[:n]) in imported for n in range(len(parts), 0, -1))
+def _by_import(name: str, imported: Iterable[str]) -> bool:
+    """Whether a module imported during the test is ``name`` or holds it, in any case (a
+    library may name its logger ``DeepSpeed`` in package ``deepspeed``)."""
+    lowered = {module.lower() for module in imported}
+    parts = name.lower().split(".")
+    return any(".".join(parts[:n]) in lowered for n in range(len(parts), 0, -1))
 
 
 def child_words(pid: str, command: str) -> str:

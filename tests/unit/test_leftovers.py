@@ -129,6 +129,7 @@ def test_a_logger_an_import_created_is_not_named_one_the_test_configured_is() ->
     fresh = (0, (), True, False)
     configured = (10, (), True, False)
     assert processstate.logging_words("lib.sub", None, configured, {"lib"}) is None
+    assert processstate.logging_words("DeepSpeed", None, configured, {"deepspeed"}) is None
     assert (
         processstate.logging_words("mine", None, configured, {"lib"})
         == "logger 'mine': level DEBUG"
