@@ -8,8 +8,10 @@ costs seconds). Every entry here is restored, and named.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+from collections.abc import Callable
 from typing import Any
 
 #: ``torch.backends`` flags read and restored by attribute path, where this torch has them.
@@ -82,25 +84,44 @@ def torch_flags() -> dict[str, Any]:
     flags.update(_modes(torch))
     dynamo = sys.modules.get("torch._dynamo.config")
     if dynamo is not None:  # imported by a test or a fixture: never imported here
-        flags.update((DYNAMO + key, value) for key, value in dynamo.get_config_copy().items())
+        with contextlib.suppress(Exception):  # a half-imported module (the import failed)
+            flags.update((DYNAMO + k, v) for k, v in dynamo.get_config_copy().items())
     return flags
 
 
 def _modes(torch: Any) -> dict[str, Any]:
-    """Autocast per device type and its nesting level, anomaly mode, flush-denormal, printing."""
+    """Autocast per device type and its nesting level, anomaly mode, flush-denormal, printing:
+    each read where this torch has the API (an entry it lacks is left out, never an error:
+    every test of the rank takes this snapshot)."""
+    readers: dict[str, Callable[[], Any]] = {
+        f"autocast {device}": functools.partial(_autocast, torch, device)
+        for device in _autocast_devices(torch)
+    }
+    readers.update(
+        {
+            "autocast nesting": lambda: _nesting(torch),
+            "autocast cache": torch.is_autocast_cache_enabled,
+            "anomaly detection": lambda: (
+                torch.is_anomaly_enabled(),
+                torch.is_anomaly_check_nan_enabled(),
+            ),
+            "flush denormal": lambda: _flushes_denormals(torch),
+            "print options": lambda: tuple(
+                getattr(torch._tensor_str.PRINT_OPTS, field) for field in PRINT_FIELDS
+            ),
+        }
+    )
     modes: dict[str, Any] = {}
-    for device in _autocast_devices(torch):
-        modes[f"autocast {device}"] = (
-            torch.is_autocast_enabled(device),
-            torch.get_autocast_dtype(device),
-        )
-    modes["autocast nesting"] = _nesting(torch)
-    modes["autocast cache"] = torch.is_autocast_cache_enabled()
-    modes["anomaly detection"] = (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled())
-    modes["flush denormal"] = _flushes_denormals(torch)
-    options = torch._tensor_str.PRINT_OPTS
-    modes["print options"] = tuple(getattr(options, field) for field in PRINT_FIELDS)
+    for name, read in readers.items():
+        try:
+            modes[name] = read()
+        except Exception:
+            continue
     return modes
+
+
+def _autocast(torch: Any, device: str) -> tuple[bool, Any]:
+    return torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)
 
 
 def _nesting(torch: Any) -> int:
@@ -114,13 +135,14 @@ def _nesting(torch: Any) -> int:
 def _autocast_devices(torch: Any) -> tuple[str, ...]:
     """The device types of :data:`AUTOCAST_DEVICES` (and a registered private backend's) whose
     autocast state this torch reads (looked up once)."""
-    names = [*AUTOCAST_DEVICES, torch._C._get_privateuse1_backend_name()]
+    names = list(AUTOCAST_DEVICES)
+    with contextlib.suppress(Exception):
+        names.append(torch._C._get_privateuse1_backend_name())
     found = []
     for device in dict.fromkeys(names):
         try:
-            torch.is_autocast_enabled(device)
-            torch.get_autocast_dtype(device)
-        except (RuntimeError, TypeError, ValueError):
+            _autocast(torch, device)
+        except Exception:  # a device type this torch does not know, or an older API
             continue
         found.append(device)
     return tuple(found)
