@@ -332,6 +332,13 @@ def test_leaves_a_variable(rank):
 @pytest.mark.world_size(2)
 def test_next(rank):
     assert "LEAKED" not in os.environ
+
+
+@pytest.mark.world_size(2)
+def test_builds_a_mesh(rank):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    assert init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))["dp"].size() == 2
 """
     },
     ("--distrank-leftovers=fail",),
@@ -340,8 +347,11 @@ def test_next(rank):
 
 def test_the_fail_policy_fails_the_leaking_test_at_teardown(shared_session: SharedSession) -> None:
     fail = FAIL.run(shared_session)
-    assert fail.outcomes("test_leaves_a_variable", "test_next") == [
+    # A DeviceMesh the test built is normal: its groups are destroyed, the test does not fail
+    # (issue 37: every test that built a mesh failed under fail).
+    assert fail.outcomes("test_leaves_a_variable", "test_next", "test_builds_a_mesh") == [
         "passed, error at teardown",
+        "passed",
         "passed",
     ], fail.text
     fail.section("test_leaves_a_variable").fnmatch_lines(
