@@ -189,6 +189,17 @@ def test_fault_on_a_subgroup(rank, faults):
     dist.destroy_process_group(sub)
 
 
+@pytest.mark.world_size(2, init_process_group=False)
+def test_fault_in_a_world_made_after_the_fixture(rank, faults):
+    faults.raise_in(rank=1, at="barrier", nth=2)
+    dist.init_process_group("gloo")  # env://, from the variables the plugin set
+    dist.barrier()
+    if rank == 1:
+        with pytest.raises(RuntimeError, match="injected"):
+            dist.barrier()
+    dist.destroy_process_group()
+
+
 @pytest.mark.world_size(2)
 @pytest.mark.parametrize("sig", ["SIGUSR1", "SIGUSR2"])
 def test_kill_by_a_rank_signal(rank, faults, sig):
@@ -340,6 +351,11 @@ def test_the_plugins_own_collectives_are_not_counted(shared_session: SharedSessi
     )
     shared.section("test_raise_after_a_reference").fnmatch_lines(
         ["injected: RuntimeError raised on rank 1 at all_reduce #1 on the default group *"]
+    )
+    # A test's world made after the fixture's setup is the test's, not a reference's.
+    assert shared.outcome("test_fault_in_a_world_made_after_the_fixture") == "passed"
+    shared.section("test_fault_in_a_world_made_after_the_fixture").fnmatch_lines(
+        ["injected: RuntimeError raised on rank 1 at barrier #2 on the default group (its 2nd *"]
     )
 
 
