@@ -7,24 +7,29 @@ gathered facts), so a difference on one rank fails the test on every rank at onc
 peer waiting. The collectives run on the plugin's twin of the group (:mod:`rank.ownedgroups`,
 gloo, CPU tensors), never on the test's groups.
 
-Cost on the passing path: equality, one ``all_gather`` of three int64 (a 128-bit checksum of
-every leaf, computed on the tensors' own device, and a NaN flag); difference, of the checksum
-alone; closeness, an ``all_gather`` of two int64 (the shapes and dtypes), one ``broadcast`` of
-rank 0's tensors packed in one buffer, and an ``all_gather`` of one int64 (each rank's
-verdict). On failure the ranks gather everything (``all_gather_object``) to build the per-rank
-table. What is compared, and how DTensors are, is :mod:`rank.paritydata`'s docstring.
+Every check begins with one ``all_gather`` of a status and a few int64 (:meth:`Across.agree`):
+an exception in this rank's own part (a value it cannot compare, a crash while hashing) is
+sent there, so every rank fails together, naming the rank and its error, before any collective
+whose size depends on the value. Cost on the passing path: equality and difference, that one
+``all_gather`` (a 128-bit digest of every leaf, :mod:`rank.parityequal`); closeness, that one
+(a hash of the leaves' paths, shapes and dtypes), one ``broadcast`` of rank 0's tensors packed
+in one buffer, and an ``all_gather`` of each rank's verdict. On failure the ranks gather every
+value (``all_gather_object``) to build the per-rank table. What a value's leaves are is
+:mod:`rank.parityleaves`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import paritydata as data
+from . import parityequal
 from .ownedgroups import twin
-from .paritydata import ParityUsageError
+from .parityleaves import ParityUsageError, comparable, header, in_order, kind_words, leaves
 from .paritytable import (
     LeafTable,
     Row,
@@ -91,13 +96,45 @@ class Across:
                 "ranks' values to compare. Check the same test at a real world size "
                 "(@pytest.mark.world_size), where the assertion runs on every rank."
             )
-        self.pg = twin(self.ranks) if self.size > 1 else None
+        self.pg = twin(self.ranks, check) if self.size > 1 else None
 
     def _not_member(self, me: int, why: str) -> str:
         return (
             f"{self.check}(group=...) on rank {me} in {current_test() or 'this test'}: this rank "
             f"is not a member of that group ({why}). Call the assertion only on the group's "
             "ranks (e.g. `if rank in group_ranks:`), or pass group=None for every rank."
+        )
+
+    def agree(self, values: Sequence[int]) -> list[list[int]]:
+        """Every rank's ``values`` (the same count on every rank), once every rank's own part
+        succeeded; where one failed (:meth:`fail_together`), this rank fails too."""
+        __tracebackhide__ = True
+        got = self.gather_ints([1, *values])
+        if not all(g[0] for g in got):
+            self._settle(None)
+        return [g[1:] for g in got]
+
+    def fail_together(self, error: Exception, width: int) -> NoReturn:
+        """This rank's part failed with ``error``: say so in the :meth:`agree` its peers are
+        in (``width`` values), then raise it; the peers raise naming this rank."""
+        __tracebackhide__ = True
+        self.gather_ints([0] * (width + 1))
+        self._settle(error)
+
+    def _settle(self, error: Exception | None) -> NoReturn:
+        __tracebackhide__ = True
+        words = f"{type(error).__name__}: {error}" if error is not None else None
+        said = self.gather_objects(words)
+        if error is not None:
+            raise error
+        failed = [(self.ranks[p], text) for p, text in enumerate(said) if text is not None]
+        who = ranks_words(r for r, _ in failed)
+        usage = all(text.startswith(ParityUsageError.__name__) for _, text in failed)
+        lines = "\n".join(f"  rank {r}: {text}" for r, text in failed)
+        raise (ParityUsageError if usage else RuntimeError)(
+            f"{self.check} failed in {current_test() or 'this test'}: {who} could not take part "
+            f"(its error below, and in its own report), so nothing was compared; every rank of "
+            f"the group fails here.\n{lines}"
         )
 
     def gather_ints(self, values: Sequence[int]) -> list[list[int]]:
@@ -122,21 +159,6 @@ class Across:
         dist.broadcast(buffer, src=self.ranks[0], group=self.pg)
 
 
-def _leaves(value: Any, name: str) -> list[tuple[str, Any]]:
-    return [(p, data.normalize(p, v, name)) for p, v in data.flatten(value)]
-
-
-def _begin(
-    check: str, value: Any, group: Any, name: str
-) -> tuple[Across, list[tuple[str, Any]]] | None:
-    """The check's ranks (the group checked first: a bad one is this rank's usage error) and
-    this rank's leaves of ``value``; None when the group has one rank: nothing to compare."""
-    __tracebackhide__ = True
-    across = Across(check, group)
-    leaves = _leaves(value, name)
-    return None if across.size == 1 else (across, leaves)
-
-
 def _tables(
     across: Across,
     gathered: list[list[tuple[str, Any]]],
@@ -154,16 +176,16 @@ def _tables(
     for path in paths:
         rows = []
         theirs = per_rank[ref].get(path)
-        for pos, leaves in enumerate(per_rank):
+        for pos, held in enumerate(per_rank):
             rank = across.ranks[pos]
-            if path not in leaves:
+            if path not in held:
                 rows.append(Row(rank, "missing", note="missing here"))
             elif pos == ref:
-                rows.append(Row(rank, data.kind_words(leaves[path]), note="reference"))
+                rows.append(Row(rank, kind_words(held[path]), note="reference"))
             elif theirs is None:
-                rows.append(Row(rank, data.kind_words(leaves[path]), note="not on the reference"))
+                rows.append(Row(rank, kind_words(held[path]), note="not on the reference"))
             else:
-                rows.append(data.compare(rank, leaves[path], theirs, exact=exact, **tolerance))
+                rows.append(data.compare(rank, held[path], theirs, exact=exact, **tolerance))
         nan = _nan_only(rows, per_rank, path, exact, tolerance)
         if nan or any(row.differs for row in rows):
             tables.append(LeafTable(f"{name}{path}", rows))
@@ -180,8 +202,8 @@ def _nan_only(
     if tol.get("equal_nan"):
         return False
     found = False
-    for row, leaves in zip(rows, per_rank, strict=True):
-        leaf = leaves.get(path)
+    for row, held in zip(rows, per_rank, strict=True):
+        leaf = held.get(path)
         if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.isnan().any():
             found = True
             if row.note == "reference":
@@ -198,53 +220,93 @@ def _raise(check: str, headline: str, tables: list[LeafTable], advice: str, ref:
     )
 
 
+def _one_rank(check: str, across: Across, value: Any, name: str) -> bool:
+    """On a one-rank group: this rank's leaves checked (a usage error is still one), a warning
+    that nothing was compared, and True (the check passes); False on a larger group."""
+    if across.size > 1:
+        return False
+    leaves(value, name)
+    warnings.warn(
+        f"{check} in {current_test() or 'this test'} ran on a one-rank group (rank "
+        f"{across.ranks[0]}): there is no other rank to compare {name} with, so it compared "
+        "nothing and passed. Run the test at a world size of 2 or more for the check to mean "
+        "something.",
+        UserWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+def _nothing(check: str, got: list[list[int]], name: str, allow_empty: bool) -> None:
+    """Fail on every rank when no rank's value has a leaf (``got[r][0]``: it has one)."""
+    __tracebackhide__ = True
+    if allow_empty or any(g[0] for g in got):
+        return
+    raise AssertionError(
+        f"{check} failed in {current_test() or 'this test'}: {name} compares nothing: it holds "
+        "no tensor or value on any rank (an empty dict, list or tuple, or a module without "
+        "parameters or buffers), so any code would pass. Check that the value is built; pass "
+        "allow_empty=True where an empty value is what the test expects."
+    )
+
+
 def assert_equal_across_ranks(
-    value: Any, group: Any = None, *, equal_nan: bool = False, name: str = "value"
+    value: Any,
+    group: Any = None,
+    *,
+    equal_nan: bool = False,
+    allow_empty: bool = False,
+    name: str = "value",
 ) -> None:
     """Every rank of ``group`` (default: the default group) holds an equal ``value``: tensors
-    (any dtype and device), nested lists, tuples and dicts of them, plain Python values.
+    (any dtype and device), numpy arrays, numbers, ``str``, ``bytes``, ``None``, enums, and
+    lists, tuples, dicts, dataclasses and ``nn.Module``s (by ``state_dict()``) of them.
 
-    Equal is ``torch.equal``: the same shape, dtype and values, ``-0.0 == 0.0``, NaN unequal to
-    everything unless ``equal_nan``. Every rank of the group must call it; every rank gets the
-    same verdict. On failure an ``AssertionError`` with a table of every rank against the rank
-    of the largest group of agreeing ranks.
+    Equal is ``torch.equal`` leaf by leaf: the same paths, shapes, dtypes and values,
+    ``-0.0 == 0.0``, NaN unequal to everything unless ``equal_nan`` (docs/parity.md says what
+    else). Every rank of the group must call it; every rank gets the same verdict. A value with
+    no leaf on any rank fails ("compares nothing") unless ``allow_empty``; on a one-rank group
+    it passes with a warning. On failure an ``AssertionError`` with a table of every rank
+    against the rank of the largest group of agreeing ranks.
     """
     __tracebackhide__ = True
     check = "assert_equal_across_ranks"
-    begun = _begin(check, value, group, name)
-    if begun is None:
+    across = Across(check, group)
+    if _one_rank(check, across, value, name):
         return
-    across, leaves = begun
-    checksum, nan = data.digest(leaves, equal_nan)
-    got = across.gather_ints([*checksum, int(nan)])
-    keys = [tuple(g[:2]) for g in got]
-    if len(set(keys)) == 1 and not any(g[2] for g in got):
+    try:
+        found = leaves(value, name)
+        key, nan, _ = parityequal.digest(found, equal_nan)
+    except Exception as exc:
+        across.fail_together(exc, 4)
+    got = across.agree([int(comparable(found)), *key, int(nan)])
+    _nothing(check, got, name, allow_empty)
+    keys = [tuple(g[1:3]) for g in got]
+    if len(set(keys)) == 1 and not any(g[3] for g in got):
         return
-    gathered = across.gather_objects(data.portable(leaves))
-    groups = [[across.ranks[p] for p in g] for g in agreement(keys)]
+    gathered = across.gather_objects(data.portable(found))
+    groups = [[across.ranks[p] for p in g] for g in agreement(classes(gathered))]
     ref_pos = across.ranks.index(majority(groups)[0])
     tables = _tables(across, gathered, ref_pos, exact=True, name=name, equal_nan=equal_nan)
+    if not tables:
+        return  # equal by the rule: digests differ where leaves lie on different devices
     ref = across.ranks[ref_pos]
-    nan_ranks = [across.ranks[p] for p, g in enumerate(got) if g[2]]
     if len(groups) == 1:
+        nan_ranks = [across.ranks[p] for p, g in enumerate(got) if g[3]]
         headline = (
             f"{name} holds NaN on {ranks_words(nan_ranks)}, and NaN equals nothing "
             "(torch.equal); pass equal_nan=True to count NaN as equal to NaN."
+        )
+        advice = (
+            "What to do: find where the NaN comes from (torch.autograd.set_detect_anomaly, or "
+            "torch.isnan checks after each step); pass equal_nan=True if NaN is expected there."
         )
     else:
         headline = (
             f"{name} differs between ranks: {agreement_words(groups)}. Each rank is compared "
             f"with rank {ref} (of the largest group of agreeing ranks)."
         )
-    differing = sorted({r for g in groups if ref not in g for r in g})
-    advice = (
-        _advice(differing, "equal")
-        if differing
-        else (
-            "What to do: find where the NaN comes from (torch.autograd.set_detect_anomaly, or "
-            "torch.isnan checks after each step); pass equal_nan=True if NaN is expected there."
-        )
-    )
+        advice = _advice(sorted({r for g in groups if ref not in g for r in g}), "equal")
     _raise(check, headline, tables, advice, ref)
 
 
@@ -255,46 +317,58 @@ def assert_close_across_ranks(
     rtol: float | None = None,
     atol: float | None = None,
     equal_nan: bool = False,
+    allow_empty: bool = False,
     name: str = "value",
 ) -> None:
     """Every rank of ``group`` holds a ``value`` close to rank 0's (the group's first rank):
-    the same structure, shapes and dtypes, and ``torch.isclose(mine, rank0, rtol, atol,
+    the same leaves, shapes and dtypes, and ``torch.isclose(mine, rank0, rtol, atol,
     equal_nan)`` for every element. ``rtol``/``atol`` default to torch.testing.assert_close's
-    for the dtype (integers and bools: exact). Plain values other than numbers must be equal.
+    for the dtype (integers and bools: exact). Plain values must be equal. Takes what
+    :func:`assert_equal_across_ranks` takes; ``allow_empty`` and one-rank groups alike.
     """
     __tracebackhide__ = True
+    import torch
+
     check = "assert_close_across_ranks"
-    begun = _begin(check, value, group, name)
-    if begun is None:
+    across = Across(check, group)
+    if _one_rank(check, across, value, name):
         return
-    across, leaves = begun
-    shape = hashlib.blake2b(data.header(leaves), digest_size=16).digest()
+    try:
+        found = leaves(value, name)
+        shape = hashlib.blake2b(header(found), digest_size=16).digest()
+        tensors = [v for _, v in in_order(found) if isinstance(v, torch.Tensor)]
+        size = sum(t.numel() * t.element_size() for t in tensors)
+        first = across.index == 0
+        buffer = data.pack(tensors) if first else torch.empty(size, dtype=torch.uint8)
+    except Exception as exc:
+        across.fail_together(exc, 3)
     halves = [int.from_bytes(shape[i : i + 8], "little", signed=True) for i in (0, 8)]
-    got = across.gather_ints(halves)
-    ok = len({tuple(g) for g in got}) == 1
+    got = across.agree([int(comparable(found)), *halves])
+    _nothing(check, got, name, allow_empty)
+    ok = len({tuple(g[1:]) for g in got}) == 1
     if ok:
-        tensors = [v for _, v in leaves if _is_tensor(v)]
-        buffer = data.pack(tensors)
         across.broadcast_from_first(buffer)
-        if across.index != 0:
-            theirs = data.unpack(buffer, tensors)
-            pairs = zip(tensors, theirs, strict=True)
-            ok = all(_close(m, t, rtol, atol, equal_nan) for m, t in pairs)
-        ok = all(g[0] for g in across.gather_ints([int(ok)]))
+        try:
+            if not first:
+                pairs = zip(tensors, data.unpack(buffer, tensors), strict=True)
+                ok = all(_close(m, t, rtol, atol, equal_nan) for m, t in pairs)
+        except Exception as exc:
+            across.fail_together(exc, 1)
+        ok = all(g[0] for g in across.agree([int(ok)]))
         if ok:
             return
-    gathered = across.gather_objects(data.portable(leaves))
+    gathered = across.gather_objects(data.portable(found))
     tables = _tables(
         across, gathered, 0, exact=False, name=name, rtol=rtol, atol=atol, equal_nan=equal_nan
     )
     differing = sorted({row.rank for t in tables for row in t.rows if row.differs})
-    first = across.ranks[0]
+    first_rank = across.ranks[0]
     headline = (
-        f"{name} is not close to rank {first}'s on {ranks_words(differing)}"
+        f"{name} is not close to rank {first_rank}'s on {ranks_words(differing)}"
         if differing
         else f"{name} holds NaN (pass equal_nan=True to count NaN as close to NaN)"
     )
-    _raise(check, headline + ".", tables, _advice(differing, "close"), first)
+    _raise(check, headline + ".", tables, _advice(differing, "close"), first_rank)
 
 
 def assert_differs_across_ranks(
@@ -303,19 +377,33 @@ def assert_differs_across_ranks(
     """No two ranks of ``group`` hold equal ``value`` (with ``pairwise=False``: not every
     rank holds the same one): the guard against a parity check that passes only because every
     rank had the same input. Equal as in :func:`assert_equal_across_ranks`, NaN equal to NaN.
+    Refused on a one-rank group (it cannot show that ranks differ); a value with no leaf on any
+    rank fails.
     """
     __tracebackhide__ = True
     check = "assert_differs_across_ranks"
-    begun = _begin(check, value, group, name)
-    if begun is None:
-        return
-    across, leaves = begun
-    checksum, _ = data.digest(leaves, equal_nan=True)
-    got = across.gather_ints(checksum)
-    groups = [[across.ranks[p] for p in g] for g in agreement([tuple(g) for g in got])]
+    across = Across(check, group)
+    if across.size == 1:
+        raise ParityUsageError(
+            f"{check} in {current_test() or 'this test'} on a one-rank group (rank "
+            f"{across.ranks[0]}): one rank cannot show that ranks differ. Run the test at a "
+            "world size of 2 or more, or leave the check out where the world has one rank."
+        )
+    try:
+        found = leaves(value, name)
+        key, _, where = parityequal.digest(found, equal_nan=True)
+    except Exception as exc:
+        across.fail_together(exc, 4)
+    got = across.agree([int(comparable(found)), *key, where])
+    _nothing(check, got, name, allow_empty=False)
+    if len({g[3] for g in got}) == 1:
+        keys: list[Any] = [tuple(g[1:3]) for g in got]
+    else:  # leaves on different devices hash differently: compare the values themselves
+        keys = classes(across.gather_objects(data.portable(found)))
+    groups = [[across.ranks[p] for p in g] for g in agreement(keys)]
     if (all(len(g) == 1 for g in groups)) if pairwise else len(groups) > 1:
         return
-    kinds = across.gather_objects(", ".join(data.kind_words(v) for _, v in leaves) or "empty")
+    kinds = across.gather_objects(", ".join(kind_words(v) for _, v in found) or "empty")
     rows = []
     for pos, rank in enumerate(across.ranks):
         same = next(g for g in groups if rank in g)
@@ -335,20 +423,17 @@ def assert_differs_across_ranks(
     raise AssertionError(message(check, current_test(), headline, [LeafTable(name, rows)], advice))
 
 
-def _is_tensor(value: Any) -> bool:
-    import torch
-
-    return isinstance(value, torch.Tensor)
+def classes(every: Sequence[Sequence[tuple[str, Any]]]) -> list[int]:
+    """For each rank's leaves, the first rank whose leaves are equal to them (NaN equal to
+    NaN): ranks with the same number hold equal values."""
+    return [
+        next(q for q in range(p + 1) if parityequal.equal(every[q], mine, equal_nan=True))
+        for p, mine in enumerate(every)
+    ]
 
 
 def _close(mine: Any, theirs: Any, rtol: float | None, atol: float | None, nan: bool) -> bool:
-    import torch
-
-    theirs = theirs.to(mine.device)
-    if not (mine.is_floating_point() or mine.is_complex()):
-        return bool(torch.equal(mine, theirs))
-    r, a = data.tolerances(mine.dtype, rtol, atol)
-    return bool(torch.isclose(mine, theirs, rtol=r, atol=a, equal_nan=nan).all().item())
+    return bool(data.close(mine, theirs.to(mine.device), rtol, atol, nan).all().item())
 
 
 def _advice(ranks: Sequence[int], how: str) -> str:

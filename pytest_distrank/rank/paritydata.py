@@ -1,37 +1,28 @@
-"""What the checks across ranks compare: a value's leaves, their checksums, and one rank's row
-of the table against the reference side.
+"""One rank's row of a failed check's table, against the reference side, and the pieces the
+checks move between ranks (packed tensors, portable leaves) or judge with (tolerances, guards).
 
 Runs in rank processes of both modes, inside a test (:mod:`rank.parity`, :mod:`rank.reference`).
-torch is imported only when a function is called. The rules:
-
-- A value is flattened into leaves: mappings by key, lists and tuples by position; anything
-  else is a leaf. Python numbers (``bool``, ``int``, ``float``, ``complex``) are compared as
-  0-dim tensors (``float`` as float64); other plain values (``str``, ``None``, ...) by ``repr``.
-- Equal means ``torch.equal``: the same shape, dtype and values; ``-0.0`` equals ``0.0``; NaN
-  equals nothing, itself included, unless ``equal_nan``. The device is not compared.
-- A DTensor is compared by its local tensor (``to_local()``) when every placement is
-  ``Replicate``: then every rank must hold the same values. A sharded or partial DTensor holds
-  different values per rank by design and is refused: compare ``x.full_tensor()`` (a collective
-  of the test on its mesh) or ``x.to_local()`` explicitly.
+torch is imported only when a function is called. What a value's leaves are is
+:mod:`rank.parityleaves`; what equal means, and its digest, :mod:`rank.parityequal`. Closeness:
+the same shape and dtype, and ``torch.isclose(mine, theirs, rtol, atol, equal_nan)`` for every
+element of a floating or complex tensor (float8 and complex32 widened exactly first); tensors of
+other dtypes, and plain leaves, must be equal.
 """
 
 from __future__ import annotations
 
-import hashlib
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from .parityequal import WIDEN, is_float
+from .parityleaves import ParityUsageError, Plain, kind_words
 from .paritytable import Row
 
 if TYPE_CHECKING:
     import torch
 
-#: (a, b) of the checksum's two sums of word * (position * a + b), mod 2**64 (int64 wraps).
-_WEIGHTS = (
-    (0x9E3779B97F4A7C15 - 2**64, 0x632BE59BD9B4E019),
-    (0x2545F4914F6CDD1D, 0x5851F42D4C957F2D),
-)
+__all__ = ["ParityUsageError", "compare", "degenerate", "pack", "portable", "unpack"]
+
 #: The guards of :func:`degenerate`, in the order they are tried.
 GUARDS = ("nan", "zeros", "constant")
 #: torch.testing.assert_close's default (rtol, atol) per dtype name; others: exact.
@@ -44,141 +35,6 @@ TOLERANCES = {
     "complex64": (1.3e-6, 1e-5),
     "complex128": (1e-7, 1e-7),
 }
-
-
-class ParityUsageError(ValueError):
-    """A check across ranks was called with what it cannot check (a bad group, a sharded
-    DTensor, a simulated world): the test's error, not a difference between ranks."""
-
-    #: Named without its module on the report's crash line, as pytest names its ``Failed``.
-    __module__ = "builtins"
-
-
-def flatten(value: Any, path: str = "") -> list[tuple[str, Any]]:
-    """(path, leaf) of every leaf of ``value``: ``['w']``, ``[0]``, ``[0]['b']``, or ``""``."""
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return [(path, value)]
-    if isinstance(value, Mapping):
-        out: list[tuple[str, Any]] = []
-        for key, item in value.items():
-            out += flatten(item, f"{path}[{key!r}]")
-        return out
-    if isinstance(value, (list, tuple)):
-        out = []
-        for i, item in enumerate(value):
-            out += flatten(item, f"{path}[{i}]")
-        return out
-    return [(path, value)]
-
-
-def normalize(path: str, leaf: Any, what: str) -> Any:
-    """A leaf as compared: a tensor (numbers become 0-dim tensors, DTensors their local
-    tensor, sparse ones dense), or the plain value itself."""
-    import torch
-
-    if isinstance(leaf, (bool, int, float, complex)):
-        return torch.tensor(leaf, dtype=torch.float64 if type(leaf) is float else None)
-    if not isinstance(leaf, torch.Tensor):
-        return leaf
-    leaf = leaf.detach()
-    dtensor = dtensor_type()
-    if dtensor is not None and isinstance(leaf, dtensor):
-        placements = tuple(leaf.placements)
-        if not all(type(p).__name__ == "Replicate" for p in placements):
-            names = ", ".join(str(p) for p in placements)
-            raise ParityUsageError(
-                f"{what}{path} is a DTensor with placements ({names}): its local tensors differ "
-                "between ranks by design, so they are not compared. Compare "
-                f"{what}{path}.full_tensor() (a collective of the test, on its mesh) or "
-                f"{what}{path}.to_local() explicitly."
-            )
-        leaf = leaf.to_local()
-    if leaf.layout != torch.strided:
-        leaf = leaf.to_dense()
-    return leaf
-
-
-def dtensor_type() -> Any:
-    module = sys.modules.get("torch.distributed.tensor")
-    return getattr(module, "DTensor", None)
-
-
-def kind_words(leaf: Any) -> str:
-    """``(4, 8) float32``, ``() int64``, or the type of a plain value."""
-    import torch
-
-    if isinstance(leaf, torch.Tensor):
-        return f"{tuple(leaf.shape)} {str(leaf.dtype).removeprefix('torch.')}"
-    return type(leaf).__name__
-
-
-def header(leaves: Sequence[tuple[str, Any]]) -> bytes:
-    """What must agree before values can be compared: the paths, the kinds, and plain
-    values themselves (by ``repr``)."""
-    import torch
-
-    parts = []
-    for path, leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            parts.append(f"{path}\0{kind_words(leaf)}")
-        else:
-            parts.append(f"{path}\0{kind_words(leaf)}\0{leaf!r}")
-    return "\1".join(parts).encode(errors="backslashreplace")
-
-
-def canonical(t: torch.Tensor, equal_nan: bool) -> torch.Tensor:
-    """``t`` with ``-0.0`` made ``0.0`` and, with ``equal_nan``, every NaN the same NaN."""
-    import torch
-
-    if not (t.is_floating_point() or t.is_complex()):
-        return t
-    t = t + 0  # -0.0 + 0 == +0.0
-    if equal_nan:
-        t = torch.where(torch.isnan(t), torch.full_like(t, float("nan")), t)
-    return t
-
-
-def words(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s bytes as int64 words (zero-padded), on its device."""
-    import torch
-
-    raw = t.contiguous().reshape(-1).view(torch.uint8)
-    pad = -raw.numel() % 8
-    if pad:
-        raw = torch.cat([raw, raw.new_zeros(pad)])
-    return raw.view(torch.int64)
-
-
-def digest(leaves: Sequence[tuple[str, Any]], equal_nan: bool) -> tuple[list[int], bool]:
-    """A 128-bit checksum of the leaves (header and every tensor's bytes, canonical) as two
-    int64, and whether a tensor holds NaN (always False under ``equal_nan``).
-
-    Each tensor's words are summed three ways on its own device (plain, and weighted by two
-    linear functions of the position, mod 2**64): one changed word, or two swapped, changes the
-    sums; one ``tolist`` per check brings them back (no copy of the tensor to the host).
-    """
-    import torch
-
-    sums = []
-    nan = []
-    for _, leaf in leaves:
-        if not isinstance(leaf, torch.Tensor):
-            continue
-        c = canonical(leaf, equal_nan)
-        w = words(c)
-        pos = torch.arange(1, w.numel() + 1, device=w.device, dtype=torch.int64)
-        parts = [w.sum()] + [(w * (pos * a + b)).sum() for a, b in _WEIGHTS]
-        sums.append(torch.stack(parts))
-        if not equal_nan and (c.is_floating_point() or c.is_complex()):
-            nan.append(torch.isnan(c).any().reshape(1))
-    numbers: list[int] = torch.cat(sums).tolist() if sums else []
-    has_nan = bool(torch.cat(nan).any().item()) if nan else False
-    h = hashlib.blake2b(header(leaves), digest_size=16)
-    h.update(b"".join(n.to_bytes(8, "little", signed=True) for n in numbers))
-    raw = h.digest()
-    return [int.from_bytes(raw[i : i + 8], "little", signed=True) for i in (0, 8)], has_nan
 
 
 def portable(leaves: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -233,6 +89,46 @@ def _index(flat: int, shape: Sequence[int]) -> str:
     return "(" + ", ".join(str(i) for i in reversed(out)) + ("," if len(out) == 1 else "") + ")"
 
 
+def wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in a dtype torch compares and subtracts in, exactly: float64 or complex128 for
+    floating and complex dtypes, int64 for the others (uint64 by its bits)."""
+    import torch
+
+    if is_float(t):
+        return t.to(torch.complex128 if t.is_complex() else torch.float64)
+    if t.dtype == torch.uint64:
+        return t.view(torch.int64)
+    if str(t.dtype).startswith("torch.float4"):
+        return t.view(torch.uint8).to(torch.int64)
+    return t.to(torch.int64)
+
+
+def close(
+    mine: torch.Tensor, theirs: torch.Tensor, rtol: float | None, atol: float | None, nan: bool
+) -> torch.Tensor:
+    """Element by element: ``mine`` is close to ``theirs`` (same shape and dtype; on
+    ``mine``'s device): ``torch.isclose`` for floating and complex dtypes, else equal."""
+    import torch
+
+    if not is_float(mine):
+        return wide(mine) == wide(theirs)
+    r, a = tolerances(mine.dtype, rtol, atol)
+    widened = WIDEN.get(str(mine.dtype).removeprefix("torch."))
+    if widened is not None:
+        mine, theirs = mine.to(getattr(torch, widened)), theirs.to(getattr(torch, widened))
+    return torch.isclose(mine, theirs, rtol=r, atol=a, equal_nan=nan)
+
+
+def show_element(t: torch.Tensor, flat: int) -> str:
+    """Element ``flat`` of ``t`` (flat index), or its byte where torch has no ``item()``."""
+    import torch
+
+    try:
+        return show(t.reshape(-1)[flat].item())
+    except (RuntimeError, TypeError):  # packed dtypes (float4)
+        return f"0x{int(t.reshape(-1).view(torch.uint8)[flat].item()):02x}"
+
+
 def compare(
     rank: int,
     mine: Any,
@@ -248,27 +144,26 @@ def compare(
 
     kind = kind_words(mine)
     if not isinstance(mine, torch.Tensor) or not isinstance(ref, torch.Tensor):
-        same = type(mine) is type(ref) and repr(mine) == repr(ref)
+        same = isinstance(mine, Plain) and mine == ref
         note = "agrees" if same else ("type differs" if kind != kind_words(ref) else "differs")
-        return Row(rank, kind, value=show(mine), ref_value=show(ref), note=note)
+        return Row(rank, kind, value=_text(mine), ref_value=_text(ref), note=note)
     if mine.shape != ref.shape:
         return Row(rank, kind, note="shape differs")
     if mine.dtype != ref.dtype:
         return Row(rank, kind, note="dtype differs")
     mine, ref = mine.cpu(), ref.cpu()
-    wide = torch.complex128 if mine.is_complex() else torch.float64
-    a, b = mine.to(wide), ref.to(wide)
-    if exact:
-        bad = ~(mine == ref)
-        if equal_nan and (mine.is_floating_point() or mine.is_complex()):
-            bad &= ~(torch.isnan(mine) & torch.isnan(ref))
+    a, b = wide(mine), wide(ref)
+    if exact or not is_float(mine):
+        bad = a != b
+        if equal_nan and is_float(mine):
+            bad &= ~(torch.isnan(a) & torch.isnan(b))
     else:
-        r, t = tolerances(mine.dtype, rtol, atol)
-        bad = ~torch.isclose(a, b, rtol=r, atol=t, equal_nan=equal_nan)
+        bad = ~close(mine, ref, rtol, atol, equal_nan)
     total = mine.numel()
     count = int(bad.sum().item())
     if total == 0:
         return Row(rank, kind, mismatched="0/0", note="agrees")
+    a, b = a.to(torch.complex128 if a.is_complex() else torch.float64), b.to(a.dtype)
     diff = (a - b).abs()
     rel = diff / b.abs()
     rel = torch.where(diff == 0, torch.zeros_like(rel), rel)
@@ -283,9 +178,13 @@ def compare(
     if count:
         flat = int(bad.reshape(-1).nonzero()[0].item())
         row.index = _index(flat, mine.shape)
-        row.value = show(mine.reshape(-1)[flat].item())
-        row.ref_value = show(ref.reshape(-1)[flat].item())
+        row.value = show_element(mine, flat)
+        row.ref_value = show_element(ref, flat)
     return row
+
+
+def _text(leaf: Any) -> str:
+    return leaf.text if isinstance(leaf, Plain) else kind_words(leaf)
 
 
 def degenerate(mine: Any, ref: Any, guards: Sequence[str]) -> str:

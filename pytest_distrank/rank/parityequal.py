@@ -23,7 +23,7 @@ import hashlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .parityleaves import Plain, header
+from .parityleaves import Plain, header, in_order
 
 if TYPE_CHECKING:
     import torch
@@ -165,7 +165,8 @@ def digest(found: Sequence[tuple[str, Any]], equal_nan: bool) -> tuple[list[int]
     )
     nan = False
     where = 0
-    for i, (_, leaf) in enumerate(p for p in found if isinstance(p[1], torch.Tensor)):
+    ordered = in_order(found)
+    for i, (_, leaf) in enumerate(p for p in ordered if isinstance(p[1], torch.Tensor)):
         c = canonical(leaf, equal_nan)
         if c.device.type == "cpu":
             nan = nan or (not equal_nan and is_float(c) and bool(torch.isnan(c).any()))

@@ -4,8 +4,8 @@ Runs in rank processes of both modes, inside a test (:mod:`rank.parity`, :mod:`r
 torch is imported only when a function is called; numpy only where the test imported it. The
 rules (docs/parity.md, "What each check compares"):
 
-- Containers are walked: mappings by key (the key order is not compared), lists and tuples by
-  position (a list equals a tuple with the same items), dataclass instances by field
+- Containers are walked: mappings by key (the key order is not compared), lists and tuples
+  by position (a list equals a tuple with the same items), dataclass instances by field
   (``.loss``), an ``nn.Module`` by its ``state_dict()``. An empty container is a leaf of kind
   ``empty``: ``{"a": []}`` differs from ``{}``.
 - Leaves: tensors (detached; conjugate and negative bits resolved; sparse made dense; a
@@ -86,8 +86,8 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
     elif isinstance(value, Mapping):
-        items = sorted(((f"[{key!r}]", item) for key, item in value.items()), key=_first)
-        names = [name for name, _ in items]
+        items = [(f"[{key!r}]", item) for key, item in value.items()]
+        names = sorted(name for name, _ in items)
         twice = next((n for n, m in itertools.pairwise(names) if n == m), None)
         if twice is not None:
             raise ParityUsageError(
@@ -104,10 +104,6 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
     for name, item in items:
         out += flatten(item, what, path + name, above)
     return out
-
-
-def _first(item: tuple[str, Any]) -> str:
-    return item[0]
 
 
 def _numpy_value(value: Any) -> bool:
@@ -246,11 +242,17 @@ def kind_words(leaf: Any) -> str:
     return type(leaf).__name__
 
 
+def in_order(found: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The leaves by path: the order every rank hashes and sends them in (a mapping's key
+    order is not compared)."""
+    return sorted(found, key=lambda item: item[0])
+
+
 def header(found: Sequence[tuple[str, Any]]) -> bytes:
     """What must agree before values can be compared: the paths, the kinds, and plain
-    values themselves (exactly)."""
+    values themselves (exactly), in path order."""
     parts = []
-    for path, leaf in found:
+    for path, leaf in in_order(found):
         text = f"\0{leaf.text}" if isinstance(leaf, Plain) else ""
         parts.append(f"{path}\0{kind_words(leaf)}{text}")
     return "\1".join(parts).encode(errors="surrogatepass")

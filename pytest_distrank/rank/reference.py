@@ -23,7 +23,7 @@ from .. import _compat
 from . import paritydata as data
 from . import seeding
 from .parity import Across, current_test
-from .paritydata import ParityUsageError
+from .parityleaves import ParityUsageError, comparable, dtensor_type, kind_words, leaves
 from .paritytable import LeafTable, Row, first_difference, message, ranks_words
 
 if TYPE_CHECKING:
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 #: The guards :func:`assert_close_to_reference` applies unless told otherwise.
 DEFAULT_GUARDS = ("nan", "zeros", "constant")
+#: The functions :func:`reference` is running, outermost first (nesting is refused).
+_INSIDE: list[Any] = []
 
 
 def reference(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -44,8 +46,23 @@ def reference(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     reference), or one rank alone: it takes no part of the test's collectives.
     """
     __tracebackhide__ = True
-    with _compat.one_rank_world():
-        return _full(fn(*args, **kwargs))  # type: ignore[no-any-return]
+    if _INSIDE:
+        raise ParityUsageError(
+            f"reference({_name(fn)}) inside reference({_name(_INSIDE[-1])}) in "
+            f"{current_test() or 'this test'}: the outer function already runs at world size 1, "
+            f"so call {_name(fn)}(...) directly there; reference() cannot be nested (each call "
+            "swaps in a one-rank world of its own)."
+        )
+    _INSIDE.append(fn)
+    try:
+        with _compat.one_rank_world():
+            return _full(fn(*args, **kwargs))  # type: ignore[no-any-return]
+    finally:
+        _INSIDE.pop()
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 # Why not torch's "fake" backend, whose size-1 collectives are exact too: DDP's reducer expects
@@ -54,7 +71,7 @@ def reference(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 def _full(value: Any) -> Any:
-    dtensor = data.dtensor_type()
+    dtensor = dtensor_type()
     if dtensor is not None and isinstance(value, dtensor):
         return value.full_tensor()
     if isinstance(value, Mapping):
@@ -120,6 +137,40 @@ def rank_inputs(
     return out if device is None else out.to(device)
 
 
+def _rows(
+    me: int,
+    dist_out: Any,
+    ref_out: Any,
+    name: str,
+    allow_empty: bool,
+    rtol: float | None,
+    atol: float | None,
+    equal_nan: bool,
+    guards: Sequence[str],
+) -> list[tuple[str, Row]]:
+    """This rank's row for every leaf of either side, against the reference's."""
+    mine = dict(leaves(dist_out, name))
+    theirs = dict(leaves(ref_out, name))
+    if not allow_empty and not comparable([*mine.items(), *theirs.items()]):
+        note = "compares nothing: no leaf on either side (pass allow_empty=True if meant)"
+        return [("", Row(me, "empty", note=note))]
+    rows: list[tuple[str, Row]] = []
+    for path in [*mine, *(p for p in theirs if p not in mine)]:
+        if path not in theirs:
+            rows.append((path, Row(me, kind_words(mine[path]), note="not in the reference")))
+            continue
+        if path not in mine:
+            rows.append((path, Row(me, "missing", note="missing here")))
+            continue
+        a, b = mine[path], theirs[path]
+        row = data.compare(me, a, b, exact=False, rtol=rtol, atol=atol, equal_nan=equal_nan)
+        guard = data.degenerate(a, b, guards)
+        if guard and not row.differs:
+            row.note = guard
+        rows.append((path, row))
+    return rows
+
+
 def assert_close_to_reference(
     dist_out: Any,
     ref_out: Any,
@@ -129,6 +180,7 @@ def assert_close_to_reference(
     equal_nan: bool = False,
     guards: Sequence[str] | str = DEFAULT_GUARDS,
     group: Any = None,
+    allow_empty: bool = False,
     name: str = "output",
 ) -> None:
     """Each rank's ``dist_out`` is close to ``ref_out`` (its part of :func:`reference`'s
@@ -137,34 +189,25 @@ def assert_close_to_reference(
     the default ``guards``, a leaf fails where both sides hold NaN (``nan``), are all zeros
     (``zeros``) or one value repeated (``constant``), however close they are.
 
-    Every rank of ``group`` calls it and gets the same verdict (one small ``all_gather``);
-    failures show a table of every rank against the reference.
+    Takes what :func:`assert_equal_across_ranks` takes. A rank whose ``dist_out`` and
+    ``ref_out`` both have no leaf fails ("compares nothing") unless ``allow_empty``. Every rank
+    of ``group`` calls it and gets the same verdict (one small ``all_gather``); failures show a
+    table of every rank against the reference.
     """
     __tracebackhide__ = True
     check = "assert_close_to_reference"
     chosen = data.check_guards(guards)
     across = Across(check, group)
     me = across.ranks[across.index]
-    mine = dict(data.flatten(dist_out))
-    theirs = dict(data.flatten(ref_out))
-    rows: list[tuple[str, Row]] = []
-    for path in [*mine, *(p for p in theirs if p not in mine)]:
-        if path not in theirs:
-            rows.append((path, Row(me, data.kind_words(mine[path]), note="not in the reference")))
-            continue
-        if path not in mine:
-            rows.append((path, Row(me, "missing", note="missing here")))
-            continue
-        a = data.normalize(path, mine[path], name)
-        b = data.normalize(path, theirs[path], name)
-        row = data.compare(me, a, b, exact=False, rtol=rtol, atol=atol, equal_nan=equal_nan)
-        guard = data.degenerate(a, b, chosen)
-        if guard and not row.differs:
-            row.note = guard
-        rows.append((path, row))
+    try:
+        rows = _rows(me, dist_out, ref_out, name, allow_empty, rtol, atol, equal_nan, chosen)
+    except Exception as exc:
+        if across.size == 1:
+            raise
+        across.fail_together(exc, 1)
     ok = not any(row.differs for _, row in rows)
     if across.size > 1:
-        ok = all(g[0] for g in across.gather_ints([int(ok)]))
+        ok = all(g[0] for g in across.agree([int(ok)]))
     if ok:
         return
     every = across.gather_objects(rows) if across.size > 1 else [rows]
@@ -176,7 +219,17 @@ def assert_close_to_reference(
     failing = sorted({row.rank for t in shown for row in t.rows if row.differs})
     guarded = all("(guard '" in row.note for t in shown for row in t.rows if row.differs)
     there = "the reference"
-    if guarded:
+    empty = all(row.note.startswith("compares nothing") for t in shown for row in t.rows)
+    if empty:
+        headline = (
+            f"{name} compares nothing on {ranks_words(failing)}: neither dist_out nor ref_out "
+            "holds a tensor or value (empty dicts, lists or modules), so any code would pass."
+        )
+        advice = (
+            "What to do: check that both values are built; pass allow_empty=True where an "
+            "empty value is what the test expects."
+        )
+    elif guarded:
         headline = (
             f"{name} matches the reference on {ranks_words(failing)} only vacuously: "
             + next(row.note for t in shown for row in t.rows if row.differs)

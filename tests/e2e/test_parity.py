@@ -15,7 +15,10 @@ import pytest
 from ..helpers import SharedSession
 from .test_faults import JUNIT, Session, Shared, line_of
 
-CASES = """import time
+CASES = """import dataclasses
+import time
+
+import numpy as np
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
+from pytest_distrank.rank import ownedgroups
 from pytest_distrank import (
     assert_close_across_ranks,
     assert_close_to_reference,
@@ -163,6 +167,101 @@ def test_vacuous_parity_caught_by_the_guard(rank):
     assert_close_to_reference(dead(x), reference(dead, x))
 
 
+@pytest.mark.world_size(2)
+def test_int_masks_differ(rank):  # hostile-4 D1: a linear checksum passed these
+    mask = torch.tensor([0, 1, 1, 0]) if rank == 0 else torch.tensor([1, 0, 0, 1])
+    assert_differs_across_ranks(mask, name="ids")
+    assert_equal_across_ranks(mask, name="mask")
+
+
+@dataclasses.dataclass
+class Step:
+    loss: torch.Tensor
+    step: int
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("what", ["numpy", "module", "dataclass"])
+def test_non_containers_differ(rank, what):  # hostile-4 D2: compared by repr, they passed
+    if what == "numpy":
+        arr = np.full(5000, 0.5)
+        arr[2500] += 6.5 * rank
+        assert_equal_across_ranks({"arr": arr}, name="state")
+    elif what == "module":
+        torch.manual_seed(rank)
+        assert_equal_across_ranks(torch.nn.Linear(4, 4), name="model")
+    else:
+        loss = torch.tensor(0.123456 + 1e-6 * rank)
+        assert_close_across_ranks(Step(loss, 3), name="step", rtol=0, atol=0)
+
+
+@pytest.mark.world_size(2)
+def test_a_generator_on_one_rank_fails_both(rank):  # D2 and D11: refused, no peer left waiting
+    torch.manual_seed(0)
+    params = torch.nn.Linear(2, 2).parameters()
+    assert_equal_across_ranks(params if rank == 1 else list(params), name="params")
+
+
+@pytest.mark.world_size(2)
+def test_conjugate_views(rank):  # hostile-4 D11: crashed on rank 0, rank 1 left in a broadcast
+    x = torch.tensor([1 + 2j, 3 - 1j])
+    v = x.conj() if rank == 0 else x.conj().resolve_conj()
+    assert_close_across_ranks(v, name="conjsame")
+    assert_equal_across_ranks(-v if rank else torch.neg(v).resolve_neg(), name="neg")
+
+
+@pytest.mark.world_size(2)
+def test_empty_compares_nothing(rank):  # hostile-4 D5
+    assert_equal_across_ranks({}, name="state", allow_empty=True)
+    assert_equal_across_ranks({"a": []}, name="state")
+
+
+@pytest.mark.world_size(2)
+def test_empty_against_the_reference(rank):
+    assert_close_to_reference({}, reference(lambda: {}))
+
+
+@pytest.mark.world_size(1)
+def test_one_rank_differs_is_refused(rank):
+    assert_differs_across_ranks(torch.zeros(3), name="one")
+
+
+@pytest.mark.world_size(1)
+def test_one_rank_equal_passes_and_says_so(rank):
+    assert_equal_across_ranks(torch.zeros(3), name="one")
+
+
+@pytest.mark.world_size(3)  # its pool's first check (no other test runs at world size 3)
+@pytest.mark.timeout(40)
+def test_rank_skips_the_check(rank):  # hostile-4 D14: the others waited for the deadline
+    if rank != 2:
+        assert_equal_across_ranks(torch.ones(2), name="w")
+
+
+@pytest.mark.world_size(4)
+@pytest.mark.timeout(40)
+def test_rank_skips_a_subgroup_check(rank):  # D14: a subgroup's twin is made by its first check
+    ownedgroups.MEET_WAIT = 2.0
+    sub = dist.new_group([0, 1, 2])
+    try:
+        if rank in (0, 2):
+            assert_equal_across_ranks(torch.ones(2), group=sub, name="w")
+    finally:
+        if rank != 3:
+            dist.destroy_process_group(sub)
+
+
+@pytest.mark.world_size(2)
+def test_nested_reference(rank):  # hostile-4 D19
+    def inner():
+        return torch.ones(2)
+
+    def outer():
+        return reference(inner) * 2
+
+    reference(outer)
+
+
 @pytest.mark.world_size(4)
 def test_healthy_after_the_checks(rank, pg):
     t = torch.ones(1)
@@ -196,7 +295,10 @@ def test_passing_checks_pass_and_leave_the_tests_groups_alone(parity: Shared) ->
         "test_healthy_after_the_checks",
     )
     assert parity.outcomes(*passing) == ["passed"] * 4
-    assert "leftovers:" not in parity.text  # the checks' own group is no leftover
+    leftovers = [line for line in parity.text.splitlines() if line.startswith("leftovers:")]
+    # the checks' own groups are no leftover (a reference() of FSDP2 leaves a gloo socket
+    # listening: the one-rank world's, another matter, named in the report of issue 37)
+    assert not [line for line in leftovers if "group" in line or "test_reference" not in line]
     assert parity.leftover == []
 
 
@@ -322,5 +424,134 @@ def test_a_vacuous_parity_is_caught_by_the_guard(parity: Shared) -> None:
             "*output matches the reference on ranks 0, 1 only vacuously: both sides are all "
             "zeros (guard 'zeros'). Such a pair would match whatever the code computes.",
             "*0     (4,) float32 * both sides are all zeros (guard 'zeros')",
+        ]
+    )
+
+
+def test_equality_is_exact_for_small_integers(parity: Shared) -> None:
+    """hostile-4 D1: [0, 1, 1, 0] and [1, 0, 0, 1] passed a linear checksum; differs failed."""
+    test = "test_int_masks_differ"
+    assert parity.outcome(test) == "failed"
+    section = parity.section(test)
+    section.fnmatch_lines(
+        [
+            "*assert_equal_across_ranks failed in test_cases.py::test_int_masks_differ: mask "
+            "differs between ranks: no two ranks agree.*",
+            "*mask differs on rank 1 at (0,): 1 there, 0 on rank 0",
+        ]
+    )
+    section.no_fnmatch_line("*assert_differs_across_ranks failed*")  # ids do differ
+
+
+@pytest.mark.parametrize(
+    ("case", "lines"),
+    [
+        ("numpy", ["*state[[]'arr'] differs on rank 1 at (2500,): 7 there, 0.5 on rank 0"]),
+        ("module", ["*model[[]'weight'] differs on rank 1 at (0, 0)*", "*model[[]'bias']:"]),
+        ("dataclass", ["*step.loss differs on rank 1 at (): 0.123457 there, 0.123456 on rank 0"]),
+    ],
+)
+def test_numpy_modules_and_dataclasses_are_compared_by_value(
+    parity: Shared, case: str, lines: list[str]
+) -> None:
+    """hostile-4 D2: compared by repr, a numpy array differing in its middle, a module of other
+    weights and a dataclass holding a tensor passed."""
+    test = f"test_non_containers_differ[{case}]"
+    assert parity.outcome(test) == "failed"
+    parity.section(test).fnmatch_lines(lines)
+
+
+def test_a_value_one_rank_cannot_compare_fails_every_rank_at_once(parity: Shared) -> None:
+    """hostile-4 D2 (generators refused) and D11's class: an error in one rank's part of a
+    check fails every rank in it, naming that rank, and leaves no peer in a collective."""
+    test = "test_a_generator_on_one_rank_fails_both"
+    assert parity.outcome(test) == "failed"
+    assert seconds(parity, test) < 10
+    parity.section(test).fnmatch_lines(
+        [
+            "  rank 0/2  failed in call: ParityUsageError: assert_equal_across_ranks failed in "
+            "test_cases.py::test_a_generator_on_one_rank_fails_both: rank 1 could not take part*",
+            "  rank 1/2  failed in call: ParityUsageError: params (generator) is an iterator: it "
+            "can be read once*",
+            "*pass a list (list(params)) or, for a model's parameters, "
+            "dict(model.named_parameters()) or model.state_dict().",
+        ]
+    )
+    assert "killed" not in "\n".join(parity.section(test).lines)
+
+
+def test_conjugate_and_negative_views_are_compared_by_value(parity: Shared) -> None:
+    """hostile-4 D11: a conjugate view crashed closeness on one rank."""
+    assert parity.outcome("test_conjugate_views") == "passed"
+
+
+def test_checks_that_compare_nothing_fail(parity: Shared) -> None:
+    """hostile-4 D5: an empty value, an empty reference, differs on one rank all passed."""
+    tests = ("test_empty_compares_nothing", "test_empty_against_the_reference")
+    assert parity.outcomes(*tests, "test_one_rank_differs_is_refused") == ["failed"] * 3
+    parity.section(tests[0]).fnmatch_lines(
+        [
+            "*assert_equal_across_ranks failed in test_cases.py::test_empty_compares_nothing: "
+            "state compares nothing: it holds no tensor or value on any rank*allow_empty=True*"
+        ]
+    )
+    parity.section(tests[1]).fnmatch_lines(
+        ["*output compares nothing on ranks 0, 1: neither dist_out nor ref_out holds*"]
+    )
+    parity.section("test_one_rank_differs_is_refused").fnmatch_lines(
+        [
+            "*ParityUsageError: assert_differs_across_ranks in test_cases.py::"
+            "test_one_rank_differs_is_refused on a one-rank group (rank 0): one rank cannot "
+            "show that ranks differ.*"
+        ]
+    )
+
+
+def test_equality_on_one_rank_passes_with_a_warning(parity: Shared) -> None:
+    assert parity.outcome("test_one_rank_equal_passes_and_says_so") == "passed"
+    parity.result.stdout.fnmatch_lines(
+        [
+            "*UserWarning: [[]rank 0/1[]] assert_equal_across_ranks in test_cases.py::"
+            "test_one_rank_equal_passes_and_says_so ran on a one-rank group (rank 0): there is "
+            "no other rank to compare one with, so it compared nothing and passed.*"
+        ]
+    )
+
+
+def test_a_rank_that_skips_the_pools_first_check_is_named_at_once(parity: Shared) -> None:
+    """hostile-4 D14: the twin was made by the first check, in a rendezvous no verdict sees:
+    the others waited for the deadline (40 s) and the blame went to a rank that called it."""
+    test = "test_rank_skips_the_check"
+    assert parity.outcome(test) == "failed"
+    assert seconds(parity, test) < 20
+    parity.section(test).fnmatch_lines(
+        ["distrank: * root cause: rank 2/3 never entered a check across ranks*"]
+    )
+
+
+def test_a_rank_that_skips_a_subgroup_check_is_named(parity: Shared) -> None:
+    """hostile-4 D14: a subgroup's twin is made by its first check; its members meet on the
+    store first, and one that does not come is named (here after 2 s)."""
+    test = "test_rank_skips_a_subgroup_check"
+    assert parity.outcome(test) == "failed"
+    assert seconds(parity, test) < 20
+    parity.section(test).fnmatch_lines(
+        [
+            "  rank 0/4  failed in call: TwinMeetingError: assert_equal_across_ranks on the "
+            "group of ranks 0, 1, 2 in test_cases.py::test_rank_skips_a_subgroup_check: rank 1 "
+            "did not call assert_equal_across_ranks within 2 s; ranks 0, 2 did.*",
+            "  rank 1/4  passed",
+        ]
+    )
+
+
+def test_a_nested_reference_is_refused(parity: Shared) -> None:
+    """hostile-4 D19: a torch error ('A process group is already registered')."""
+    test = "test_nested_reference"
+    assert parity.outcome(test) == "failed"
+    parity.section(test).fnmatch_lines(
+        [
+            "*ParityUsageError: reference(inner) inside reference(outer) in test_cases.py::"
+            "test_nested_reference: the outer function already runs at world size 1*"
         ]
     )

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from pytest_distrank.rank import paritydata as data
+from pytest_distrank.rank import parityequal, parityleaves
 from pytest_distrank.rank.paritytable import (
     LeafTable,
     Row,
@@ -21,7 +22,7 @@ from pytest_distrank.rank.paritytable import (
 
 
 def leaves(value: object) -> list[tuple[str, object]]:
-    return [(p, data.normalize(p, v, "x")) for p, v in data.flatten(value)]
+    return parityleaves.leaves(value, "x")
 
 
 def test_values_flatten_by_key_and_position_and_numbers_become_tensors() -> None:
@@ -29,7 +30,7 @@ def test_values_flatten_by_key_and_position_and_numbers_become_tensors() -> None
     assert [p for p, _ in got] == ["['w'][0]", "['w'][1]", "['s']", "['f']"]
     assert isinstance(got[1][1], torch.Tensor) and isinstance(got[3][1], torch.Tensor)
     assert got[1][1].dtype == torch.int64 and got[3][1].dtype == torch.float64
-    assert got[2][1] == "a"
+    assert got[2][1] == parityleaves.Plain("str", "'a'")
 
 
 @pytest.mark.parametrize(
@@ -47,20 +48,21 @@ def test_values_flatten_by_key_and_position_and_numbers_become_tensors() -> None
 def test_the_checksum_follows_torch_equal(
     a: torch.Tensor, b: torch.Tensor, equal_nan: bool, same: bool
 ) -> None:
-    assert (data.digest(leaves(a), equal_nan)[0] == data.digest(leaves(b), equal_nan)[0]) is same
+    key_a, key_b = (parityequal.digest(leaves(x), equal_nan)[0] for x in (a, b))
+    assert (key_a == key_b) is same
 
 
 def test_nan_is_flagged_unless_equal_nan() -> None:
     x = leaves(torch.tensor([1.0, float("nan")]))
-    assert data.digest(x, equal_nan=False)[1] is True
-    assert data.digest(x, equal_nan=True)[1] is False
+    assert parityequal.digest(x, equal_nan=False)[1] is True
+    assert parityequal.digest(x, equal_nan=True)[1] is False
 
 
 def test_one_changed_element_of_a_large_tensor_changes_the_checksum() -> None:
     a = torch.randn(1 << 18)
     b = a.clone()
     b[123_456] = torch.nextafter(b[123_456], torch.tensor(float("inf")))
-    assert data.digest(leaves(a), False)[0] != data.digest(leaves(b), False)[0]
+    assert parityequal.digest(leaves(a), False)[0] != parityequal.digest(leaves(b), False)[0]
 
 
 def test_pack_and_unpack_round_trip_any_dtype() -> None:
@@ -80,7 +82,8 @@ def test_a_row_names_the_first_element_out_of_tolerance() -> None:
     assert row.max_abs == 0.5 and row.max_rel == pytest.approx(0.125) and row.differs
     assert data.compare(0, mine, mine.clone(), exact=True).note == "agrees"
     assert data.compare(0, mine, mine[0], exact=True).note == "shape differs"
-    assert data.compare(0, "a", "b", exact=True).note == "differs"
+    a, b = parityleaves.Plain("str", "'a'"), parityleaves.Plain("str", "'b'")
+    assert data.compare(0, a, b, exact=True).note == "differs"
 
 
 def test_default_tolerances_are_torch_testings_and_exact_for_integers() -> None:
@@ -145,6 +148,6 @@ def test_a_sharded_dtensor_is_refused_with_what_to_compare() -> None:
 
     t = torch.ones(2).as_subclass(FakeDTensor)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(data, "dtensor_type", lambda: FakeDTensor)
+        mp.setattr(parityleaves, "dtensor_type", lambda: FakeDTensor)
         with pytest.raises(data.ParityUsageError, match=r"x\.full_tensor\(\)"):
-            data.normalize("", t, "x")
+            parityleaves.normalize("", t, "x")
