@@ -281,6 +281,14 @@ def parity(shared_session: SharedSession) -> Shared:
     return PARITY.run(shared_session)
 
 
+def failed_with(shared: Shared, test: str, *lines: str) -> pytest.LineMatcher:
+    """``test`` failed, and its report shows ``lines`` (fnmatch patterns, in order)."""
+    assert shared.outcome(test) == "failed"
+    section = shared.section(test)
+    section.fnmatch_lines(list(lines))
+    return section
+
+
 def seconds(shared: Shared, test: str) -> float:
     """The junit time of ``test`` (the controller's wall time for it)."""
     root = ET.parse(shared.folder / JUNIT).getroot()
@@ -430,15 +438,12 @@ def test_a_vacuous_parity_is_caught_by_the_guard(parity: Shared) -> None:
 
 def test_equality_is_exact_for_small_integers(parity: Shared) -> None:
     """hostile-4 D1: [0, 1, 1, 0] and [1, 0, 0, 1] passed a linear checksum; differs failed."""
-    test = "test_int_masks_differ"
-    assert parity.outcome(test) == "failed"
-    section = parity.section(test)
-    section.fnmatch_lines(
-        [
-            "*assert_equal_across_ranks failed in test_cases.py::test_int_masks_differ: mask "
-            "differs between ranks: no two ranks agree.*",
-            "*mask differs on rank 1 at (0,): 1 there, 0 on rank 0",
-        ]
+    section = failed_with(
+        parity,
+        "test_int_masks_differ",
+        "*assert_equal_across_ranks failed in test_cases.py::test_int_masks_differ: mask "
+        "differs between ranks: no two ranks agree.*",
+        "*mask differs on rank 1 at (0,): 1 there, 0 on rank 0",
     )
     section.no_fnmatch_line("*assert_differs_across_ranks failed*")  # ids do differ
 
@@ -456,27 +461,24 @@ def test_numpy_modules_and_dataclasses_are_compared_by_value(
 ) -> None:
     """hostile-4 D2: compared by repr, a numpy array differing in its middle, a module of other
     weights and a dataclass holding a tensor passed."""
-    test = f"test_non_containers_differ[{case}]"
-    assert parity.outcome(test) == "failed"
-    parity.section(test).fnmatch_lines(lines)
+    failed_with(parity, f"test_non_containers_differ[{case}]", *lines)
 
 
 def test_a_value_one_rank_cannot_compare_fails_every_rank_at_once(parity: Shared) -> None:
     """hostile-4 D2 (generators refused) and D11's class: an error in one rank's part of a
     check fails every rank in it, naming that rank, and leaves no peer in a collective."""
     test = "test_a_generator_on_one_rank_fails_both"
-    assert parity.outcome(test) == "failed"
-    assert seconds(parity, test) < 10
-    parity.section(test).fnmatch_lines(
-        [
-            "  rank 0/2  failed in call: ParityUsageError: assert_equal_across_ranks failed in "
-            "test_cases.py::test_a_generator_on_one_rank_fails_both: rank 1 could not take part*",
-            "  rank 1/2  failed in call: ParityUsageError: params (generator) is an iterator: it "
-            "can be read once*",
-            "*pass a list (list(params)) or, for a model's parameters, "
-            "dict(model.named_parameters()) or model.state_dict().",
-        ]
+    failed_with(
+        parity,
+        test,
+        "  rank 0/2  failed in call: ParityUsageError: assert_equal_across_ranks failed in "
+        "test_cases.py::test_a_generator_on_one_rank_fails_both: rank 1 could not take part*",
+        "  rank 1/2  failed in call: ParityUsageError: params (generator) is an iterator: it "
+        "can be read once*",
+        "*pass a list (list(params)) or, for a model's parameters, "
+        "dict(model.named_parameters()) or model.state_dict().",
     )
+    assert seconds(parity, test) < 10
     assert "killed" not in "\n".join(parity.section(test).lines)
 
 
@@ -487,23 +489,23 @@ def test_conjugate_and_negative_views_are_compared_by_value(parity: Shared) -> N
 
 def test_checks_that_compare_nothing_fail(parity: Shared) -> None:
     """hostile-4 D5: an empty value, an empty reference, differs on one rank all passed."""
-    tests = ("test_empty_compares_nothing", "test_empty_against_the_reference")
-    assert parity.outcomes(*tests, "test_one_rank_differs_is_refused") == ["failed"] * 3
-    parity.section(tests[0]).fnmatch_lines(
-        [
-            "*assert_equal_across_ranks failed in test_cases.py::test_empty_compares_nothing: "
-            "state compares nothing: it holds no tensor or value on any rank*allow_empty=True*"
-        ]
+    failed_with(
+        parity,
+        "test_empty_compares_nothing",
+        "*assert_equal_across_ranks failed in test_cases.py::test_empty_compares_nothing: "
+        "state compares nothing: it holds no tensor or value on any rank*allow_empty=True*",
     )
-    parity.section(tests[1]).fnmatch_lines(
-        ["*output compares nothing on ranks 0, 1: neither dist_out nor ref_out holds*"]
+    failed_with(
+        parity,
+        "test_empty_against_the_reference",
+        "*output compares nothing on ranks 0, 1: neither dist_out nor ref_out holds*",
     )
-    parity.section("test_one_rank_differs_is_refused").fnmatch_lines(
-        [
-            "*ParityUsageError: assert_differs_across_ranks in test_cases.py::"
-            "test_one_rank_differs_is_refused on a one-rank group (rank 0): one rank cannot "
-            "show that ranks differ.*"
-        ]
+    failed_with(
+        parity,
+        "test_one_rank_differs_is_refused",
+        "*ParityUsageError: assert_differs_across_ranks in test_cases.py::"
+        "test_one_rank_differs_is_refused on a one-rank group (rank 0): one rank cannot "
+        "show that ranks differ.*",
     )
 
 
@@ -522,36 +524,33 @@ def test_a_rank_that_skips_the_pools_first_check_is_named_at_once(parity: Shared
     """hostile-4 D14: the twin was made by the first check, in a rendezvous no verdict sees:
     the others waited for the deadline (40 s) and the blame went to a rank that called it."""
     test = "test_rank_skips_the_check"
-    assert parity.outcome(test) == "failed"
-    assert seconds(parity, test) < 20
-    parity.section(test).fnmatch_lines(
-        ["distrank: * root cause: rank 2/3 never entered a check across ranks*"]
+    failed_with(
+        parity, test, "distrank: * root cause: rank 2/3 never entered a check across ranks*"
     )
+    assert seconds(parity, test) < 20
 
 
 def test_a_rank_that_skips_a_subgroup_check_is_named(parity: Shared) -> None:
     """hostile-4 D14: a subgroup's twin is made by its first check; its members meet on the
     store first, and one that does not come is named (here after 2 s)."""
     test = "test_rank_skips_a_subgroup_check"
-    assert parity.outcome(test) == "failed"
-    assert seconds(parity, test) < 20
-    parity.section(test).fnmatch_lines(
-        [
-            "  rank 0/4  failed in call: TwinMeetingError: assert_equal_across_ranks on the "
-            "group of ranks 0, 1, 2 in test_cases.py::test_rank_skips_a_subgroup_check: rank 1 "
-            "did not call assert_equal_across_ranks within 2 s; ranks 0, 2 did.*",
-            "  rank 1/4  passed",
-        ]
+    failed_with(
+        parity,
+        test,
+        "  rank 0/4  failed in call: TwinMeetingError: assert_equal_across_ranks on the "
+        "group of ranks 0, 1, 2 in test_cases.py::test_rank_skips_a_subgroup_check: rank 1 "
+        "did not call assert_equal_across_ranks within 2 s; ranks 0, 2 did.*",
+        "  rank 1/4  passed",
     )
+    assert seconds(parity, test) < 20
 
 
 def test_a_nested_reference_is_refused(parity: Shared) -> None:
     """hostile-4 D19: a torch error ('A process group is already registered')."""
     test = "test_nested_reference"
-    assert parity.outcome(test) == "failed"
-    parity.section(test).fnmatch_lines(
-        [
-            "*ParityUsageError: reference(inner) inside reference(outer) in test_cases.py::"
-            "test_nested_reference: the outer function already runs at world size 1*"
-        ]
+    failed_with(
+        parity,
+        test,
+        "*ParityUsageError: reference(inner) inside reference(outer) in test_cases.py::"
+        "test_nested_reference: the outer function already runs at world size 1*",
     )
