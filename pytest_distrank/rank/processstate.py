@@ -32,6 +32,8 @@ TORCH_LOGGER = "torch"
 #: A logger's state in a fresh process: level NOTSET, no handlers, propagating, enabled.
 FRESH_LOGGER = (logging.NOTSET, (), True, False)
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+#: In the command line of inductor's compile workers (``torch/_inductor/compile_worker``).
+TORCH_WORKERS = "_inductor/compile_worker"
 
 
 def path_state() -> dict[str, Any]:
@@ -101,7 +103,8 @@ def children_state() -> dict[str, Any]:
     Read from ``/proc/self/task/*/children`` (a rank is a child subreaper: orphans of its
     children are re-parented to it and listed there too). A fork of this process that
     multiprocessing does not manage is left out: it runs the rank's own code, and the fork
-    check (:func:`hygiene.stray_forks`) reports it."""
+    check (:func:`hygiene.stray_forks`) reports it; so is torch.compile's pool of compile
+    workers (inductor's, started on the first compile, living as long as the process)."""
     found: dict[str, Any] = {}
     try:
         tasks = os.listdir("/proc/self/task")
@@ -116,7 +119,9 @@ def children_state() -> dict[str, Any]:
             continue
         for pid in pids:
             command = _command(pid)
-            if command is not None and (command != own or _managed(int(pid))):
+            if command is None or TORCH_WORKERS in command:
+                continue
+            if command != own or _managed(int(pid)):
                 found[pid] = command
     return found
 

@@ -195,3 +195,26 @@ def test_the_fail_policy_fails_for_what_is_only_named_too() -> None:
     finally:
         os.umask(old)
     assert check.finish() == (("umask 0o077 (not restored)",), "")
+
+
+def test_children_are_read_without_torchs_compile_workers() -> None:
+    """A child the test started is seen; inductor's compile-worker pool (the process's own,
+    started on the first compile) is not."""
+    import subprocess
+    import sys
+    import time
+
+    worker = [sys.executable, "-c", "import time; time.sleep(30)", "torch/_inductor/compile_worker"]
+    started = [subprocess.Popen(worker), subprocess.Popen(["sleep", "30"])]
+    try:
+        deadline = time.monotonic() + 10
+        while str(started[1].pid) not in processstate.children_state():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        children = processstate.children_state()
+        assert children[str(started[1].pid)] == "sleep 30"
+        assert str(started[0].pid) not in children
+    finally:
+        for child in started:
+            child.kill()
+            child.wait()
