@@ -86,7 +86,7 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
     elif isinstance(value, Mapping):
-        items = [(f"[{key!r}]", item) for key, item in value.items()]
+        items = [(f"[{_key(what, path, key)!r}]", item) for key, item in value.items()]
         names = sorted(name for name, _ in items)
         twice = next((n for n, m in itertools.pairwise(names) if n == m), None)
         if twice is not None:
@@ -104,6 +104,21 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
     for name, item in items:
         out += flatten(item, what, path + name, above)
     return out
+
+
+def _key(what: str, path: str, key: Any) -> Any:
+    """A mapping's key, if its repr is exact (it names the leaf's path, compared across ranks):
+    str, bytes, numbers, None, enums, and tuples of them."""
+    exact = (str, bytes, int, float, complex, enum.Enum, type(None))
+    if isinstance(key, exact) or (
+        isinstance(key, tuple) and all(isinstance(k, exact) for k in key)
+    ):
+        return key
+    raise ParityUsageError(
+        f"{what}{path} has a key of type {type(key).__qualname__} ({key!r}): keys are compared "
+        "by their repr, which is exact only for str, bytes, numbers, None, enums and tuples of "
+        "them. Use such keys (e.g. str(key), or key.item() for a tensor)."
+    )
 
 
 def _numpy_value(value: Any) -> bool:
@@ -207,6 +222,11 @@ def _from_numpy(path: str, leaf: Any, what: str) -> Any:
     import numpy
     import torch
 
+    if isinstance(leaf, numpy.ma.MaskedArray):
+        raise ParityUsageError(
+            f"{what}{path} is a numpy masked array: its mask would not be compared. Compare "
+            f"{{'data': {what}{path}.filled(0), 'mask': numpy.ma.getmaskarray({what}{path})}}."
+        )
     array = numpy.asarray(leaf)
     dtype = array.dtype
     if dtype.kind not in NUMPY_KINDS or dtype.names is not None or dtype.itemsize > 16:

@@ -151,3 +151,24 @@ def test_a_sharded_dtensor_is_refused_with_what_to_compare() -> None:
         mp.setattr(parityleaves, "dtensor_type", lambda: FakeDTensor)
         with pytest.raises(data.ParityUsageError, match=r"x\.full_tensor\(\)"):
             parityleaves.normalize("", t, "x")
+
+
+def test_keys_without_an_exact_repr_are_refused() -> None:
+    """Keys name the leaves' paths: two tensor keys print alike (tensor(1.)) though they differ."""
+    with pytest.raises(
+        data.ParityUsageError, match=r"x has a key of type Tensor \(tensor\(1\.\)\)"
+    ):
+        leaves({torch.tensor(1.0): torch.ones(1)})
+    assert [p for p, _ in leaves({("a", 1): 1, None: 2, 1.5: 3})] == [
+        "[('a', 1)]",
+        "[None]",
+        "[1.5]",
+    ]
+
+
+def test_a_masked_numpy_array_is_refused() -> None:
+    """numpy.asarray drops the mask: compared as an array, two masks would agree."""
+    import numpy as np
+
+    with pytest.raises(data.ParityUsageError, match=r"x\['m'\] is a numpy masked array"):
+        leaves({"m": np.ma.masked_array([1.0, 2.0], mask=[False, True])})
