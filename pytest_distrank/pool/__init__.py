@@ -12,7 +12,8 @@ The processes of pool mode and the modules that run in each:
   ``simreport`` (a simulated test's reports), ``plan`` (what each test needs before anything
   runs), ``crossize`` (fixtures at another world size), ``deadlock`` (a proven deadlock ends
   early), ``interrupts`` (signals, ``--session-timeout``), ``exits`` (expected deaths, injected
-  faults), ``replay`` and ``repro`` (order-dependent failures; the rerun command), ``reruns``
+  faults), ``replay`` and ``repro`` (order-dependent failures; the rerun command), ``freshretry`` (a
+  harness test that failed in a warm pool runs again on fresh ranks), ``reruns``
   (pytest-rerunfailures, all ranks as one), ``cmdline`` (a rank's pytest command line and
   coverage settings), ``gpus``, ``lockfolder`` and ``gpumemory`` (GPU leases), ``debugrelay``
   (the terminal lent to a rank's debugger) and ``terminal`` (header and summary lines).

@@ -39,6 +39,7 @@ from . import reruns, simreport
 from .attempt import TestRun
 from .crossize import CrossSize
 from .debugrelay import DebugTerminal
+from .freshretry import SECTION, FreshRetry
 from .gpus import GpuUnavailable
 from .interrupts import session_capped, take_signals, with_teardown
 from .ownreports import (
@@ -113,6 +114,8 @@ class Controller:
         self._undo_rewrites: Callable[[], None] | None = None
         #: Failures after earlier tests of their pool, replayed after the session (replay.py).
         self.replays = Replays(config, settings.replay, settings.replay_budget)
+        #: Harness tests that failed in a warm pool, run again on fresh ranks (freshretry.py).
+        self.fresh = FreshRetry(settings.replay_budget)
         config.pluginmanager.register(self.replays, "distrank-replays")
         #: Fixtures at another world size: each runs once, on its own pool (crossize.py).
         self.crossize = CrossSize(
@@ -259,6 +262,8 @@ class Controller:
             started, cpu = time.monotonic(), time.process_time()
             keep_pool = policy is not None and policy.may_rerun
             reports = self._execute(item, nextitem, entry, keep_pool=keep_pool)
+            if policy is None:
+                reports = self._fresh_retry(item, nextitem, entry, reports, started)
             self.stats.tests += first
             self.stats.test_seconds.append(time.monotonic() - started)
             rerun = False
@@ -282,6 +287,40 @@ class Controller:
             first = False
         self.replays.judge(item, reports, self.stats.test_seconds[-1])
         return True
+
+    def _fresh_retry(
+        self,
+        item: pytest.Item,
+        nextitem: pytest.Item | None,
+        entry: Planned,
+        reports: list[TestReport],
+        started: float,
+    ) -> list[TestReport]:
+        """A harness test that failed after other tests of its warm pool runs again at once on
+        fresh ranks, as its harness would run it (freshretry.py); else ``reports``."""
+        last = self.replays.last
+        if last is None or last[0] != item.nodeid:
+            return reports
+        _, key, before = last
+        why = self.fresh.wanted(item, reports, before, time.monotonic() - started)
+        if why is None:
+            return reports
+        if why:
+            for report in reports:
+                if report.failed:
+                    report.sections.append((SECTION, why))
+            return reports
+        earlier = self.replays.history[key][1][:before]
+        after = f"{before} earlier test{'s' if before > 1 else ''} (the last: {earlier[-1].name})"
+        self.isolated += 1
+        began = time.monotonic()
+        fresh = self._execute(item, nextitem, self.fresh.fresh_entry(entry, self.isolated), False)
+        fresh, moved = self.fresh.settle(item, reports, fresh, after, time.monotonic() - began)
+        if moved and self.plan is not None:
+            self.pools.notes.append(moved)
+            items = item.session.items
+            self.fresh.move(items, self.plan, items.index(item) + 1 if item in items else 0)
+        return fresh
 
     @pytest.hookimpl(wrapper=True)
     def pytest_distrank_merge_reports(

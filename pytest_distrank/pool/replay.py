@@ -116,6 +116,7 @@ class Replays:
                 f"of earlier tests ({REPLAY.flag}=off to skip)"
             )
         budget = Budget(self.budget)
+        budget.started -= controller.fresh.spent  # the harness tests' fresh retries' share
         pools = controller.pools
         # Replay pools are not the session's: their starts stay out of its numbers.
         saved, pools.stats = pools.stats, Stats()

@@ -398,6 +398,35 @@ import pytest
 def test_plugin_test_still_captures(rank):
     logging.getLogger("some.library").warning("MARK-plugin-record")
 """,
+    # A warm pool never changes a harness test's outcome: state a test left in the module (its
+    # harness's child would import it afresh) fails the next in a warm rank; it runs again on
+    # fresh ranks at once, and its class stays on fresh ranks (pool/freshretry.py).
+    "polluted": PLAIN
+    + """
+SEEN = []
+
+
+class TestPolluted(Base):
+    def test_a_pollutes(self):
+        note(self)
+        SEEN.append(self.rank)
+
+    def test_b_fails_after_it(self):
+        note(self)
+        self.assertEqual(SEEN, [], "state of an earlier test")
+
+    def test_c_fresh_from_here_on(self):
+        note(self)
+        self.assertEqual(SEEN, [])
+
+
+class TestOwnFailure(Base):
+    def test_a_runs(self):
+        pass
+
+    def test_b_fails_anyway(self):
+        self.assertEqual(self.rank, 5, "fails in any process")
+""",
     # As PyTorch's DistributedTest suite (TestDistBackend.setUp): the parent's setUp makes a
     # folder, hands it to its children in the environment, and its tearDown removes it; the
     # children meet at a file barrier there, and the harness sets a fresh port per test.
@@ -557,10 +586,12 @@ def test_the_summary_counts_distributed_tests_and_pools(suites: pytest.RunResult
     """Every test method taken over is a distributed test (not ``TestOwn``'s, nor one that a
     unittest decorator skips before any process); pools: the warm one, a new one after each fault
     (two failures in continuous classes, a thread left running, ``TestAbort``'s expected abort;
-    a variable left set is restored), one per test of ``TestFresh`` and of ``TestRpcLike``, and
-    one for the plugin test beside the harness classes (its group is initialised); none for the
+    a variable left set is restored), one per test of ``TestFresh`` and of ``TestRpcLike``, one
+    for the plugin test beside the harness classes (its group is initialised), and one for each
+    ``MultiProcessTestCase`` test that failed after others in a warm pool (run again on fresh
+    ranks: six of them, and ``TestPolluted``'s last test on fresh ranks after that); none for the
     tests skipped by marker (at world size 3)."""
-    suites.stdout.fnmatch_lines(["40 distributed tests; pools started: 10 at world size 2"])
+    suites.stdout.fnmatch_lines(["45 distributed tests; pools started: 17 at world size 2"])
 
 
 def test_an_error_on_one_rank_shows_its_traceback(suites: pytest.RunResult) -> None:
@@ -749,6 +780,38 @@ def test_a_harness_test_sees_no_handler_of_pytest_or_the_plugin(suites: pytest.R
             "*MARK-plugin-record*",
         ]
     )
+
+
+def test_a_harness_test_that_fails_in_a_warm_pool_gets_its_fresh_outcome(
+    suites: pytest.RunResult,
+) -> None:
+    """Its harness gives every test new processes: a failure in a warm pool after other tests
+    runs again at once on fresh ranks; the fresh outcome stands, the warm failure stays in the
+    report, the class moves to fresh ranks; a failure on fresh ranks too stands as it is."""
+    suites.stdout.fnmatch_lines_random(
+        [
+            "test_polluted.py::TestPolluted::test_a_pollutes PASSED*",
+            "test_polluted.py::TestPolluted::test_b_fails_after_it PASSED*",
+            "test_polluted.py::TestPolluted::test_c_fresh_from_here_on PASSED*",
+            "test_polluted.py::TestOwnFailure::test_b_fails_anyway FAILED*",
+            "TestPolluted: its tests run on fresh ranks from here on: test_b_fails_after_it "
+            "failed in a warm pool after * earlier tests (the last: test_a_pollutes) "
+            "([[]all 2 ranks[]] AssertionError: *) and passed on fresh ranks",
+        ]
+    )
+    section = failure_section(suites.stdout.lines, "TestOwnFailure.test_b_fails_anyway")
+    section.fnmatch_lines(
+        [
+            "*distrank: the warm pool's failure (then run again on fresh ranks)*",
+            "test_b_fails_anyway failed in the warm pool (*AssertionError: Scalars*) and on fresh "
+            "ranks too: the failure is the test's own under its harness's conditions*",
+        ]
+    )
+    a, b, c = (
+        _pools(f"TestPolluted.{n}")
+        for n in ("test_a_pollutes", "test_b_fails_after_it", "test_c_fresh_from_here_on")
+    )
+    assert a != b != c and a != c, (a, b, c)  # b's note is its fresh run's; c a pool of its own
 
 
 def test_the_parents_setup_runs_once_its_environment_reaches_every_rank(
