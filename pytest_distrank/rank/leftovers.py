@@ -205,8 +205,11 @@ class LeftoverCheck:
         """Whether new sockets can be told to be the test's: not when the plugin made groups of
         its own during the test (a check's first twin, the mesh fixture's first mesh: each gloo
         group listens), nor when the test failed (pytest keeps its frames, and the groups in
-        them, alive in ``sys.last_value``)."""
+        them, alive in ``sys.last_value``), nor when a harness class's group lives on after its
+        test (a ``MultiProcContinuousTest`` class's, made by its first test: the class's)."""
         failed = getattr(sys, "last_value", None) is not self.start_failure
+        if self.harness and live_groups():
+            return False
         return not failed and owned_groups() == self.start_owned
 
     def finish(self) -> tuple[tuple[str, ...], str]:

@@ -766,6 +766,8 @@ def test_a_harness_test_sees_its_childs_environment_not_the_pools(
         ]
     )
     assert "SET_BY_THE_CHILD" not in suites.stdout.str()  # never named a leftover
+    # The continuous class's group (made by its first test) is the class's: its sockets too.
+    assert "TestContinuousEnv::test_a_worker left" not in suites.stdout.str()
 
 
 def test_a_harness_test_sees_no_handler_of_pytest_or_the_plugin(suites: pytest.RunResult) -> None:
