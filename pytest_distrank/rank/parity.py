@@ -29,7 +29,15 @@ from typing import Any, NoReturn
 from . import paritydata as data
 from . import parityequal
 from .ownedgroups import twin
-from .parityleaves import ParityUsageError, comparable, header, in_order, kind_words, leaves
+from .parityleaves import (
+    MARKS,
+    ParityUsageError,
+    comparable,
+    header,
+    in_order,
+    kind_words,
+    leaves,
+)
 from .paritytable import (
     LeafTable,
     Row,
@@ -403,7 +411,9 @@ def assert_differs_across_ranks(
     groups = [[across.ranks[p] for p in g] for g in agreement(keys)]
     if (all(len(g) == 1 for g in groups)) if pairwise else len(groups) > 1:
         return
-    kinds = across.gather_objects(", ".join(kind_words(v) for _, v in found) or "empty")
+    kinds = across.gather_objects(
+        ", ".join(kind_words(v) for _, v in found if v not in MARKS) or "empty"
+    )
     rows = []
     for pos, rank in enumerate(across.ranks):
         same = next(g for g in groups if rank in g)

@@ -5,7 +5,8 @@ torch is imported only when a function is called; numpy only where the test impo
 rules (docs/parity.md, "What each check compares"):
 
 - Containers are walked: mappings by key (the key order is not compared), lists and tuples
-  by position (a list equals a tuple with the same items), dataclass instances by field
+  by position (a list equals a tuple with the same items, never a mapping: a non-empty mapping
+  leaves a mark, :data:`MAPPING`), dataclass instances by field
   (``.loss``), an ``nn.Module`` by its ``state_dict()``. An empty container is a leaf of kind
   ``empty``: ``{"a": []}`` differs from ``{}``.
 - Leaves: tensors (detached; conjugate and negative bits resolved; sparse made dense; a
@@ -59,6 +60,11 @@ class Plain:
 
 #: The leaf an empty container (``[]``, ``()``, ``{}``, a module without state) leaves.
 EMPTY = Plain("empty", "")
+#: The leaf a non-empty mapping leaves beside its items, at ``<path> (a mapping)``: a list and a
+#: mapping with int keys would otherwise leave the same paths (``[0]``).
+MAPPING = Plain("mapping", "")
+#: What marks a container's shape, not a value: a check of only these compares nothing.
+MARKS = (EMPTY, MAPPING)
 
 
 def leaves(value: Any, what: str) -> Leaves:
@@ -68,8 +74,8 @@ def leaves(value: Any, what: str) -> Leaves:
 
 
 def comparable(found: Sequence[tuple[str, Any]]) -> bool:
-    """Whether any leaf holds something to compare (not only empty containers)."""
-    return any(leaf != EMPTY for _, leaf in found)
+    """Whether any leaf holds something to compare (not only containers' marks)."""
+    return any(leaf not in MARKS for _, leaf in found)
 
 
 def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, ...] = ()) -> Leaves:
@@ -100,7 +106,7 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
         raise ParityUsageError(_refusal(what, path, value))
     if not items:
         return [(path, EMPTY)]
-    out: Leaves = []
+    out: Leaves = [(f"{path} (a mapping)", MAPPING)] if isinstance(value, Mapping) else []
     for name, item in items:
         out += flatten(item, what, path + name, above)
     return out
@@ -156,7 +162,7 @@ def normalize(path: str, leaf: Any, what: str) -> Any:
     views made plain tensors) or a :class:`Plain`."""
     import torch
 
-    if leaf is EMPTY:
+    if isinstance(leaf, Plain):
         return leaf
     if _numpy_value(leaf):
         return _from_numpy(path, leaf, what)

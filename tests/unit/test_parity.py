@@ -27,10 +27,11 @@ def leaves(value: object) -> list[tuple[str, object]]:
 
 def test_values_flatten_by_key_and_position_and_numbers_become_tensors() -> None:
     got = leaves({"w": [torch.ones(2), 3], "s": "a", "f": 1.5})
-    assert [p for p, _ in got] == ["['w'][0]", "['w'][1]", "['s']", "['f']"]
-    assert isinstance(got[1][1], torch.Tensor) and isinstance(got[3][1], torch.Tensor)
-    assert got[1][1].dtype == torch.int64 and got[3][1].dtype == torch.float64
-    assert got[2][1] == parityleaves.Plain("str", "'a'")
+    assert [p for p, _ in got] == [" (a mapping)", "['w'][0]", "['w'][1]", "['s']", "['f']"]
+    assert got[0][1] == parityleaves.MAPPING  # a list with the same paths differs from it
+    assert isinstance(got[2][1], torch.Tensor) and isinstance(got[4][1], torch.Tensor)
+    assert got[2][1].dtype == torch.int64 and got[4][1].dtype == torch.float64
+    assert got[3][1] == parityleaves.Plain("str", "'a'")
 
 
 @pytest.mark.parametrize(
@@ -159,11 +160,13 @@ def test_keys_without_an_exact_repr_are_refused() -> None:
         data.ParityUsageError, match=r"x has a key of type Tensor \(tensor\(1\.\)\)"
     ):
         leaves({torch.tensor(1.0): torch.ones(1)})
-    assert [p for p, _ in leaves({("a", 1): 1, None: 2, 1.5: 3})] == [
-        "[('a', 1)]",
-        "[None]",
-        "[1.5]",
-    ]
+    paths = [p for p, _ in leaves({("a", 1): 1, None: 2, 1.5: 3})]
+    assert paths == [" (a mapping)", "[('a', 1)]", "[None]", "[1.5]"]
+
+
+def test_a_list_differs_from_a_mapping_with_the_same_paths() -> None:
+    assert not parityequal.equal(leaves([5]), leaves({0: 5}), False)
+    assert parityequal.equal(leaves([5]), leaves((5,)), False)
 
 
 def test_a_masked_numpy_array_is_refused() -> None:

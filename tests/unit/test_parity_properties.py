@@ -321,7 +321,7 @@ def structures(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
         lambda inner: st.one_of(
             st.lists(inner, max_size=3),
             st.lists(inner, max_size=3).map(tuple),
-            st.dictionaries(st.sampled_from(["a", "b", 1]), inner, max_size=3),
+            st.dictionaries(st.sampled_from(["a", "b", 0, 1]), inner, max_size=3),
             st.builds(Step, inner, inner),
         ),
         max_leaves=6,
@@ -330,8 +330,8 @@ def structures(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 def python_equal(a: Any, b: Any) -> bool:
     """The documented rule for plain Python structures: lists and tuples alike by position,
-    mappings by key (order aside), dataclasses by field; numbers by type and value (True, 1
-    and 1.0 differ; -0.0 == 0.0); others by type and value."""
+    mappings by key (order aside; never equal to a list), dataclasses by field; numbers by type
+    and value (True, 1 and 1.0 differ; -0.0 == 0.0); others by type and value."""
     if dataclasses.is_dataclass(a) or dataclasses.is_dataclass(b):
         if not (dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b)):
             return False
