@@ -223,6 +223,16 @@ def test_the_sign_of_zero_does_not_count(a: torch.Tensor, equal_nan: bool) -> No
     assert (key_a == parityequal.digest(leaves(b), equal_nan)[0] and not nan) == expected
 
 
+@given(pairs(("other_dtype", "other_shape")), st.booleans())
+def test_dtype_and_shape_always_count(pair: tuple[Any, Any], equal_nan: bool) -> None:
+    """Rule: the same bytes as another dtype or shape are another value: unequal, and their
+    digests differ (unless the variant could not change them: a 0-dim tensor's dtype)."""
+    a, b = pair
+    assume(a.dtype != b.dtype or a.shape != b.shape)
+    assert not parityequal.equal(leaves(a), leaves(b), equal_nan)
+    assert parityequal.digest(leaves(a), True)[0] != parityequal.digest(leaves(b), True)[0]
+
+
 @given(pairs(), st.booleans())
 def test_digests_are_equal_exactly_for_equal_values(pair: tuple[Any, Any], equal_nan: bool) -> None:
     """Rule: the digest of equal values is equal, the digest of unequal values differs (no
