@@ -15,12 +15,15 @@ import time
 from typing import TYPE_CHECKING
 
 from ..outcome.collectives import Story, explain, load
+from ..outcome.endgame import note_verdict
 from ..outcome.stacks import where_blocked
 from ..rank.groupstate import flight_records
 from . import keys
 from .channel import ChannelError
 
 if TYPE_CHECKING:
+    from pytest import TestReport
+
     from .gather import Current
     from .session import RankSession
 
@@ -80,3 +83,15 @@ def verdict_story(
         if stack.get("dump"):
             where[rank] = where_blocked(str(stack["dump"]), test_file)
     return explain(dumps, since, where, finished=finished, world_size=world_size)
+
+
+def rank0_left_waiting(rs: RankSession, cur: Current, reports: list[TestReport]) -> None:
+    """Rank 0 is the one stuck and every peer finished: their records say who left it waiting
+    (a peer that never entered the collective is the root cause, as in pool mode)."""
+    finished = set(range(1, rs.world_size))
+    peers = peer_records(rs, cur, sorted(finished))
+    story = verdict_story(cur, {}, str(cur.item.path), finished, rs.world_size, peers)
+    if story is None:
+        return
+    for report in reports:
+        note_verdict(report, 0, story.verdict)

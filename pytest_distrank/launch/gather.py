@@ -55,7 +55,7 @@ from ..outcome.warnings import warning_record
 from ..settings import Value
 from . import keys
 from .channel import POLL_MAX, Forged
-from .frrecords import peer_records, verdict_story
+from .frrecords import peer_records, rank0_left_waiting, verdict_story
 from .report import FRESH_GROUP, relabel, silent_report, stopped_report
 from .session import RankSession
 from .tamper import check_done, forged_reports, noted
@@ -336,6 +336,8 @@ def gather(
     if missing:
         stuck, late_healthy = _conclude(rs, cur, per_rank, sorted(missing))
         healthy = healthy and late_healthy
+    elif own is not None:  # rank 0 is the one stuck: who left it waiting?
+        rank0_left_waiting(rs, cur, per_rank[0])
     for rank, data in sorted(cur.stopped.items()):
         per_rank.setdefault(rank, []).extend(_stopped_reports(rs, cur, rank, data))
     fine = _strays(rs, cur, per_rank) and healthy and not cur.stopped

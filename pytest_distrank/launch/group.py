@@ -28,6 +28,7 @@ from ..outcome.checks import sequences_in_step, unmatched_collectives
 from ..outcome.records import RunTest
 from ..rank.context import RANK_CONTEXT, RankContext
 from ..rank.groupstate import collective_counts, flight_mark, flight_records
+from ..rank.ownedgroups import twin_of_world
 from . import keys
 from .channel import ChannelError
 from .gather import Current
@@ -96,6 +97,7 @@ class GroupKeeper:
             world_size=rs.world_size,
             device_id=device_id,
         )
+        twin_of_world()  # every rank is here: a rank that skips a check is named at once
         self.ctx = RankContext(
             rs.rank, rs.world_size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
         )

@@ -654,6 +654,28 @@ def _group_left_world(env: dict[str, str], folder: Path) -> Run:
     return torchrun(env, folder, 2, "--junitxml=junit.xml")
 
 
+#: Rank 1 never calls the check across ranks that rank 0 waits in (hostile-4 D14): rank 0 is the
+#: one stuck, every peer finished.
+RANK0_WAITS = (
+    HEADER
+    + """
+from pytest_distrank import assert_equal_across_ranks
+
+@pytest.mark.world_size(2)
+@pytest.mark.timeout(60)
+def test_rank_one_skips_the_check(rank):
+    if rank == 0:
+        assert_equal_across_ranks(torch.ones(2), name="w")
+"""
+)
+
+
+def _rank0_waits_world(env: dict[str, str], folder: Path) -> Run:
+    """torchrun, 2 ranks: rank 0 waits in a check that rank 1 never calls."""
+    write(folder, {"test_rank0_waits.py": RANK0_WAITS})
+    return torchrun(env, folder, 2, "--junitxml=junit.xml")
+
+
 def _slurm_world(env: dict[str, str], folder: Path) -> Run:
     """Slurm's variables by hand, every test passes: the mapped variables, warnings; no
     --basetemp and a fresh TMPDIR, so the run folder goes to pytest-of-<user>; DISTRANK_SECRET
@@ -712,6 +734,7 @@ WORLDS: dict[str, Callable[[dict[str, str], Path], Run]] = {
     "four": _four_world,
     "leaves": _leaves_world,
     "group-left": _group_left_world,
+    "rank0-waits": _rank0_waits_world,
     "two-nodes": _two_nodes_world,
     "slurm": _slurm_world,
     "mpi": _mpi_world,
@@ -1246,6 +1269,29 @@ def test_torchrun_a_rank_left_in_a_group_its_peer_left_ends_early(
     assert float(case.get("time", "inf")) < 30, case.get("time")  # its deadline: 60 s
     (failure,) = case.iter("failure")
     assert failure.get("message", "").startswith("[rank 0/2] never entered all_reduce #1"), failure
+
+
+def test_torchrun_rank_0_left_waiting_in_a_check_names_the_rank_that_skipped_it(
+    world: Callable[[str], Run],
+) -> None:
+    """Rank 0 is the one stuck and every peer finished: the world's twin is made at its start
+    (no check waits in its rendezvous), the test ends early, and the finished peers' records
+    name the rank that never entered, as pool mode does (it named rank 0 before)."""
+    run = world("rank0-waits")
+    run.match(
+        0,
+        [
+            "distrank: 1 of 2 ranks failed; root cause: rank 1/2 never entered a check across "
+            "ranks (assert_*_across_ranks; its all_gather #1 on the group of ranks 0, 1) (rank 0 "
+            "waits in it)",
+            "*rank 0/2  waited in a check across ranks*for rank 1; ended in call after *.* s: a "
+            "deadlock (deadline was 60 s)",
+            "*rank 1/2  passed  <- root cause",
+        ],
+    )
+    cases = ET.parse(run.folder / "junit.xml").getroot().iter("testcase")
+    (case,) = [c for c in cases if c.get("name") == "test_rank_one_skips_the_check"]
+    assert float(case.get("time", "inf")) < 30, case.get("time")  # its deadline: 60 s
 
 
 def test_torchrun_assertions_across_ranks_show_every_ranks_table(
