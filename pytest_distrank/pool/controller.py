@@ -315,7 +315,8 @@ class Controller:
         self.isolated += 1
         began = time.monotonic()
         fresh = self._execute(item, nextitem, self.fresh.fresh_entry(entry, self.isolated), False)
-        fresh, moved = self.fresh.settle(item, reports, fresh, after, time.monotonic() - began)
+        seconds = time.monotonic() - began
+        fresh, moved = self.fresh.settle(item, reports, fresh, after, seconds, self.interrupted)
         if moved and self.plan is not None:
             self.pools.notes.append(moved)
             items = item.session.items

@@ -30,6 +30,7 @@ import pytest
 from pytest import TestReport
 
 from ..settings import Value
+from .interrupts import interrupt_signal
 from .plan import Planned
 from .suites import CASE
 
@@ -91,6 +92,7 @@ class FreshRetry:
         fresh: list[TestReport],
         after: str,
         seconds: float,
+        interrupted: BaseException | None = None,
     ) -> tuple[list[TestReport], str]:
         """The fresh run's reports (which took ``seconds``), keeping the warm failure, and the
         summary line when its class now moves to fresh ranks (:meth:`move`), else ""."""
@@ -98,7 +100,14 @@ class FreshRetry:
         failed = [r for r in warm if r.failed]
         target = next((r for r in fresh if r.when == "call"), fresh[-1] if fresh else None)
         passed = not any(r.failed for r in fresh)
-        if passed:  # the warm failure in full: the only place it is shown
+        if interrupted is not None:  # no outcome on fresh ranks: nothing is concluded
+            text = "\n\n".join(f"{r.when}: {r.longreprtext}" for r in failed)
+            text += (
+                f"\n\n{item.name}'s run again on fresh ranks was interrupted by "
+                f"{interrupt_signal(interrupted)}: no verdict"
+            )
+            passed = False
+        elif passed:  # the warm failure in full: the only place it is shown
             text = "\n\n".join(f"{r.when}: {r.longreprtext}" for r in failed)
             text += (
                 f"\n\n{item.name} passed on fresh ranks, as its harness runs it: the outcome is "
@@ -113,7 +122,7 @@ class FreshRetry:
         if target is not None:
             target.sections.append((SECTION, text))
         cls = getattr(item, "cls", None)
-        if not passed or not isinstance(cls, type) or cls in self.moved:
+        if not passed or interrupted is not None or not isinstance(cls, type) or cls in self.moved:
             return fresh, ""
         self.moved[cls] = (
             f"{cls.__name__}: its tests run on fresh ranks from here on: {item.name} failed "

@@ -105,3 +105,20 @@ def test_only_a_fresh_process_harness_test_that_failed_after_others_runs_again(
         assert why is not None and "not run again on fresh ranks" in why
     else:
         assert why == ""
+
+
+def _failed(when: Any = "call") -> pytest.TestReport:
+    return pytest.TestReport("t.py::x", ("t.py", 0, "x"), {}, "failed", "boom", when)
+
+
+@pytest.mark.parametrize("fresh_outcome", ["passed", "failed"])
+def test_a_fresh_run_cut_by_a_signal_concludes_nothing(fresh_outcome: str) -> None:
+    """SIGTERM during the fresh run: the section says so; no 'test's own', no class moved."""
+    retry = FreshRetry(Value(300.0, "default"))
+    fresh = [_report(fresh_outcome)]
+    interrupt = KeyboardInterrupt("pytest-distrank: got SIGTERM")
+    out, moved = retry.settle(_item("spawn"), [_failed()], fresh, "1 earlier test", 1.0, interrupt)
+    text = "\n".join(content for _, content in out[0].sections)
+    assert "interrupted by SIGTERM: no verdict" in text
+    assert "the test's own" not in text and "passed on fresh ranks" not in text
+    assert moved == "" and not retry.moved
