@@ -180,6 +180,9 @@ BASICS = {
             # The default group meets on a FileStore: no store of the plugin's, no port.
             assert "MASTER_PORT" not in os.environ
             assert wildcard_listeners() == []
+            # A fresh process's start method, not the fork server's (a rank is one's child).
+            import multiprocessing
+            assert multiprocessing.get_start_method() == multiprocessing.get_all_start_methods()[0]
 
         @pytest.mark.world_size(2, init_process_group=False)
         def test_env_init(rank):

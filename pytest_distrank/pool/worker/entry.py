@@ -10,6 +10,7 @@ controller's tests), and tells the controller when the session ended before or w
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import sys
 import traceback
@@ -47,6 +48,11 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         os.environ.update(rank_env(cfg))
         os.environ.update(xdist_environ(cfg.workerinput))  # as in an xdist worker (workerinput.py)
         harnessenv.remember(cfg.env)  # what a harness class's test sees instead (harnessenv.py)
+        # A process started by a multiprocessing context takes its start method as its default
+        # (the fork server's: a DataLoader's workers would start a fork server of their own and
+        # need picklable datasets); a rank starts with a fresh process's default, as a torchrun
+        # rank does. A conftest that sets one sets it again here.
+        multiprocessing.set_start_method(None, force=True)
         os.chdir(cfg.cmdline.invocation_dir)  # relative paths in the arguments mean the same
         ranklogs.install()  # pytest's log capture without its per-phase handler churn
         if cfg.rewritten:  # read the test modules the controller rewrote (no bytecode written)
