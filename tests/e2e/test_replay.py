@@ -123,11 +123,12 @@ def verdict(shared: Shared, test: str) -> pytest.LineMatcher:
 
 
 VERDICTS = {
-    # 3 earlier tests: alone, all three then test_d, [a] (passes), [c] (fails): found.
+    # 3 earlier tests: alone, all three then test_d, [a] (passes), [c] (fails): found; alone and
+    # [c] once more (the blame's evidence repeats).
     "test_d": (
         f"{FILE}::test_d fails after 3 earlier tests of its pool; passes alone on fresh ranks; "
         f"polluter: {FILE}::test_c (test_c then test_d fails; test_d alone passes)",
-        "4 replays to find a polluter, * s",
+        "6 replays to find a polluter, * s",
     ),
     "test_own": (
         f"{FILE}::test_own fails after 4 earlier tests of its pool; fails alone on fresh ranks "
