@@ -159,10 +159,16 @@ def _story(reports: Sequence[TestReport]) -> str:
 def _relabel_sections(
     reports: Iterable[tuple[int, TestReport]], world_size: int
 ) -> list[tuple[str, str]]:
+    """Every rank's sections, titled and tagged with its rank; a section that says exactly
+    what an earlier rank's of the same title said is folded into one line naming that rank."""
     sections = []
+    said: dict[tuple[str, str], str] = {}
     for rank, report in reports:
         for title, content in report.sections:
             tag = label(rank, world_size)
+            first = said.setdefault((title, content), tag)
+            if first != tag:
+                content = f"the same as {first}\n"
             sections.append((f"{title} ({tag})", f"[{tag}]\n{content}"))
     return sections
 

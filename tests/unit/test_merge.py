@@ -339,3 +339,22 @@ def test_a_rank_killed_before_its_setup_after_a_peers_call_failure_is_no_setup_e
     text = str(merged[1].longrepr)
     assert "rank 0/2  killed before its setup began 0.1 s after rank 1 failed" in text
     assert "root cause: rank 1/2" in text
+
+
+def test_a_section_that_says_what_an_earlier_ranks_said_is_folded() -> None:
+    """-rA of a passing test: ranks whose captured output is rank 0's are one line each."""
+    from pytest_distrank.outcome.merge import _relabel_sections
+
+    def said(text: str) -> TestReport:
+        report = TestReport("t.py::t", ("t.py", 0, "t"), {}, "passed", None, "call")
+        report.sections = [("Captured stdout call", text)]
+        return report
+
+    sections = _relabel_sections(
+        [(0, said("loss 0.5\n")), (1, said("loss 0.5\n")), (2, said("loss 0.7\n"))], 3
+    )
+    assert sections == [
+        ("Captured stdout call (rank 0/3)", "[rank 0/3]\nloss 0.5\n"),
+        ("Captured stdout call (rank 1/3)", "[rank 1/3]\nthe same as rank 0/3\n"),
+        ("Captured stdout call (rank 2/3)", "[rank 2/3]\nloss 0.7\n"),
+    ]
