@@ -48,7 +48,14 @@ from ..outcome.checks import and_words
 from . import processstate as ps
 from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
 from .snapshot import Snapshot, decoded, diff, env_key, live_groups, owned_groups, restore
-from .torchstate import DYNAMO, dynamo_default, flag_words, reset_dynamo_config
+from .switches import PROFILER, restore_switch, switch_words
+from .torchstate import (
+    DYNAMO,
+    FUNCTION_MODES,
+    dynamo_default,
+    flag_words,
+    reset_dynamo_config,
+)
 
 #: How long the threads and children a test started get, all together, to end before they
 #: count as left.
@@ -57,12 +64,12 @@ ENDING_WAIT = 0.1
 #: value every time (the compile caches' folders): never leftovers.
 OWN_ENV = (
     "PYTEST_CURRENT_TEST",
-    "MASTER_PORT",
-    "MASTER_ADDR",
     "DISTRANK_*",
     "TORCHINDUCTOR_CACHE_DIR",
     "TRITON_CACHE_DIR",
 )
+#: The rank's rendezvous variables (the plugin's): put back to the rank's own values, unnamed.
+QUIET_ENV = ("MASTER_PORT", "MASTER_ADDR")
 #: What PyTorch's harness sets in every test process: restored after each test, never named.
 HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
 #: What the harness's own ``setUp`` may set, restored or passed over unnamed.
@@ -133,7 +140,8 @@ class LeftoverCheck:
         self.start_owned = owned_groups()
         self.start_failure = getattr(sys, "last_value", None)
         self.harness = harness
-        self.quiet = {("env", env_key(name)) for name in HARNESS_ENV} if harness else set()
+        names = (*QUIET_ENV, *HARNESS_ENV) if harness else QUIET_ENV
+        self.quiet = {("env", env_key(name)) for name in names}
 
     def harness_setup_done(self) -> None:
         """PyTorch's harness ran the test's ``setUp`` in what stands for its parent process: what
@@ -285,16 +293,17 @@ class LeftoverCheck:
                 self.found.words.append("the working folder changed" + by)
                 restore(category, key, value)
             elif category == "torch":
-                self._torch(key, value, key in expected.torch, now, by)
+                self._torch(key, value, expected, now, by)
+            elif category == "switches":
+                self._switch(key, value, now, by)
             elif category == "threads":
                 thread = now.threads.get(key)
                 if value is None and thread is not None:  # a new one (an ended one is fine)
                     threads_left.append((thread, by))
             elif category == "groups":
                 self._group(key, value, now)
-            elif category == "compiled":
+            elif category == "compiled":  # compiling is normal: reset, never named
                 if (now.compiled.get(key) or 0) > (value or 0):
-                    self.found.words.append("torch.compile state (torch._dynamo.reset())" + by)
                     _compat.reset_compile_state()
             elif category != "sockets":  # sockets: once the test's groups are destroyed
                 after = getattr(now, category).get(key)
@@ -310,8 +319,15 @@ class LeftoverCheck:
             self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
 
-    def _torch(self, key: str, value: Any, was: bool, now: Snapshot, by: str) -> None:
-        if not was:  # torch._dynamo was imported during the test: compared with the defaults
+    def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
+        modes = now.torch.get(FUNCTION_MODES) or ()
+        if key == FUNCTION_MODES:  # every later test would run under them: the pool goes
+            left = [m for m in modes if m not in (value or ())] or list(modes)
+            self.found.unfit.append(f"left torch function modes entered{by}: {', '.join(left)}")
+            return
+        if key == "default device" and modes != expected.torch.get(FUNCTION_MODES):
+            return  # a torch.device(...) left entered: named with the function modes
+        if key not in expected.torch:  # dynamo imported during the test: compared with defaults
             if not key.startswith(DYNAMO) or dynamo_default(key):
                 return
             self.found.words.append(flag_words(key, now.torch.get(key)) + by)
@@ -319,6 +335,15 @@ class LeftoverCheck:
             return
         self.found.words.append(flag_words(key, now.torch.get(key)) + by)
         restore("torch", key, value)
+
+    def _switch(self, key: str, value: Any, now: Snapshot, by: str) -> None:
+        words = switch_words(key, now.switches.get(key)) + by
+        if key == PROFILER:
+            self.found.unfit.append(f"left {words}")
+        elif restore_switch(key, value):
+            self.found.words.append(words)
+        else:
+            self.found.words.append(not_restored(words))
 
     def _group(self, key: Any, value: Any, now: Snapshot) -> None:
         # The harness's classes own their groups (a continuous class keeps its own).

@@ -32,8 +32,16 @@ TORCH_LOGGER = "torch"
 #: A logger's state in a fresh process: level NOTSET, no handlers, propagating, enabled.
 FRESH_LOGGER = (logging.NOTSET, (), True, False)
 _UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
-#: In the command line of inductor's compile workers (``torch/_inductor/compile_worker``).
-TORCH_WORKERS = "_inductor/compile_worker"
+#: In the command lines of the helper processes that live as long as the rank, started on
+#: first use: inductor's compile workers, multiprocessing's forkserver and resource tracker.
+PROCESS_HELPERS = (
+    "_inductor/compile_worker",
+    "from multiprocessing.forkserver import main",
+    "from multiprocessing.resource_tracker import main",
+)
+#: torch's DataLoader's SIGCHLD handler (installed once per process, on the first loader
+#: with workers): the process's, never a test's leftover.
+TORCH_SIGCHLD = ("torch.utils.data._utils.signal_handling", "_set_SIGCHLD_handler.<locals>.")
 
 
 def path_state() -> dict[str, Any]:
@@ -53,9 +61,28 @@ def umask_state() -> dict[str, Any]:
 
 def signal_state() -> dict[str, Any]:
     """Each signal's Python-level disposition (a handler torch or a C library installed is not
-    seen: Python reports it as None before and after alike)."""
+    seen: Python reports it as None before and after alike). torch's DataLoader SIGCHLD
+    handler reads as the disposition it replaced (the process's, set once)."""
     getsignal = signal.getsignal
-    return {name: getsignal(number) for name, number in _signals()}
+    state = {name: getsignal(number) for name, number in _signals()}
+    key = str(int(signal.SIGCHLD))
+    state[key] = _before_torch(state.get(key))
+    return state
+
+
+def _before_torch(handler: Any) -> Any:
+    """``handler``, or the one torch's SIGCHLD handler replaced (and calls on)."""
+    module, qualname = TORCH_SIGCHLD
+    if getattr(handler, "__module__", None) != module or not str(
+        getattr(handler, "__qualname__", "")
+    ).startswith(qualname):
+        return handler
+    try:
+        cell = handler.__closure__[handler.__code__.co_freevars.index("previous_handler")]
+        previous = cell.cell_contents
+    except (AttributeError, ValueError, IndexError, TypeError):
+        return handler
+    return signal.SIG_DFL if previous is None else previous
 
 
 @functools.cache
@@ -104,7 +131,8 @@ def children_state() -> dict[str, Any]:
     children are re-parented to it and listed there too). A fork of this process that
     multiprocessing does not manage is left out: it runs the rank's own code, and the fork
     check (:func:`hygiene.stray_forks`) reports it; so is torch.compile's pool of compile
-    workers (inductor's, started on the first compile, living as long as the process)."""
+    workers (inductor's, started on the first compile, living as long as the process), and
+    multiprocessing's forkserver and resource tracker (started on first use, likewise)."""
     found: dict[str, Any] = {}
     try:
         tasks = os.listdir("/proc/self/task")
@@ -119,7 +147,7 @@ def children_state() -> dict[str, Any]:
             continue
         for pid in pids:
             command = _command(pid)
-            if command is None or TORCH_WORKERS in command:
+            if command is None or any(helper in command for helper in PROCESS_HELPERS):
                 continue
             if command != own or _managed(int(pid)):
                 found[pid] = command

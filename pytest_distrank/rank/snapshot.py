@@ -13,17 +13,19 @@ import dataclasses
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _compat
 from . import processstate
 from .ownedgroups import is_owned
+from .switches import switches_state
 from .torchstate import set_torch_flag, torch_flags
 
 Category = dict[Any, Any]
 #: Categories put back as they were (the process groups a test left: destroyed).
-RESTORED = ("env", "cwd", "torch", "groups", "compiled")
+RESTORED = ("env", "cwd", "torch", "switches", "groups", "compiled")
 #: Categories named, never put back (threads: the pool goes if one would hold a fresh exit up).
 NAMED = ("threads", "path", "modules", "umask", "signals", "logging", "children", "sockets")
 
@@ -35,6 +37,8 @@ class Snapshot:
     env: Category
     cwd: Category
     torch: Category
+    #: Switches outside torch's flags (:mod:`switches`): the collector, numpy's errors, ...
+    switches: Category
     threads: Category
     groups: Category
     compiled: Category
@@ -53,6 +57,7 @@ class Snapshot:
             _compat.environ_data(),  # encoded names and values: decoded only where they differ
             {"": _cwd()},
             torch_flags(),
+            switches_state(),
             {t.ident: t for t in threading.enumerate()},
             live_groups(),
             {"": _compat.compile_state()},
@@ -149,3 +154,5 @@ def _restore_env(name: Any, value: Any) -> None:
         os.environ.pop(decoded(name), None)
     else:
         os.environ[decoded(name)] = decoded(value)
+    if decoded(name) == "TZ":  # libc keeps the zone it read at the last tzset()
+        time.tzset()

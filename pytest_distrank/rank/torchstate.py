@@ -27,6 +27,8 @@ BACKEND_FLAGS = (
     "backends.cudnn.deterministic",
     "backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
     "backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+    "backends.mkldnn.enabled",
+    "backends.opt_einsum.enabled",
 )
 #: ``torch.get_float32_matmul_precision()`` once a test mixed the legacy and new precision APIs.
 MIXED = "(mixed legacy and new precision settings)"
@@ -36,6 +38,8 @@ AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "m
 PRINT_FIELDS = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
 #: torch's print options in a fresh process (the words name the fields that differ).
 PRINT_DEFAULTS = (4, 1000, 3, 80, None)
+#: The key of the torch function modes entered (named, never restored: the pool goes).
+FUNCTION_MODES = "function modes"
 #: Prefix of the keys of ``torch._dynamo.config`` entries.
 DYNAMO = "torch._dynamo.config."
 #: Values longer than this are cut in the words (a config entry may hold a long list).
@@ -106,6 +110,9 @@ def _modes(torch: Any) -> dict[str, Any]:
                 torch.is_anomaly_check_nan_enabled(),
             ),
             "flush denormal": lambda: _flushes_denormals(torch),
+            "warn always": torch.is_warn_always_enabled,
+            "autograd multithreading": torch.autograd.is_multithreading_enabled,
+            FUNCTION_MODES: lambda: function_modes(torch),
             "print options": lambda: tuple(
                 getattr(torch._tensor_str.PRINT_OPTS, field) for field in PRINT_FIELDS
             ),
@@ -150,8 +157,26 @@ def _autocast_devices(torch: Any) -> tuple[str, ...]:
 
 def _flushes_denormals(torch: Any) -> bool:
     """Whether CPU arithmetic flushes denormals to zero (``torch.set_flush_denormal``, which
-    has no getter): a denormal times one reads zero then (~4 us)."""
-    return bool((torch.tensor([1e-310], dtype=torch.float64) * 1.0).item() == 0.0)
+    has no getter): a denormal times one reads zero then (~4 us). Computed on the CPU with
+    function modes off: a ``torch.device("meta")`` left entered would otherwise make the
+    tensor meta, and the read a phantom change."""
+    with torch._C.DisableTorchFunction():
+        tiny = torch.tensor([1e-310], dtype=torch.float64, device="cpu")
+        return bool((tiny * 1.0).item() == 0.0)
+
+
+def function_modes(torch: Any) -> tuple[str, ...]:
+    """The class names of the torch function modes entered now (``torch.device(...)`` used as
+    a context manager is one), less the one ``torch.set_default_device`` keeps (that is the
+    default device's entry). ~1 us when none is entered."""
+    if not torch._C._len_torch_function_stack():
+        return ()
+    from torch.overrides import _get_current_function_mode_stack
+
+    default = getattr(torch._GLOBAL_DEVICE_CONTEXT, "device_context", None)
+    return tuple(
+        type(mode).__name__ for mode in _get_current_function_mode_stack() if mode is not default
+    )
 
 
 @functools.cache
@@ -190,6 +215,10 @@ def set_torch_flag(name: str, value: Any) -> None:
         torch.set_anomaly_enabled(value[0], value[1])
     elif name == "flush denormal":
         torch.set_flush_denormal(value)
+    elif name == "warn always":
+        torch.set_warn_always(value)
+    elif name == "autograd multithreading":
+        torch.autograd.set_multithreading_enabled(value)
     elif name == "print options":
         for field, field_value in zip(PRINT_FIELDS, value, strict=True):
             setattr(torch._tensor_str.PRINT_OPTS, field, field_value)
@@ -235,10 +264,15 @@ def dynamo_default(name: str) -> bool:
 
 
 def reset_dynamo_config(name: str) -> None:
-    """A ``torch._dynamo.config`` entry back to its default."""
+    """A ``torch._dynamo.config`` entry back to its default: the user's override dropped, as
+    ``delattr`` does for ``mock.patch``, and the entry shown again (``delattr`` alone hides it:
+    every later read, and every torch.compile, raised ``AttributeError``)."""
     import torch._dynamo.config as config
 
-    delattr(config, name.removeprefix(DYNAMO))
+    key = name.removeprefix(DYNAMO)
+    entry = config._config[key]
+    delattr(config, key)
+    entry.hide = False
 
 
 def flag_words(name: str, value: Any) -> str:
@@ -282,6 +316,8 @@ def _mode_words(name: str, value: Any) -> str:
         )
     if name == "flush denormal":
         return f"flush-denormal {'on' if value else 'off'}"
+    if name in ("warn always", "autograd multithreading"):
+        return f"{'torch.set_warn_always' if name == 'warn always' else name} {_on(value)}"
     if name == "print options":
         changed = [
             f"{field} {v}"
@@ -290,6 +326,10 @@ def _mode_words(name: str, value: Any) -> str:
         ]
         return f"torch print options ({', '.join(changed) or 'the defaults'})"
     return ""
+
+
+def _on(value: Any) -> str:
+    return "on" if value else "off"
 
 
 def _short(value: Any) -> str:

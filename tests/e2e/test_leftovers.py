@@ -15,11 +15,14 @@ from ..helpers import SharedSession
 from .test_faults import Session, Shared
 
 CLEAN = """
-import os, threading, time, pytest, torch, torch.distributed as dist
+import os, decimal, gc, socket, sys, threading, time
+import numpy as np, pytest, torch, torch.distributed as dist
 from pytest_distrank import _compat
 from pytest_distrank.rank.ownedgroups import is_owned
 
 START = os.getcwd()
+RENDEZVOUS = {name: os.environ.get(name) for name in ("MASTER_PORT", "MASTER_ADDR")}
+ZONE = time.tzname
 
 
 def assert_clean():
@@ -37,6 +40,16 @@ def assert_clean():
     assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
     assert not torch.is_anomaly_enabled()
     assert torch._tensor_str.PRINT_OPTS.precision == 4
+    assert {name: os.environ.get(name) for name in RENDEZVOUS} == RENDEZVOUS
+    assert time.tzname == ZONE and "TZ" not in os.environ
+    assert gc.isenabled() and sys.getrecursionlimit() == 1000
+    assert socket.getdefaulttimeout() is None
+    assert np.geterr()["divide"] == "warn" and decimal.getcontext().prec == 28
+    assert not torch.is_warn_always_enabled() and torch.backends.mkldnn.enabled
+    assert torch.autograd.is_multithreading_enabled()
+    assert torch._C._autograd._top_saved_tensors_default_hooks(True) is None
+    assert not torch.nn.modules.module._global_forward_hooks
+    assert torch.ones(1).device.type == "cpu"
 """
 
 CASES = (
@@ -52,6 +65,23 @@ def test_a_env_and_dtype(rank):
 @pytest.mark.world_size(2)
 def test_a_then_clean(rank):
     assert_clean()
+
+
+@pytest.mark.world_size(2)
+def test_a_dynamo_config_first_import(rank):
+    import torch._dynamo as dynamo  # the first import of dynamo in these ranks
+
+    dynamo.config.recompile_limit = 64
+
+
+@pytest.mark.world_size(2)
+def test_a_then_compiles(rank):
+    # hostile-4 A3: the entry was deleted, not reset: every later compile raised AttributeError
+    import torch._dynamo as dynamo
+
+    assert dynamo.config.recompile_limit == 8
+    assert_clean()
+    assert torch.compile(lambda x: x * 3, backend="eager")(torch.ones(1)).item() == 3
 
 
 @pytest.mark.world_size(2)
@@ -169,6 +199,41 @@ def test_i_keeps_a_mesh(rank):
 
 
 @pytest.mark.world_size(2)
+def test_k_switches(rank):
+    gc.disable()
+    sys.setrecursionlimit(5000)
+    socket.setdefaulttimeout(0.5)
+    np.seterr(all="raise")
+    decimal.getcontext().prec = 3
+    torch.set_warn_always(True)
+    torch.backends.mkldnn.enabled = False
+    torch.autograd.set_multithreading_enabled(False)
+    torch.autograd.graph.saved_tensors_hooks(abs, abs).__enter__()
+    torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o * 0)
+    os.environ["TZ"] = "Asia/Tokyo"
+    time.tzset()
+    os.environ["MASTER_PORT"] = "29500"  # an old test pinning a port for its own store
+    os.environ.pop("MASTER_ADDR", None)
+
+
+@pytest.mark.world_size(2)
+def test_k_then_clean(rank):
+    assert_clean()
+
+
+@pytest.mark.world_size(2)
+def test_j_device_left_entered(rank):
+    pathlib.Path(f"pid-j-{rank}").write_text(str(os.getpid()))
+    torch.device("meta").__enter__()
+
+
+@pytest.mark.world_size(2)
+def test_j_then_fresh_ranks(rank):
+    assert pathlib.Path(f"pid-j-{rank}").read_text() != str(os.getpid())
+    assert_clean()
+
+
+@pytest.mark.world_size(2)
 def test_e_thread(rank):
     if rank == 1:
         threading.Thread(target=time.sleep, args=(60,), name="worker").start()
@@ -226,6 +291,8 @@ def test_every_test_passes_the_next_one_starting_clean(left: Shared) -> None:
     tests = [
         "test_a_env_and_dtype",
         "test_a_then_clean",
+        "test_a_dynamo_config_first_import",
+        "test_a_then_compiles",
         "test_b_flags_and_folder",
         "test_b_then_clean",
         "test_c_group_and_compile",
@@ -238,6 +305,10 @@ def test_every_test_passes_the_next_one_starting_clean(left: Shared) -> None:
         "test_h_mesh",
         "test_h_then_clean",
         "test_i_keeps_a_mesh",
+        "test_k_switches",
+        "test_k_then_clean",
+        "test_j_device_left_entered",
+        "test_j_then_fresh_ranks",
         "test_e_thread",
         "test_e_then_fresh_ranks",
         "test_first",
@@ -274,8 +345,8 @@ def test_flags_and_the_working_folder_are_restored(left: Shared) -> None:
 def test_a_group_left_is_destroyed_and_compile_state_reset(left: Shared) -> None:
     left.result.stdout.fnmatch_lines(
         [
-            "leftovers: test_left.py::test_c_group_and_compile left torch.compile state "
-            "(torch._dynamo.reset()) and process group '1' (ranks 0, 1) on ranks 0, 1 (restored)"
+            "leftovers: test_left.py::test_c_group_and_compile left process group '1' "
+            "(ranks 0, 1) on ranks 0, 1 (restored)"
         ]
     )
 
@@ -300,7 +371,7 @@ def test_a_daemon_thread_is_named_and_a_thread_gets_the_next_test_fresh_ranks(
     )
     # Only the non-daemon thread replaced the pool; a dummy thread (started outside Python's
     # threading) is neither named nor joined (joining one raises: RPC's tests failed on it).
-    assert len([line for line in left.result.outlines if "pool killed" in line]) == 1
+    assert len([line for line in left.result.outlines if "test_e_thread left" in line]) == 1
     left.result.stdout.no_fnmatch_line("*Dummy-*")
     left.result.stdout.no_fnmatch_line("*cannot join a dummy thread*")
 
@@ -339,6 +410,22 @@ def test_builds_a_mesh(rank):
     from torch.distributed.device_mesh import init_device_mesh
 
     assert init_device_mesh("cpu", (2, 1), mesh_dim_names=("dp", "tp"))["dp"].size() == 2
+
+
+@pytest.mark.world_size(2)
+def test_compiles(rank):
+    import torch
+
+    assert torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(2)).sum() == 6
+
+
+@pytest.mark.world_size(2)
+def test_loads_with_workers(rank):
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.arange(32.0))
+    assert sum(b[0].sum().item() for b in DataLoader(data, batch_size=4, num_workers=2)) == 496
 """
     },
     ("--distrank-leftovers=fail",),
@@ -349,11 +436,14 @@ def test_the_fail_policy_fails_the_leaking_test_at_teardown(shared_session: Shar
     fail = FAIL.run(shared_session)
     # A DeviceMesh the test built is normal: its groups are destroyed, the test does not fail
     # (issue 37: every test that built a mesh failed under fail).
-    assert fail.outcomes("test_leaves_a_variable", "test_next", "test_builds_a_mesh") == [
+    # Nor is compiling, nor a DataLoader with workers (hostile-4 A6: both failed under fail).
+    tests = ("test_leaves_a_variable", "test_next", "test_builds_a_mesh", "test_compiles")
+    assert fail.outcomes(*tests, "test_loads_with_workers") == [
         "passed, error at teardown",
-        "passed",
-        "passed",
+        *["passed"] * len(tests),
     ], fail.text
+    fail.result.stdout.no_fnmatch_line("*leftovers: *test_compiles*")
+    fail.result.stdout.no_fnmatch_line("*leftovers: *test_loads_with_workers*")
     fail.section("test_leaves_a_variable").fnmatch_lines(
         [
             "*LeftoverError: test_fail.py::test_leaves_a_variable left LEAKED set on rank *; "
@@ -411,3 +501,52 @@ def test_a_mesh_kept_in_a_global_names_the_sockets_it_holds_open(left: Shared) -
             "leftovers: test_left.py::test_i_keeps_a_mesh left a socket listening on 127.0.0.1:"
         ), line
         assert "a DeviceMesh or group the test kept in a global holds it) (not restored)" in line
+
+
+def test_a_dynamo_entry_set_on_its_first_import_is_reset_not_deleted(left: Shared) -> None:
+    """hostile-4 A3: the entry was deleted (``delattr``): every later torch.compile of the pool
+    raised AttributeError, blamed on an innocent test. test_a_then_compiles passed above; the
+    compile it made is normal and named nowhere."""
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: test_left.py::test_a_dynamo_config_first_import left "
+            "torch._dynamo.config.recompile_limit 64 on ranks 0, 1 (restored)"
+        ]
+    )
+    assert [line for line in left.about("test_a_then_compiles").lines if "leftovers:" in line] == []
+
+
+def test_process_wide_switches_are_restored_and_named(left: Shared) -> None:
+    """hostile-4 A4/A5: switches outside torch's flags leaked unnamed; TZ came back but libc's
+    zone did not; MASTER_PORT/MASTER_ADDR were neither restored nor named. test_k_then_clean
+    passed above; the rendezvous variables come back unnamed (they are the rank's)."""
+    text = "\n".join(line for line in left.about("test_k_switches").lines if "leftovers:" in line)
+    for words in (
+        "TZ set",
+        "the garbage collector disabled",
+        "sys.setrecursionlimit(5000)",
+        "socket.setdefaulttimeout(0.5)",
+        "numpy.seterr(",
+        "the decimal context (prec 3, ...)",
+        "torch.set_warn_always on",
+        "torch.backends.mkldnn.enabled False",
+        "autograd multithreading off",
+        "torch.autograd.graph.saved_tensors_hooks left entered",
+        "global nn.Module hooks (forward_hooks)",
+    ):
+        assert words in text, text
+    assert "MASTER_" not in text and "(not restored)" not in text, text
+
+
+def test_a_function_mode_left_entered_gets_the_next_test_fresh_ranks(left: Shared) -> None:
+    """hostile-4 A1: a ``torch.device("meta")`` left entered (a function mode) was neither
+    named nor restored, the summary said the default device was "restored", and a phantom
+    flush-denormal change was named (read by arithmetic on meta)."""
+    left.result.stdout.fnmatch_lines(
+        [
+            "pool killed after a fault: world_size=2, backend=gloo: test_left.py::"
+            "test_j_device_left_entered left torch function modes entered: DeviceContext on rank*"
+        ]
+    )
+    text = "\n".join(left.about("test_j_device_left_entered").lines)
+    assert "default device" not in text and "flush-denormal" not in text, text

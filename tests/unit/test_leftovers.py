@@ -197,23 +197,32 @@ def test_the_fail_policy_fails_for_what_is_only_named_too() -> None:
     assert check.finish() == (("umask 0o077 (not restored)",), "")
 
 
-def test_children_are_read_without_torchs_compile_workers() -> None:
-    """A child the test started is seen; inductor's compile-worker pool (the process's own,
-    started on the first compile) is not."""
+def test_children_are_read_without_the_process_helpers() -> None:
+    """A child the test started is seen; the helpers that live as long as the process, started
+    on first use, are not: inductor's compile-worker pool, multiprocessing's forkserver and
+    resource tracker (hostile-4 A6: a DataLoader's forkserver was named)."""
     import subprocess
     import sys
     import time
 
-    worker = [sys.executable, "-c", "import time; time.sleep(30)", "torch/_inductor/compile_worker"]
-    started = [subprocess.Popen(worker), subprocess.Popen(["sleep", "30"])]
+    helpers = [
+        [sys.executable, "-c", "import time; time.sleep(30)", marker]
+        for marker in (
+            "torch/_inductor/compile_worker",
+            "from multiprocessing.forkserver import main",  # as multiprocessing starts them
+            "from multiprocessing.resource_tracker import main",
+        )
+    ]
+    started = [subprocess.Popen(["sleep", "30"]), *(subprocess.Popen(h) for h in helpers)]
     try:
         deadline = time.monotonic() + 10
-        while str(started[1].pid) not in processstate.children_state():
+        while str(started[0].pid) not in processstate.children_state():
             assert time.monotonic() < deadline
             time.sleep(0.01)
+        time.sleep(0.2)  # the helpers started too
         children = processstate.children_state()
-        assert children[str(started[1].pid)] == "sleep 30"
-        assert str(started[0].pid) not in children
+        assert children[str(started[0].pid)] == "sleep 30"
+        assert not {str(p.pid) for p in started[1:]} & children.keys(), children
     finally:
         for child in started:
             child.kill()

@@ -13,8 +13,8 @@ import subprocess
 import sys
 
 BODY = r"""
-import logging, os, signal, socket, subprocess, sys, types
-import torch, torch._dynamo.config as dynamo_config
+import decimal, gc, logging, os, signal, socket, subprocess, sys, time, types
+import numpy, torch, torch._dynamo.config as dynamo_config
 from hypothesis import given, settings, strategies as st
 from pytest_distrank.rank import leftovers
 from pytest_distrank.rank.leftovers import LeftoverCheck
@@ -22,6 +22,20 @@ from pytest_distrank.rank.leftovers import LeftoverCheck
 leftovers.ENDING_WAIT = 0.02
 held = []
 modules = []
+entered = {}
+hooks = torch.nn.modules.module._global_forward_hooks
+saved_top = lambda: torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+def denormal_read():
+    with torch._C.DisableTorchFunction():
+        return (torch.tensor([1e-310], dtype=torch.float64, device="cpu") * 1.0).item()
+
+def enter(name, ctx):
+    entered[name] = ctx
+    ctx.__enter__()
+
+def leave(name):
+    entered.pop(name).__exit__(None, None, None)
 
 def change(apply, read, words, undo=None):
     return (apply, read, words, undo)
@@ -37,7 +51,7 @@ CHANGES = {
                              lambda: torch.get_autocast_dtype("cpu"), "autocast off on cpu"),
     "anomaly": change(lambda: torch.set_anomaly_enabled(True), torch.is_anomaly_enabled, "anomaly detection"),
     "denormal": change(lambda: torch.set_flush_denormal(True),
-                       lambda: (torch.tensor([1e-310], dtype=torch.float64) * 1.0).item(), "flush-denormal"),
+                       denormal_read, "flush-denormal"),
     "print": change(lambda: torch.set_printoptions(precision=1), lambda: torch._tensor_str.PRINT_OPTS.precision, "print options"),
     "dynamo": change(lambda: setattr(dynamo_config, "suppress_errors", True), lambda: dynamo_config.suppress_errors,
                      "torch._dynamo.config.suppress_errors"),
@@ -62,6 +76,28 @@ CHANGES = {
                      lambda: sum(1 for s in held if isinstance(s, socket.socket)),
                      "a socket listening on 127.0.0.1",
                      lambda: [s.close() for s in held if isinstance(s, socket.socket)] and held.clear()),
+    # None: never named, so always restored (the rank's rendezvous; libc's zone with TZ)
+    "tz": change(lambda: os.environ.__setitem__("TZ", "Asia/Tokyo") or time.tzset(), lambda: time.tzname, None),
+    "master_port": change(lambda: os.environ.__setitem__("MASTER_PORT", "1"), lambda: os.environ.get("MASTER_PORT"), None),
+    "meta_device": change(lambda: enter("meta_device", torch.device("meta")), lambda: torch.ones(1).device.type,
+                          "function modes entered", lambda: leave("meta_device")),
+    "gc": change(gc.disable, gc.isenabled, "the garbage collector"),
+    "recursion": change(lambda: sys.setrecursionlimit(5000), sys.getrecursionlimit, "sys.setrecursionlimit"),
+    "sock_timeout": change(lambda: socket.setdefaulttimeout(0.5), socket.getdefaulttimeout, "socket.setdefaulttimeout"),
+    "warn_always": change(lambda: torch.set_warn_always(True), torch.is_warn_always_enabled, "torch.set_warn_always"),
+    "mkldnn": change(lambda: setattr(torch.backends.mkldnn, "enabled", False), lambda: torch.backends.mkldnn.enabled,
+                     "torch.backends.mkldnn.enabled"),
+    "multithreading": change(lambda: torch.autograd.set_multithreading_enabled(False),
+                             torch.autograd.is_multithreading_enabled, "autograd multithreading"),
+    "saved_hooks": change(lambda: enter("saved_hooks", torch.autograd.graph.saved_tensors_hooks(abs, abs)), saved_top,
+                          "saved_tensors_hooks"),
+    "module_hook": change(lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, i, o: o),
+                          lambda: len(hooks), "global nn.Module hooks"),
+    "numpy": change(lambda: numpy.seterr(all="raise"), lambda: numpy.geterr()["divide"], "numpy.seterr"),
+    "decimal": change(lambda: setattr(decimal.getcontext(), "prec", 3), lambda: decimal.getcontext().prec,
+                      "the decimal context"),
+    "profiler": change(lambda: enter("profiler", torch.profiler.profile()), torch._C._autograd._profiler_enabled,
+                       "a torch profiler left entered", lambda: leave("profiler")),
 }
 
 def teardown(check):
@@ -82,16 +118,19 @@ def body(chosen):
         CHANGES[name][0]()
     teardown(check)
     words, unfit = check.finish()
-    said = " | ".join(words)
+    said = " | ".join([*words, unfit])
+    # What is kept must be named as kept: "(not restored)", "still running", or why the pool goes.
+    kept_words = " | ".join([w for w in words if w.endswith(("(not restored)", "still running"))] + [unfit])
     try:
         for name in sorted(chosen):
             _, read, pattern, _ = CHANGES[name]
             kept = read() != reads[name]
-            named = pattern in said
-            assert not kept or named, f"{name}: kept and not named in {said!r}"
+            assert not kept or (pattern is not None and pattern in kept_words), (
+                f"{name}: kept and not named as kept in {said!r}")
         for name in set(CHANGES) - chosen:  # nothing is named that the body did not change
-            assert CHANGES[name][2] not in said or name in ("autocast", "autocast_dtype"), (name, said)
-        assert not unfit, unfit
+            assert CHANGES[name][2] is None or CHANGES[name][2] not in said or name in ("autocast", "autocast_dtype"), (name, said)
+        assert "flush-denormal" not in said or "denormal" in chosen, said
+        assert not unfit or {"meta_device", "profiler"} & chosen, unfit
     finally:
         for name in sorted(chosen):  # what is only named is undone here, for the next body
             undo = CHANGES[name][3]
@@ -100,6 +139,9 @@ def body(chosen):
 
 logging.getLogger().setLevel(logging.WARNING)
 os.umask(0o022)
+os.environ["TZ"] = "UTC"  # a zone that differs from Asia/Tokyo, as the rank's own
+time.tzset()
+os.environ["MASTER_PORT"] = "29400"
 body()
 print("ok")
 """
