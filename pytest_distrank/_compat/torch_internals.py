@@ -71,6 +71,37 @@ def process_groups() -> list[Any]:
     return list(c10d._world.pg_map)
 
 
+def new_gloo_group_named(ranks: list[int], name: str, desc: str) -> Any:
+    """A gloo group of ``ranks`` (global ranks, this rank among them) named ``name``, made by
+    its members only (no other rank of the world takes part).
+
+    ``dist.new_group(use_local_synchronization=True)`` names such a group by hashing the ranks
+    with the number of groups this *process* holds, so members holding different numbers of
+    groups compute different names and wait forever in each other's rendezvous. torch has no
+    public way to name a group: this calls ``distributed_c10d._new_process_group_helper`` and
+    fills ``_world.pg_group_ranks`` as ``_new_group_with_tag`` does (torch 2.x, private). If
+    torch renames either, every check across ranks on a group smaller than the world fails
+    here with an AttributeError or TypeError (the world's own twin too); nothing hangs.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    default = c10d._get_default_group()
+    _, store = c10d._world.pg_map[default]
+    gloo = c10d.Backend("gloo")
+    pg, _ = c10d._new_process_group_helper(
+        len(ranks),
+        ranks.index(default.rank()),
+        ranks,
+        gloo,
+        store,
+        c10d.GroupName(name) if hasattr(c10d, "GroupName") else name,
+        timeout=c10d._get_default_timeout(gloo),
+        group_desc=desc,
+    )
+    c10d._world.pg_group_ranks[pg] = {g: i for i, g in enumerate(ranks)}
+    return pg
+
+
 def sequence_number(pg: Any) -> int:
     """The number of collectives and point-to-point ops ``pg`` has issued on this rank.
 

@@ -4,12 +4,14 @@ never a test's leftover.
 Runs in rank processes of both modes. The checks across ranks (:mod:`rank.parity`) run their
 collectives on a twin of the test's group (the same ranks, gloo, made once per rank set), so
 that they never advance the sequence numbers of the test's own groups, which the hang verdicts
-and the sequence-number check read. A twin is made with ``use_local_synchronization=True``: only
-its members take part, and it takes a hashed name, so the counter that names the test's later
-groups ("1", "2", ...) does not move. :mod:`rank.leftovers` leaves owned groups alone
-(:func:`is_owned`). The ``mesh`` fixture's groups (:mod:`rank.meshes`) are owned too
-(:func:`own`): the fixture keeps each shape's mesh for the pool's life. torch is imported only
-when a function is called.
+and the sequence-number check read. Only a twin's members take part in making it, and it takes a
+name of its own that every member derives alike (its ranks and the meeting that agreed on it:
+:func:`_compat.torch_internals.new_gloo_group_named`), so the counter that names the test's
+later groups ("1", "2", ...) does not move, and members holding different numbers of groups
+agree (torch's hashed name counts the groups each process holds). :mod:`rank.leftovers` leaves
+owned groups alone (:func:`is_owned`). The ``mesh`` fixture's groups (:mod:`rank.meshes`) are
+owned too (:func:`own`): the fixture keeps each shape's mesh for the pool's life. torch is
+imported only when a function is called.
 
 A pool's ranks make the twin of their world when the pool starts (:func:`twin_of_world`), so a
 rank that skips a check leaves its peers in a collective the hang verdicts judge. Any other
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 from .. import _compat
+from .._compat.torch_internals import new_gloo_group_named
 from .paritytable import ranks_words
 
 #: What an owned group is for, as torch's ``group_desc`` (shown in flight records).
@@ -67,11 +70,7 @@ def twin(ranks: list[int], check: str = "a check across ranks") -> Any:
     key = (id(dist.group.WORLD), tuple(ranks))
     pg = _TWINS.get(key)
     if pg is None:
-        meet(ranks, check)
-        pg = dist.new_group(
-            ranks, backend="gloo", use_local_synchronization=True, group_desc=OWNED_DESC
-        )
-        _TWINS[key] = pg
+        pg = _TWINS[key] = new_gloo_group_named(ranks, meet(ranks, check), OWNED_DESC)
     return pg
 
 
@@ -82,9 +81,8 @@ def twin_of_world() -> None:
 
     if dist.is_initialized() and dist.get_world_size() > 1:
         ranks = list(range(dist.get_world_size()))
-        _TWINS[(id(dist.group.WORLD), tuple(ranks))] = dist.new_group(
-            ranks, backend="gloo", use_local_synchronization=True, group_desc=OWNED_DESC
-        )
+        name = f"distrank-twin/world/{_ranks_key(ranks)}"
+        _TWINS[(id(dist.group.WORLD), tuple(ranks))] = new_gloo_group_named(ranks, name, OWNED_DESC)
 
 
 class TwinMeetingError(RuntimeError):
@@ -93,22 +91,28 @@ class TwinMeetingError(RuntimeError):
     __module__ = "builtins"
 
 
-def meet(ranks: list[int], check: str, wait: float | None = None) -> None:
+def _ranks_key(ranks: list[int]) -> str:
+    return ",".join(map(str, ranks))
+
+
+def meet(ranks: list[int], check: str, wait: float | None = None) -> str:
     """Wait until every one of ``ranks`` came here, at most ``wait`` seconds, on the default
-    group's store; a TwinMeetingError names those that did not. Keys: this test's node id, the
-    ranks, and how many twins of them this process made in this test (the same on every member
-    that calls the same checks). The last to come says "go"; one that gives up says "gave up"
-    first (``compare_set``: one of the two wins, everyone reads the same)."""
+    group's store; a TwinMeetingError names those that did not. Returns the meeting's name,
+    the same on every member and unique in the world: the twin's name. Keys: this test's node
+    id, the ranks, and how many twins of them this process made in this test (the same on
+    every member that calls the same checks). The last to come says "go"; one that gives up
+    says "gave up" first (``compare_set``: one of the two wins, everyone reads the same)."""
     import torch.distributed as dist
 
     wait = MEET_WAIT if wait is None else wait
-    store = _default_store()
-    if store is None:
-        return
     test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
     count = _MEETINGS[(test, tuple(ranks))] = _MEETINGS.get((test, tuple(ranks)), 0) + 1
+    name = f"distrank-twin/{test}/{_ranks_key(ranks)}/{count}"
+    store = _default_store()
+    if store is None:
+        return name
     me = dist.get_rank()
-    where = dist.PrefixStore(f"distrank-twin/{test}/{','.join(map(str, ranks))}/{count}/", store)
+    where = dist.PrefixStore(f"{name}/", store)
     where.set(f"came/{me}", "1")
     if where.add("came", 1) == len(ranks):
         where.compare_set("verdict", "", "go")
@@ -117,7 +121,7 @@ def meet(ranks: list[int], check: str, wait: float | None = None) -> None:
         time.sleep(0.01)
     verdict = where.compare_set("verdict", "", "gave up").decode()
     if verdict == "go":
-        return
+        return name
     missing = [r for r in ranks if not where.check([f"came/{r}"])]
     group = f"the group of ranks {', '.join(map(str, ranks))}"
     if missing:

@@ -55,14 +55,22 @@ def current_test() -> str:
     return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
 
 
+#: How many ints a check's first exchange carries besides its status and call digest.
+FIRST_WIDTH = 4
+
+
 class Across:
     """The ranks of one check: the test's group, its members, this rank's place, the twin."""
 
-    def __init__(self, check: str, group: Any) -> None:
+    def __init__(self, check: str, group: Any, **arguments: Any) -> None:
         __tracebackhide__ = True
         import torch.distributed as dist
 
         self.check = check
+        #: The call as every rank must make it: the check and the arguments that decide the
+        #: verdict. The first exchange carries its digest (:meth:`_exchange`).
+        self.call = f"{check}({', '.join(f'{k}={v!r}' for k, v in arguments.items())})"
+        self.opened = False
         if not (dist.is_available() and dist.is_initialized()):
             raise ParityUsageError(
                 f"{check} in {current_test() or 'this test'}: torch.distributed has no default "
@@ -117,7 +125,7 @@ class Across:
         """Every rank's ``values`` (the same count on every rank), once every rank's own part
         succeeded; where one failed (:meth:`fail_together`), this rank fails too."""
         __tracebackhide__ = True
-        got = self.gather_ints([1, *values])
+        got = self._exchange(1, values)
         if not all(g[0] for g in got):
             self._settle(None)
         return [g[1:] for g in got]
@@ -126,8 +134,43 @@ class Across:
         """This rank's part failed with ``error``: say so in the :meth:`agree` its peers are
         in (``width`` values), then raise it; the peers raise naming this rank."""
         __tracebackhide__ = True
-        self.gather_ints([0] * (width + 1))
+        self._exchange(0, [0] * width)
         self._settle(error)
+
+    def _exchange(self, status: int, values: Sequence[int]) -> list[list[int]]:
+        """``[status, *values]`` of every rank. The check's first exchange has one width
+        whatever the check (:data:`FIRST_WIDTH` values) and carries the digest of
+        :attr:`call`: ranks that called different checks, or one check with other names or
+        arguments, fail here together, before any collective whose size the check decides."""
+        __tracebackhide__ = True
+        if self.opened:
+            return self.gather_ints([status, *values])
+        self.opened = True
+        key = hashlib.blake2b(self.call.encode(), digest_size=16).digest()
+        halves = [int.from_bytes(key[i : i + 8], "little", signed=True) for i in (0, 8)]
+        padding = [0] * (FIRST_WIDTH - len(values))
+        got = self.gather_ints([status, *halves, *values, *padding])
+        if len({tuple(g[1:3]) for g in got}) > 1:
+            self._calls_differ()
+        return [[g[0], *g[3 : 3 + len(values)]] for g in got]
+
+    def _calls_differ(self) -> NoReturn:
+        __tracebackhide__ = True
+        calls: list[str] = self.gather_objects(self.call)
+        groups = agreement(calls)
+        ref = majority([[self.ranks[p] for p in g] for g in groups])[0]
+        ref_call = calls[self.ranks.index(ref)]
+        lines = "\n".join(
+            f"  rank {r} called {c} where rank {ref} called {ref_call}"
+            for r, c in zip(self.ranks, calls, strict=True)
+            if c != ref_call
+        )
+        raise ParityUsageError(
+            f"A check across ranks in {current_test() or 'this test'}: the group of ranks "
+            f"{', '.join(map(str, self.ranks))} did not make the same call, so their values "
+            f"were not compared:\n{lines}\nEvery rank must call the same check with the same "
+            "name and arguments at the same point (checks pair by the order of the calls)."
+        )
 
     def _settle(self, error: Exception | None) -> NoReturn:
         __tracebackhide__ = True
@@ -279,7 +322,7 @@ def assert_equal_across_ranks(
     """
     __tracebackhide__ = True
     check = "assert_equal_across_ranks"
-    across = Across(check, group)
+    across = Across(check, group, name=name, equal_nan=equal_nan, allow_empty=allow_empty)
     if _one_rank(check, across, value, name):
         return
     try:
@@ -338,7 +381,9 @@ def assert_close_across_ranks(
     import torch
 
     check = "assert_close_across_ranks"
-    across = Across(check, group)
+    across = Across(
+        check, group, name=name, rtol=rtol, atol=atol, equal_nan=equal_nan, allow_empty=allow_empty
+    )
     if _one_rank(check, across, value, name):
         return
     try:
@@ -390,7 +435,7 @@ def assert_differs_across_ranks(
     """
     __tracebackhide__ = True
     check = "assert_differs_across_ranks"
-    across = Across(check, group)
+    across = Across(check, group, name=name, pairwise=pairwise)
     if across.size == 1:
         raise ParityUsageError(
             f"{check} in {current_test() or 'this test'} on a one-rank group (rank "

@@ -197,7 +197,8 @@ def assert_close_to_reference(
     __tracebackhide__ = True
     check = "assert_close_to_reference"
     chosen = data.check_guards(guards)
-    across = Across(check, group)
+    arguments = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, guards=chosen)
+    across = Across(check, group, name=name, allow_empty=allow_empty, **arguments)
     me = across.ranks[across.index]
     try:
         rows = _rows(me, dist_out, ref_out, name, allow_empty, rtol, atol, equal_nan, chosen)

@@ -251,6 +251,40 @@ def test_rank_skips_a_subgroup_check(rank):  # D14: a subgroup's twin is made by
             dist.destroy_process_group(sub)
 
 
+@pytest.mark.world_size(4)
+@pytest.mark.timeout(40)
+def test_members_hold_different_groups(rank):  # attack-c r1: the twin's hashed name differed
+    g01 = dist.new_group([0, 1])
+    g12 = dist.new_group([1, 2])
+    try:
+        if rank in (0, 1):
+            assert_equal_across_ranks(torch.ones(2), group=g01)
+        if rank in (1, 2):
+            assert_equal_across_ranks(torch.ones(2), group=g12)
+    finally:
+        for g, members in ((g01, (0, 1)), (g12, (1, 2))):
+            if rank in members:
+                dist.destroy_process_group(g)
+
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("how", ["order", "check", "reference", "argument"])
+def test_ranks_make_other_calls(rank, how):  # attack-c r12, r8, r7: paired by call order
+    t = torch.ones(2)
+    if how == "order":
+        for n in (["w1", "w2"] if rank == 0 else ["w2", "w1"]):
+            assert_equal_across_ranks(t, name=n)
+    elif how == "check":
+        (assert_equal_across_ranks if rank == 0 else assert_close_across_ranks)(t)
+    elif how == "reference":
+        if rank == 0:
+            assert_equal_across_ranks(t)
+        else:
+            assert_close_to_reference(t, t + 1)
+    else:
+        assert_equal_across_ranks(t, equal_nan=rank == 0)
+
+
 @pytest.mark.world_size(2)
 def test_nested_reference(rank):  # hostile-4 D19
     def inner():
@@ -543,6 +577,36 @@ def test_a_rank_that_skips_a_subgroup_check_is_named(parity: Shared) -> None:
         "  rank 1/4  passed",
     )
     assert seconds(parity, test) < 20
+
+
+def test_members_holding_different_groups_check_a_subgroup(parity: Shared) -> None:
+    """attack-c r1: the twin took torch's hashed name, which counts the groups each process
+    holds: rank 1 (in two groups) and rank 0 (in one) waited in each other's rendezvous."""
+    test = "test_members_hold_different_groups"
+    assert parity.outcome(test) == "passed"
+    assert seconds(parity, test) < 20
+
+
+def test_ranks_that_make_other_calls_fail_together_naming_them(parity: Shared) -> None:
+    """attack-c r12/r8/r7: checks paired by call order: rank 0's 'w1' passed against rank 1's
+    'w2'; other checks crashed in all_gather; other arguments gave other verdicts."""
+    head = "*ParityUsageError: A check across ranks in test_cases.py::test_ranks_make_other_calls"
+    cases = {
+        "order": "*  rank 1 called assert_equal_across_ranks(name='w2', equal_nan=False, "
+        "allow_empty=False) where rank 0 called assert_equal_across_ranks(name='w1', *",
+        "check": "*  rank 1 called assert_close_across_ranks(name='value', rtol=None, atol=None, "
+        "*where rank 0 called assert_equal_across_ranks(name='value', *",
+        "reference": "*  rank 1 called assert_close_to_reference(name='output', *where rank 0 "
+        "called assert_equal_across_ranks(*",
+        "argument": "*  rank 1 called assert_equal_across_ranks(name='value', equal_nan=False, "
+        "allow_empty=False) where rank 0 called assert_equal_across_ranks(name='value', "
+        "equal_nan=True, allow_empty=False)",
+    }
+    for how, line in cases.items():
+        test = f"test_ranks_make_other_calls[{how}]"
+        section = failed_with(parity, test, head + "*", line)
+        assert "killed" not in "\n".join(section.lines)
+        assert seconds(parity, test) < 20
 
 
 def test_a_nested_reference_is_refused(parity: Shared) -> None:
