@@ -16,18 +16,20 @@ changes are measured around its setup), less what such fixtures undid when torn 
 - What can be restored is restored: environment variables, the working folder, the default dtype
   and device, grad mode, deterministic algorithms, torch's thread count and ``torch.backends``
   flags (precision through ``fp32_precision``: reading the legacy ``allow_tf32`` raises once a test
-  used the new API; :mod:`torchstate` reads and restores them), torch.compile's compiled code and
-  counters (``torch._dynamo.reset``), process groups the test created and left (destroyed). The
-  controller names them in the summary.
+  used the new API; :mod:`torchstate` reads and restores them), process-wide switches
+  (:mod:`switches`: the collector, numpy's errors, global module hooks, ...), process groups the
+  test created and left (destroyed). The controller names them in the summary. torch.compile's
+  compiled code and counters are reset (``torch._dynamo.reset``) unnamed: compiling is normal.
 - What cannot be restored makes the pool unfit (the next test gets fresh ranks): a non-daemon
   thread still running (a fresh process would wait for it at exit), a process group that could not
-  be destroyed. A daemon thread, and an idle worker of a ``ThreadPoolExecutor`` (an executor
-  typically lives as long as the process), are named only.
+  be destroyed, a torch function mode, ``inference_mode`` or profiler left entered. A daemon
+  thread, and an idle worker of a ``ThreadPoolExecutor`` (an executor typically lives as long as
+  the process), are named only.
 - ``--distrank-leftovers=fail`` also fails the test: an error at its teardown naming what it left.
 
-What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``MASTER_PORT``, ``DISTRANK_*``) and what
-the ini lists ``distrank_leftovers_ignore_env`` and ``distrank_leftovers_ignore_threads`` name
-never count.
+What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``DISTRANK_*``) and what the ini lists
+``distrank_leftovers_ignore_env`` and ``distrank_leftovers_ignore_threads`` name never count;
+``MASTER_ADDR`` and ``MASTER_PORT`` are put back to the rank's own values, unnamed.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from .switches import PROFILER, restore_switch, switch_words
 from .torchstate import (
     DYNAMO,
     FUNCTION_MODES,
+    INFERENCE,
     dynamo_default,
     flag_words,
     reset_dynamo_config,
@@ -327,6 +330,14 @@ class LeftoverCheck:
             return
         if key == "default device" and modes != expected.torch.get(FUNCTION_MODES):
             return  # a torch.device(...) left entered: named with the function modes
+        if key == INFERENCE:  # no setter, and later tests would make inference tensors
+            if now.torch.get(INFERENCE):
+                self.found.unfit.append(f"left torch.inference_mode entered{by}")
+            return
+        if key in ("grad mode", "autograd multithreading") and (
+            now.torch.get(INFERENCE) != expected.torch.get(INFERENCE)
+        ):
+            return  # what the inference mode sets: named with it
         if key not in expected.torch:  # dynamo imported during the test: compared with defaults
             if not key.startswith(DYNAMO) or dynamo_default(key):
                 return

@@ -40,6 +40,8 @@ PRINT_FIELDS = ("precision", "threshold", "edgeitems", "linewidth", "sci_mode")
 PRINT_DEFAULTS = (4, 1000, 3, 80, None)
 #: The key of the torch function modes entered (named, never restored: the pool goes).
 FUNCTION_MODES = "function modes"
+#: The key of ``torch.inference_mode`` (named, never restored: no setter; the pool goes).
+INFERENCE = "inference mode"
 #: Prefix of the keys of ``torch._dynamo.config`` entries.
 DYNAMO = "torch._dynamo.config."
 #: Values longer than this are cut in the words (a config entry may hold a long list).
@@ -113,6 +115,7 @@ def _modes(torch: Any) -> dict[str, Any]:
             "warn always": torch.is_warn_always_enabled,
             "autograd multithreading": torch.autograd.is_multithreading_enabled,
             FUNCTION_MODES: lambda: function_modes(torch),
+            INFERENCE: torch.is_inference_mode_enabled,
             "print options": lambda: tuple(
                 getattr(torch._tensor_str.PRINT_OPTS, field) for field in PRINT_FIELDS
             ),
