@@ -44,6 +44,7 @@ from .frcalls import DTYPES as DTYPES
 from .frcalls import Call as Call
 from .frcalls import calls_of as calls_of
 from .frcalls import group_of_ranks as group_of_ranks
+from .frcalls import reaches_back, renumber
 from .frjson import dump as dump
 from .frjson import load as load
 from .merge import ranks_words
@@ -118,11 +119,18 @@ def explain(
     (None: none), which a group's own timeout may come before (:func:`_way_out`).
     """
     starts = since_ns if isinstance(since_ns, Mapping) else dict.fromkeys(dumps, since_ns)
-    calls = {
-        rank: calls_of(dump, starts.get(rank, 0))
+    calls = renumber(
+        {
+            rank: calls_of(dump, starts.get(rank, 0))
+            for rank, dump in dumps.items()
+            if dump is not None
+        }
+    )
+    partial = frozenset(
+        rank
         for rank, dump in dumps.items()
-        if dump is not None
-    }
+        if dump is not None and not reaches_back(dump, starts.get(rank, 0))
+    )
     if not calls:
         return None
     lines = {rank: _line(rank_calls) for rank, rank_calls in calls.items()}
@@ -133,7 +141,14 @@ def explain(
     )
     dumped = {rank: int(dump.get("dumped_ns") or 0) for rank, dump in dumps.items() if dump}
     facts = _Facts(
-        calls, where or {}, frozenset(finished), frozenset(lost), world_size, deadlines, dumped
+        calls,
+        where or {},
+        frozenset(finished),
+        frozenset(lost),
+        world_size,
+        deadlines,
+        dumped,
+        partial,
     )
     return Story({rank: line for rank, line in lines.items() if line}, _verdict(facts))
 
@@ -224,6 +239,10 @@ class _Facts:
     deadlines: Mapping[int, int] = dataclasses.field(default_factory=dict)
     #: Per rank, when its records were taken, on its clock (ns; 0: unknown).
     dumped: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    #: The ranks whose records no longer reach back to the test's start (the ring buffer
+    #: overwrote its first records): a group none of whose calls there could be numbered says
+    #: nothing of them.
+    partial: frozenset[int] = frozenset()
 
     def words(self, ranks: Sequence[int]) -> str:
         """``rank 2/4``, ``ranks 0, 1 of 2`` (``rank 2`` without a world size)."""
@@ -232,16 +251,22 @@ class _Facts:
             return text
         return f"{text}/{self.world_size}" if len(ranks) == 1 else f"{text} of {self.world_size}"
 
-    def count(self, rank: int, key: str) -> int:
-        """How many collectives ``rank`` issued on the group ``key`` in the test."""
-        return sum(1 for c in self.calls.get(rank, ()) if c.key == key)
+    def count(self, rank: int, key: str) -> int | None:
+        """How many collectives ``rank`` issued on the group ``key`` in the test (its last
+        one's number); None when unknown (its records were overwritten: :attr:`partial`)."""
+        numbers = [c.number for c in self.calls.get(rank, ()) if c.key == key]
+        if rank in self.partial and not any(n > 0 for n in numbers):
+            return None
+        return max(numbers, default=0)
 
     def gone_without(self, rank: int, key: str, number: int) -> bool:
         """``rank`` finished the test or died without entering collective ``#number`` of
         ``key``: it never will."""
-        if rank in self.lost:
-            return rank not in self.calls or self.count(rank, key) < number
-        return rank in self.finished and rank in self.calls and self.count(rank, key) < number
+        if rank in self.lost and rank not in self.calls:
+            return True
+        count = self.count(rank, key)
+        left = rank in self.lost or (rank in self.finished and rank in self.calls)
+        return left and count is not None and count < number
 
 
 #: A collective's place: its group's identity (the recorder's name) and its number there.
@@ -259,7 +284,11 @@ def _verdict(facts: _Facts) -> Verdict:
     descheduled on a loaded machine is silent too, with its peers' data in its socket. Slots are
     looked at in an order that does not depend on the groups' names (their words, numbers and
     ranks), so that renaming groups never changes a verdict."""
-    waiting = {rank: pending[-1] for rank, cs in facts.calls.items() if (pending := _pending(cs))}
+    waiting = {
+        rank: pending[-1]
+        for rank, cs in facts.calls.items()
+        if (pending := _pending(cs)) and pending[-1].number > 0  # 0: unknown, proves nothing
+    }
     if not waiting:
         return Verdict()
     by_slot: dict[Slot, dict[int, Call]] = {}
@@ -356,9 +385,9 @@ def _entered(facts: _Facts, key: str, number: int) -> dict[int, Call]:
     """Every rank's collective ``#number`` on the group ``key``, finished or not."""
     out = {}
     for rank, calls in facts.calls.items():
-        on_group = [c for c in calls if c.key == key]
-        if len(on_group) >= number:
-            out[rank] = on_group[number - 1]
+        for call in calls:
+            if call.key == key and call.number == number:
+                out[rank] = call
     return out
 
 
@@ -418,8 +447,9 @@ def _missing(facts: _Facts, slot: Slot, at: Mapping[int, Call]) -> Verdict:
     for rank in sorted(candidates):
         if rank in at or (rank not in facts.calls and rank not in facts.lost):
             continue  # waiting in it, or no records: nothing known of it
-        if rank in facts.calls and facts.count(rank, key) >= number:
-            continue
+        count = facts.count(rank, key) if rank in facts.calls else 0
+        if count is None or count >= number:
+            continue  # entered it, or its records no longer say
         on_group = [c for c in facts.calls.get(rank, []) if c.key == key]
         last = on_group[-1] if on_group else None
         after = f" (after {last.op} #{last.number})" if last else ""

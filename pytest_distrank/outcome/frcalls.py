@@ -57,6 +57,9 @@ class Call:
     timeout_ms: int = 0
     #: On one of the plugin's twin groups: part of a check across ranks, not the test's own.
     check: bool = False
+    #: The recorder's ``collective_seq_id`` (the same on every member for the same collective;
+    #: 0: not recorded).
+    seq: int = 0
 
     def what(self) -> str:
         """The collective in words: ``all_reduce #2 on the default group``, or for a check's
@@ -66,15 +69,33 @@ class Call:
         return self._slot()
 
     def _slot(self) -> str:
-        return f"{self.op} #{self.number} on {self.group}"
+        number = self.number if self.number > 0 else "?"
+        return f"{self.op} #{number} on {self.group}"
 
 
 #: The checks across ranks, in words.
 CHECK_CALLS = "assert_*_across_ranks"
 
 
+def reaches_back(dump: Mapping[str, Any], since_ns: int) -> bool:
+    """The dump holds every record since the test started: the recorder's ring buffer
+    (``TORCH_FR_BUFFER_SIZE`` entries, all groups together) drops its oldest records first, so
+    it does while it still holds one from before the test, or none was ever dropped (its
+    oldest record id is 0; unknown ids count as none dropped)."""
+    entries = dump.get("entries") or []
+    if not entries:
+        return True
+    oldest = min(int(e.get("record_id", -1)) for e in entries)
+    return oldest <= 0 or any(int(e.get("time_created_ns") or 0) < since_ns for e in entries)
+
+
 def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
-    """The collectives (not point-to-point ops) a rank issued since the test started."""
+    """The collectives (not point-to-point ops) a rank issued since the test started.
+
+    Numbered per group by counting where :func:`reaches_back`; otherwise (the test's first
+    records were overwritten) the number is 0, unknown, until :func:`renumber` gives it from
+    the sequence ids of a rank whose dump reaches back."""
+    complete = reaches_back(dump, since_ns)
     groups = _group_names(dump)
     configs = {
         str(name): config
@@ -94,7 +115,7 @@ def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
             Call(
                 op=str(entry.get("profiling_name", "?")).split(":")[-1],
                 group=groups.get(key, f"group {key!r}"),
-                number=counts[key],
+                number=counts[key] if complete else 0,
                 done=bool(entry.get("retired")),
                 tensors=_tensors(entry.get("input_dtypes"), entry.get("input_sizes")),
                 members=tuple(_members(config.get("ranks")) or ()),
@@ -102,9 +123,32 @@ def calls_of(dump: Mapping[str, Any], since_ns: int) -> list[Call]:
                 created_ns=created,
                 timeout_ms=int(entry.get("timeout_ms") or 0),
                 check=config.get("owner") == CHECK_OWNER,
+                seq=int(entry.get("collective_seq_id") or 0),
             )
         )
     return out
+
+
+def renumber(calls: Mapping[int, list[Call]]) -> dict[int, list[Call]]:
+    """Every rank's calls, those of unknown number (0: :func:`calls_of`) numbered by their
+    sequence id relative to their group's value at the test's start, which a rank whose dump
+    reaches back gives (its numbered calls: sequence id minus number). A group no such rank
+    issued a call on in the test keeps its calls unknown (0): it proves nothing."""
+    bases: dict[str, set[int]] = {}
+    for rank_calls in calls.values():
+        for c in rank_calls:
+            if c.number > 0 and c.seq > 0:
+                bases.setdefault(c.key, set()).add(c.seq - c.number)
+    known = {key: next(iter(b)) for key, b in bases.items() if len(b) == 1}
+    return {
+        rank: [
+            dataclasses.replace(c, number=c.seq - known[c.key])
+            if c.number == 0 and c.key in known and c.seq > known[c.key]
+            else c
+            for c in rank_calls
+        ]
+        for rank, rank_calls in calls.items()
+    }
 
 
 def group_of_ranks(ranks: Sequence[int]) -> str:

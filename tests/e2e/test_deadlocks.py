@@ -4,7 +4,9 @@ Issue 28. One inner session (``DEADLOCKS``, a 60 s deadline): four deadlocks the
 (a rank that leaves, an op mismatch, a shape mismatch, a rank stuck on a group its peer left),
 each ending within 10 s with the root cause in the head, ``-ra`` and junit's message; and what
 must never end early: a rank that joins 8 s late, a legal uneven ``all_to_all_single``, object
-collectives and point-to-point ops of different sizes. Hostile review 4's cases (``HOSTILE4``):
+collectives and point-to-point ops of different sizes, a rank 4 s late after its peers'
+200-record flight recorders (the session's ``TORCH_FR_BUFFER_SIZE``) overwrote the test's first
+records. Hostile review 4's cases (``HOSTILE4``):
 proven hangs where other members completed their part, ranks in ``Work.wait()`` or DDP's
 backward, and a rank that skips a check across ranks (named as that check) end early too; two
 groups of the same ranks and a test of a group's own timeout never do. ``DISTRANK_TEST_WAITS=1``
@@ -92,6 +94,20 @@ def test_late_joiner_passes(rank, pg):
     t = torch.ones(1)
     dist.all_reduce(t)
     assert t.item() == 4
+
+
+@pytest.mark.world_size(3)
+def test_slow_rank_after_the_ring_buffer_wrapped_passes(rank, pg):
+    g02 = dist.new_group([0, 2])
+    t = torch.ones(1)
+    dist.broadcast(t, src=0)
+    if rank == 1:
+        time.sleep(4)
+    else:
+        for _ in range(250):  # more than the session's 200 records: broadcast #1 is overwritten
+            dist.all_reduce(t, group=g02)
+    dist.all_reduce(t)
+    dist.barrier()
 
 """
 
@@ -222,7 +238,7 @@ DEADLOCKS = Session(
     "test_hangs_explained.DEADLOCKS",
     {"test_cases.py": DEADLOCK_CASES + LEGAL_SIZES + HOSTILE4},
     ("-ra", "--distrank-timeout=60"),
-    {"DEADLOCK_CLOCK": "{folder}/clock"},
+    {"DEADLOCK_CLOCK": "{folder}/clock", "TORCH_FR_BUFFER_SIZE": "200"},
 )
 
 
@@ -326,9 +342,10 @@ def test_slow_ranks_and_legal_uneven_sizes_are_never_ended_early(
     shared = DEADLOCKS.run(shared_session)
     assert shared.outcomes(
         "test_late_joiner_passes",
+        "test_slow_rank_after_the_ring_buffer_wrapped_passes",
         "test_uneven_all_to_all_passes",
         "test_object_collectives_and_p2p_of_different_sizes_pass",
-    ) == ["passed", "passed", "passed"]
+    ) == ["passed", "passed", "passed", "passed"]
 
 
 def test_groups_of_the_same_ranks_and_a_groups_own_timeout_are_never_ended_early(

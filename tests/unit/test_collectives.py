@@ -237,6 +237,10 @@ def test_records_are_json_and_a_pickle_is_never_unpickled() -> None:
         load(collectives.dump(data)) == data == load(collectives.dump(data).decode())
     )  # one format in both modes
     story = explain({0: data}, START)
+    assert story is not None and story.lines == {  # records 0-2 were overwritten: no number
+        0: "in all_reduce #? on the default group (float32[4])"
+    }
+    story = explain({0: {**data, "entries": [{**kept, "record_id": 0}]}}, START)
     assert story is not None and story.lines == {
         0: "in all_reduce #1 on the default group (float32[4])"
     }

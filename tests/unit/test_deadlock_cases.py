@@ -140,3 +140,40 @@ def test_an_unmatched_collective_over_on_its_rank_says_what_ended_it(
     assert "docs/failure-reports.md" in op
     monkeypatch.setattr(groupstate, "flight_entries", lambda: [{**over, "retired": False}])
     assert groupstate.collective_counts() == {"group '1' (ranks 0, 1, 2)": (1, "gloo:barrier")}
+
+
+def numbered(entry: dict[str, Any], record_id: int, seq: int) -> dict[str, Any]:
+    return {**entry, "record_id": record_id, "collective_seq_id": seq}
+
+
+def test_overwritten_records_are_matched_by_sequence_id() -> None:
+    """Attack n2: ranks 0, 2 issued 250 all_reduces on their group with a 200-record ring;
+    their world broadcast #1 was overwritten, so counting made their all_reduce #2 a "#1" facing
+    rank 1's broadcast #1: a mismatch, a correct test ended. By sequence id it is #2, which rank
+    1 (sleeping) has not entered yet: nothing proven."""
+    groups = {**WORLD3, "1": {"ranks": "[0, 2]"}}
+    busy = [numbered(call("all_reduce", True, "1"), 51 + n, 51 + n) for n in range(199)]
+    ahead = numbered(call("all_reduce", False), 250, 8)
+    rank1 = records(numbered(call("broadcast", True), 0, 7), groups=groups)
+    dumps = {
+        0: records(*busy, ahead, groups=groups),
+        1: rank1,
+        2: records(*busy, ahead, groups=groups),
+    }
+    story = explain(dumps, START, world_size=3)
+    assert story is not None and not story.verdict.proven
+    assert story.lines[0] == "in all_reduce #2 on the default group (float32[4])"
+
+
+def test_a_group_whose_records_were_overwritten_proves_nothing() -> None:
+    """Rank 0 finished, its ring holding only its subgroup's records: whether it entered the
+    world's all_reduce #1 rank 1 waits in, its records no longer say (before: "rank 0 never
+    entered it", the test ended)."""
+    groups = {**WORLD3, "1": {"ranks": "[0, 2]"}}
+    rank0 = records(
+        *[numbered(call("barrier", True, "1"), 9 + n, 4 + n) for n in range(3)], groups=groups
+    )
+    rank1 = records(numbered(call("all_reduce", False), 0, 1), groups=groups)
+    story = explain({0: rank0, 1: rank1}, START, finished={0}, world_size=3)
+    assert story is not None and not story.verdict.proven
+    assert "rank 0" not in story.verdict.text

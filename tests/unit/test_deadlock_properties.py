@@ -22,6 +22,11 @@ Rules:
 4. No state whose waited collectives are on groups with a timeout before the test's deadline
    ends early before that timeout (and its margin) passed: the timeout ends the collective
    with an error the test may catch.
+
+Rule 1 also holds when each rank's recorder is a ring buffer of a generated size that dropped
+its oldest records (before the test's or the test's own), its groups' sequence ids starting
+anywhere: collectives are matched across ranks by sequence id, and a group no rank's records
+reach back for proves nothing.
 """
 
 from __future__ import annotations
@@ -116,8 +121,19 @@ def names_of(program: Program) -> list[str]:
     return [str(i) for i in range(len(program.groups))]
 
 
+@dataclasses.dataclass(frozen=True)
+class Ring:
+    """The recorder of every rank: ``before`` collectives on the default group before the test,
+    each group's sequence ids starting after ``bases[g]``, only the last ``size`` records kept
+    (0: all)."""
+
+    size: int = 0
+    before: int = 0
+    bases: tuple[int, ...] = ()
+
+
 def records(
-    state: State, names: list[str], now: int, timeout_ms: int = TIMEOUT_MS
+    state: State, names: list[str], now: int, timeout_ms: int = TIMEOUT_MS, ring: Ring = Ring()
 ) -> dict[int, dict[str, Any]]:
     program = state.program
     out = {}
@@ -127,11 +143,26 @@ def records(
             for g, members in enumerate(program.groups)
             if rank in members
         }
-        entries = []
+        entries: list[dict[str, Any]] = [
+            {
+                "profiling_name": "gloo:barrier",
+                "process_group": [names[0], "default_pg"],
+                "retired": True,
+                "time_created_ns": START - 1,
+                "collective_seq_id": n + 1,
+                "input_sizes": [],
+                "input_dtypes": [],
+            }
+            for n in range(ring.before)
+        ]
+        seqs = [ring.before if g == 0 else 0 for g in range(len(program.groups))]
+        seqs = [s + (ring.bases[g] if g < len(ring.bases) else 0) for g, s in enumerate(seqs)]
         for event, at in state.entered[rank]:
             ev = program.events[event]
+            seqs[ev.group] += 1
             entries.append(
                 {
+                    "collective_seq_id": seqs[ev.group],
                     "profiling_name": f"gloo:{ev.op}",
                     "process_group": [names[ev.group], "default_pg" if ev.group == 0 else ""],
                     "retired": state.done(rank, event),
@@ -141,14 +172,19 @@ def records(
                     "input_dtypes": ["Float"],
                 }
             )
-        out[rank] = {"entries": entries, "pg_config": config, "dumped_ns": now}
+        for n, record in enumerate(entries):
+            record["record_id"] = n
+        kept = entries[-ring.size :] if ring.size else entries
+        out[rank] = {"entries": kept, "pg_config": config, "dumped_ns": now}
     return out
 
 
-def judge(state: State, names: list[str], now: int, timeout_ms: int = TIMEOUT_MS) -> Verdict:
+def judge(
+    state: State, names: list[str], now: int, timeout_ms: int = TIMEOUT_MS, ring: Ring = Ring()
+) -> Verdict:
     world = state.program.world
     finished = {r for r in range(world) if state.finished(r)}
-    dumps = records(state, names, now, timeout_ms)
+    dumps = records(state, names, now, timeout_ms, ring)
     story = explain(dumps, START, finished=finished, world_size=world, timeout_s=60.0)
     return Verdict() if story is None else story.verdict
 
@@ -220,13 +256,18 @@ def completes(state: State) -> bool:
 def test_no_state_of_an_execution_that_completes_ends_early(
     program: Program, data: st.DataObject
 ) -> None:
-    """Rule 1."""
+    """Rule 1, with each rank's recorder a ring buffer of a generated size."""
     slow = data.draw(st.integers(0, program.world - 1), label="slow rank")
     seen, last = run(program, data, slow)
     assume(completes(last))
     names = names_of(program)
+    ring = Ring(
+        data.draw(st.integers(0, 8), label="ring size"),
+        data.draw(st.integers(0, 3), label="records before the test"),
+        tuple(data.draw(st.lists(st.integers(0, 5), max_size=4), label="sequence bases")),
+    )
     for state in seen:
-        verdict = judge(state, names, START + 10**9)
+        verdict = judge(state, names, START + 10**9, ring=ring)
         assert not ends_early(state, verdict), verdict
 
 
