@@ -189,10 +189,10 @@ def unmet_death(expected: ExpectedExit, status: int | None, output: str) -> str 
         return f"was expected to {expected.words()} ({expected.source}), not {died}"
     if expected.match and re.search(expected.match, last_lines(output)) is None:
         return (
-            f"exited with {died} as expected, but its last {MATCH_LINES} lines of output do "
-            f"not match {expected.match!r} ({expected.source}); a rank's output that pytest "
-            "captured is lost with it: run with -s to send it to the rank's log, where match= "
-            "reads it"
+            f"printed nothing matching {expected.match!r} in its last {MATCH_LINES} lines of "
+            f"output ({expected.source} expects it with the {died} it exited with); match= "
+            "reads the rank's log, and output pytest captured dies with the rank: only under -s "
+            "does all of it reach the log"
         )
     return None
 

@@ -6,9 +6,11 @@ its ``expect_rank_exit`` markers before it is sent, and from its ranks during it
 ``special_return_code_checks``). While any rank is expected to exit, the failure grace is off:
 the survivors run to the end of the test or its deadline, to show how they handled the death.
 
-A rank that died as expected gets passed reports, its row saying so; its pool is replaced as
-after any crash. One that died another way is a crash whose row says which expectation was not
-met; one that survived fails the test the same way. Every injected fault that fired is listed in
+A rank's marker and a fault that kills it are both checked: its death must meet each (a
+``faults.kill`` by SIGKILL never meets ``exit_code=3``). A rank that died as expected gets passed
+reports, its row saying so; its pool is replaced as after any crash. One that died another way is
+a crash whose row says which expectation was not met; one that survived fails the test the same
+way. Every injected fault that fired is listed in
 its rank's report (a section ``distrank: injected fault``), so nobody mistakes it for a real
 crash.
 """
@@ -49,6 +51,9 @@ class Exits:
     injected: dict[int, list[tuple[str, str]]] = dataclasses.field(default_factory=dict)
     #: Ranks that died the way they were expected to.
     met: set[int] = dataclasses.field(default_factory=set)
+    #: Per rank, an earlier expectation (its marker's) that a later one (a kill's) joined: the
+    #: death must meet both.
+    earlier: dict[int, ExpectedExit] = dataclasses.field(default_factory=dict)
 
     def start(self, attempt: Attempt) -> None:
         if self.expected:
@@ -63,7 +68,12 @@ class Exits:
             self.injected.setdefault(message.rank, []).append((message.when, message.injected))
         if message.source and message.code is None:  # it lived: judged in the rank
             self.expected.pop(message.rank, None)
+            if message.rank in self.earlier:
+                self.expected[message.rank] = self.earlier.pop(message.rank)
         elif message.source:
+            old = self.expected.get(message.rank)
+            if old is not None and old.source != message.source:
+                self.earlier.setdefault(message.rank, old)
             self.expected[message.rank] = ExpectedExit(
                 message.rank, message.code, "", message.source
             )
@@ -78,7 +88,10 @@ class Exits:
         rank.process.join(5)
         status = rank.process.exitcode
         output = read_from(rank.log_path, rank.log_offset)
-        why = unmet_death(expected, status, output)
+        earlier = self.earlier.get(rank.rank)
+        why = unmet_death(expected, status, output) or (
+            None if earlier is None else unmet_death(earlier, status, output)
+        )
         reports = attempt.result.reports[rank.rank]
         attempt.pool.broken = attempt.pool.broken or (
             f"rank {rank.rank} exited ({signal_name(status)}) "

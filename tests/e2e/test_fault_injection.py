@@ -84,6 +84,14 @@ def test_bad_marker(rank):
     pass
 
 
+@pytest.mark.world_size(2)
+@pytest.mark.expect_rank_exit(rank=1, exit_code=3)
+def test_marker_and_kill(rank, faults):
+    faults.kill(rank=1, at="barrier")
+    if rank == 1:
+        dist.barrier()
+
+
 @pytest.mark.world_size(3)
 def test_fault_kill(rank, faults):
     faults.kill(rank=2, at="all_reduce", nth=2)
@@ -255,7 +263,12 @@ def test_expected_deaths_pass_and_the_next_test_is_unaffected(
 
 def test_unmet_expectations_fail_saying_which(shared_session: SharedSession) -> None:
     shared = INJECTION.run(shared_session)
-    assert shared.outcomes("test_survived", "test_other_death", "test_no_match") == ["failed"] * 3
+    assert (
+        shared.outcomes(
+            "test_survived", "test_other_death", "test_no_match", "test_marker_and_kill"
+        )
+        == ["failed"] * 4
+    )
     marker = "@pytest.mark.expect_rank_exit(rank=1, signal='SIGKILL')"
     shared.section("test_survived").fnmatch_lines(
         [f"  rank 1/2  did not exit: it was expected to exit by SIGKILL ({marker}) but finished*"]
@@ -267,7 +280,17 @@ def test_unmet_expectations_fail_saying_which(shared_session: SharedSession) -> 
         ]
     )
     shared.section("test_no_match").fnmatch_lines(
-        ["*exited with exit code 0 as expected, but its last 50 lines of output do not match*"]
+        [
+            "  rank 1/2  crashed in call with exit code 0, but it printed nothing matching 'never "
+            "written' in its last 50 lines of output (*expects it with the exit code 0 it exited*"
+        ]
+    )
+    # Hostile review a, f7: the kill's expectation replaced the marker's; both count.
+    shared.section("test_marker_and_kill").fnmatch_lines(
+        [
+            "  rank 1/2  crashed *, but it was expected to exit with code 3 "
+            "(@pytest.mark.expect_rank_exit(rank=1, exit_code=3)), not SIGKILL(-9)*"
+        ]
     )
     shared.section("test_unexpected_rank").fnmatch_lines(
         ["  rank 0/2  crashed in call with exit code 9*", "  rank 1/2  exited as expected*"]

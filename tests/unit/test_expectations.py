@@ -78,7 +78,11 @@ def test_judging_a_death() -> None:
     matching = ExpectedExit(1, None, r"boom \d", "M")
     assert unmet_death(matching, -6, "a\nboom 3\n") is None
     why = unmet_death(matching, -6, "boom 3\n" + "x\n" * 60)  # only the last 50 lines count
-    assert why is not None and "do not match 'boom \\\\d'" in why and "-s" in why
+    assert why == (
+        "printed nothing matching 'boom \\\\d' in its last 50 lines of output (M expects it with "
+        "the SIGABRT(-6) it exited with); match= reads the rank's log, and output pytest captured "
+        "dies with the rank: only under -s does all of it reach the log"
+    )  # one "but" in the crash line ("crashed ..., but it printed nothing ..."), no "as expected"
     assert met_note(kill, -9) == "exited as expected: SIGKILL(-9) (M)"
 
 
