@@ -426,6 +426,9 @@ def test_loads_with_workers(rank):
 
     data = TensorDataset(torch.arange(32.0))
     assert sum(b[0].sum().item() for b in DataLoader(data, batch_size=4, num_workers=2)) == 496
+    # multiprocessing's forkserver (and its resource tracker) live as long as the rank
+    loader = DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context="forkserver")
+    assert sum(b[0].sum().item() for b in loader) == 496
 """
     },
     ("--distrank-leftovers=fail",),
