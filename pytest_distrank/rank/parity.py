@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
 import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -204,6 +205,27 @@ class Across:
         dist.all_gather_object(out, value, group=self.pg)
         return out
 
+    def gather_leaves(self, found: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
+        """Every rank's leaves, for the failure's table. What travels is str, int and bytes
+        (:func:`paritydata.portable`); a rank that cannot send its leaves says so in the same
+        gather, and every rank fails naming it, so no peer is left waiting."""
+        __tracebackhide__ = True
+        try:
+            sent: tuple[str | None, Any] = (None, data.portable(found))
+            pickle.dumps(sent)
+        except Exception as exc:
+            sent = (f"{type(exc).__name__}: {exc}", [])
+        every = self.gather_objects(sent)
+        failed = [(self.ranks[p], err) for p, (err, _) in enumerate(every) if err is not None]
+        if failed:
+            lines = "\n".join(f"  rank {r}: {err}" for r, err in failed)
+            raise RuntimeError(
+                f"{self.check} failed in {current_test() or 'this test'}: the values differ "
+                f"between ranks, but {ranks_words(r for r, _ in failed)} could not send its "
+                f"values for the table:\n{lines}"
+            )
+        return [data.from_portable(leaves) for _, leaves in every]
+
     def broadcast_from_first(self, buffer: Any) -> None:
         import torch.distributed as dist
 
@@ -335,7 +357,7 @@ def assert_equal_across_ranks(
     keys = [tuple(g[1:3]) for g in got]
     if len(set(keys)) == 1 and not any(g[3] for g in got):
         return
-    gathered = across.gather_objects(data.portable(found))
+    gathered = across.gather_leaves(found)
     groups = [[across.ranks[p] for p in g] for g in agreement(classes(gathered))]
     ref_pos = across.ranks.index(majority(groups)[0])
     tables = _tables(across, gathered, ref_pos, exact=True, name=name, equal_nan=equal_nan)
@@ -410,7 +432,7 @@ def assert_close_across_ranks(
         ok = all(g[0] for g in across.agree([int(ok)]))
         if ok:
             return
-    gathered = across.gather_objects(data.portable(found))
+    gathered = across.gather_leaves(found)
     tables = _tables(
         across, gathered, 0, exact=False, name=name, rtol=rtol, atol=atol, equal_nan=equal_nan
     )
@@ -452,7 +474,7 @@ def assert_differs_across_ranks(
     if len({g[3] for g in got}) == 1:
         keys: list[Any] = [tuple(g[1:3]) for g in got]
     else:  # leaves on different devices hash differently: compare the values themselves
-        keys = classes(across.gather_objects(data.portable(found)))
+        keys = classes(across.gather_leaves(found))
     groups = [[across.ranks[p] for p in g] for g in agreement(keys)]
     if (all(len(g) == 1 for g in groups)) if pairwise else len(groups) > 1:
         return

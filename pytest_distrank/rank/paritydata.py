@@ -37,11 +37,43 @@ TOLERANCES = {
 }
 
 
+#: A tensor as it travels to the failure's table: its dtype's name, its shape, its bytes.
+Wire = tuple[str, tuple[int, ...], bytes]
+
+
 def portable(leaves: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The leaves with tensors on the CPU, to be gathered by ``all_gather_object``."""
+    """The leaves as :func:`from_portable` rebuilds them, made of str, int and bytes only (and
+    :class:`Plain`, two strings), so that ``all_gather_object`` pickles them whatever the dtype
+    (torch cannot pickle float8, float4, complex32 or uint16-64 tensors) or the tensor's
+    subclass: each tensor as a :data:`Wire`."""
     import torch
 
-    return [(p, v.cpu() if isinstance(v, torch.Tensor) else v) for p, v in leaves]
+    out: list[tuple[str, Any]] = []
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            t = leaf.detach().cpu().as_subclass(torch.Tensor).contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            leaf = (str(t.dtype).removeprefix("torch."), tuple(t.shape), raw)
+        out.append((path, leaf))
+    return out
+
+
+def from_portable(sent: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The leaves :func:`portable` sent, tensors rebuilt on the CPU."""
+    import torch
+
+    out: list[tuple[str, Any]] = []
+    for path, leaf in sent:
+        if isinstance(leaf, tuple):
+            name, shape, raw = leaf
+            flat = (
+                torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                if raw
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            leaf = flat.view(getattr(torch, name)).reshape(shape)
+        out.append((path, leaf))
+    return out
 
 
 def pack(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -286,6 +286,19 @@ def test_ranks_make_other_calls(rank, how):  # attack-c r12, r8, r7: paired by c
 
 
 @pytest.mark.world_size(2)
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "uint16", "complex32", "subclass"])
+def test_unpicklable_values_differ(rank, dtype):  # attack-c r3, blame: the table's gather crashed
+    class Mine(torch.Tensor):  # local: pickle cannot find it
+        pass
+
+    if dtype == "subclass":
+        t = torch.ones(2).as_subclass(Mine) * (1 + rank)
+    else:
+        t = torch.tensor([1 + rank, 2], dtype=torch.int32).to(getattr(torch, dtype))
+    assert_equal_across_ranks(t, name="x")
+
+
+@pytest.mark.world_size(2)
 def test_nested_reference(rank):  # hostile-4 D19
     def inner():
         return torch.ones(2)
@@ -607,6 +620,22 @@ def test_ranks_that_make_other_calls_fail_together_naming_them(parity: Shared) -
         section = failed_with(parity, test, head + "*", line)
         assert "killed" not in "\n".join(section.lines)
         assert seconds(parity, test) < 20
+
+
+def test_values_torch_cannot_pickle_still_get_the_table(parity: Shared) -> None:
+    """attack-c r3/blame: the failure path gathered tensors with all_gather_object: float8,
+    uint16 and complex32 raised AttributeError from pickling, a local subclass left the peer
+    waiting in all_gather."""
+    for dtype in ("float8_e4m3fn", "uint16", "complex32", "subclass"):
+        test = f"test_unpicklable_values_differ[{dtype}]"
+        section = failed_with(
+            parity,
+            test,
+            "*AssertionError: assert_equal_across_ranks failed in test_cases.py::"
+            f"test_unpicklable_values_differ[[]{dtype}[]]: x differs between ranks*",
+            "*x differs on rank 1 at (0,): 2* there, 1* on rank 0*",
+        )
+        assert "killed" not in "\n".join(section.lines)
 
 
 def test_a_nested_reference_is_refused(parity: Shared) -> None:

@@ -302,6 +302,34 @@ def test_packed_tensors_come_back_as_they_were(items: list[torch.Tensor]) -> Non
         assert parityequal.canonical_bytes(t, True) == parityequal.canonical_bytes(u, True)
 
 
+def only_plain_data(sent: Any) -> bool:
+    """Whether ``sent`` is made of str, int, bytes, tuples, lists and Plain only."""
+    if isinstance(sent, (str, int, bytes, parityleaves.Plain)):
+        return True
+    return isinstance(sent, (tuple, list)) and all(only_plain_data(x) for x in sent)
+
+
+@given(st.lists(st.one_of(tensors(), st.text(max_size=2)), max_size=4))
+def test_the_failure_path_sends_plain_data_and_rebuilds_every_leaf(items: list[Any]) -> None:
+    """Rule: what a failed check gathers for its table (portable) is str, int and bytes only,
+    pickles whatever the dtype (float8, float4, complex32, uint16-64 tensors cannot be pickled
+    by torch) or the tensor's subclass, and from_portable gives back every leaf's path, dtype,
+    shape and bytes."""
+    import pickle
+
+    found = leaves(items)
+    sent = data.portable(found)
+    assert only_plain_data(sent)
+    back = data.from_portable(pickle.loads(pickle.dumps(sent)))
+    for (p, t), (q, u) in zip(found, back, strict=True):
+        assert p == q
+        if isinstance(t, torch.Tensor):
+            assert (t.dtype, t.shape) == (u.dtype, u.shape)
+            assert parityequal.canonical_bytes(t, True) == parityequal.canonical_bytes(u, True)
+        else:
+            assert t == u
+
+
 class Color(enum.Enum):
     RED = 1
     BLUE = 2
