@@ -76,7 +76,17 @@ QUIET_ENV = ("MASTER_PORT", "MASTER_ADDR")
 #: What PyTorch's harness sets in every test process: restored after each test, never named.
 HARNESS_ENV = ("TORCH_SHOW_CPP_STACKTRACES", "LOCAL_RANK", "WORLD_SIZE")
 #: What the harness's own ``setUp`` may set, restored or passed over unnamed.
-HARNESS_CATEGORIES = ("env", "cwd", "torch", "path", "modules", "signals", "logging", "umask")
+HARNESS_CATEGORIES = (
+    "env",
+    "cwd",
+    "torch",
+    "switches",
+    "path",
+    "modules",
+    "signals",
+    "logging",
+    "umask",
+)
 #: ``group_desc`` of the groups ``DeviceMesh`` creates (torch 2.13: ``mesh_<dim>``): a mesh the
 #: test built is normal, its groups are destroyed after the test without being named.
 MESH_DESC = "mesh_"
