@@ -105,12 +105,26 @@ def tolerances(dtype: Any, rtol: float | None, atol: float | None) -> tuple[floa
     return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
 
 
-def show(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.6g}"
-    if isinstance(value, complex):
-        return f"{value:.6g}"
-    return repr(value)
+def show(value: Any, other: Any = None) -> str:
+    """A number as the table shows it: 6 significant digits, or as many more (up to 17,
+    every digit a float64 has) as tell it apart from ``other``, the value it differs from."""
+    if not isinstance(value, (float, complex)):
+        return repr(value)
+    for digits in (6, 9, 12, 17):
+        text = f"{value:.{digits}g}"
+        if other is None or value == other or text != f"{other:.{digits}g}":
+            return text
+    return text
+
+
+def show_pair(mine: torch.Tensor, ref: torch.Tensor, flat: int) -> tuple[str, str]:
+    """Element ``flat`` of ``mine`` and of ``ref``, each shown with enough digits to tell them
+    apart (:func:`show`)."""
+    try:
+        a, b = mine.reshape(-1)[flat].item(), ref.reshape(-1)[flat].item()
+    except (RuntimeError, TypeError):  # packed dtypes (float4)
+        return show_element(mine, flat), show_element(ref, flat)
+    return show(a, b), show(b, a)
 
 
 def _index(flat: int, shape: Sequence[int]) -> str:
@@ -210,8 +224,7 @@ def compare(
     if count:
         flat = int(bad.reshape(-1).nonzero()[0].item())
         row.index = _index(flat, mine.shape)
-        row.value = show_element(mine, flat)
-        row.ref_value = show_element(ref, flat)
+        row.value, row.ref_value = show_pair(mine, ref, flat)
     return row
 
 
@@ -250,8 +263,33 @@ def _has_nan(t: torch.Tensor) -> bool:
     return bool((t.is_floating_point() or t.is_complex()) and torch.isnan(t).any().item())
 
 
+def check_tolerances(rtol: float | None, atol: float | None) -> None:
+    """rtol and atol go together, as in torch.testing.assert_close: one without the other would
+    pair a chosen tolerance with a default one the caller did not see."""
+    if (rtol is None) != (atol is None):
+        given, missing = ("rtol", "atol") if atol is None else ("atol", "rtol")
+        raise ParityUsageError(
+            f"{given} was given without {missing}: pass both or neither (as "
+            "torch.testing.assert_close requires); the defaults for the dtype are in "
+            "docs/parity.md."
+        )
+
+
+def guard_key(guards: Any) -> Any:
+    """``guards`` as the call's digest shows it: a tuple where it is one in any spelling
+    (``"nan"``, ``["nan"]``, ``("nan",)``); else as given (:func:`check_guards` refuses it)."""
+    if isinstance(guards, str):
+        return (guards,)
+    try:
+        return tuple(guards)
+    except TypeError:
+        return guards
+
+
 def check_guards(guards: Sequence[str] | str) -> tuple[str, ...]:
     """The guards as a tuple, each one of :data:`GUARDS` (a ValueError names a bad one)."""
+    if guards is None:
+        raise ParityUsageError("guards=None: pass guards=() for no guards")
     if isinstance(guards, str):
         guards = (guards,)
     bad = [g for g in guards if g not in GUARDS]

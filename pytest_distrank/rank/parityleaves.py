@@ -201,6 +201,9 @@ def _plain(leaf: Any) -> Plain:
 def _tensor(path: str, leaf: Any, what: str) -> Any:
     import torch
 
+    refused = _refused_tensor(leaf)
+    if refused:
+        raise ParityUsageError(f"{what}{path} is {refused}")
     leaf = leaf.detach()
     dtensor = dtensor_type()
     if dtensor is not None and isinstance(leaf, dtensor):
@@ -222,6 +225,32 @@ def _tensor(path: str, leaf: Any, what: str) -> Any:
     if leaf.layout != torch.strided:
         leaf = leaf.to_dense()
     return leaf.resolve_conj().resolve_neg()
+
+
+def _refused_tensor(leaf: Any) -> str:
+    """Why the checks do not compare ``leaf`` (a tensor whose bytes are not its values), or
+    ``""``."""
+    import torch
+
+    if isinstance(leaf, torch.nn.parameter.UninitializedTensorMixin):
+        return (
+            "an uninitialized parameter (a Lazy module before its first forward): it holds no "
+            "values. Run one forward first, or compare after the model is built."
+        )
+    if type(leaf).__name__ == "MaskedTensor":
+        return (
+            "a MaskedTensor: its mask would not be compared. Compare "
+            "{'data': x.get_data(), 'mask': x.get_mask()}."
+        )
+    if leaf.is_nested:
+        return "a nested tensor: its components differ in shape. Compare list(x.unbind()) instead."
+    if leaf.is_quantized:
+        return (
+            "a quantized tensor: its bytes are not its values. Compare {'int_repr': "
+            "x.int_repr(), 'scale': x.q_scale(), 'zero_point': x.q_zero_point()} (per-channel: "
+            "q_per_channel_scales() and q_per_channel_zero_points()), or x.dequantize()."
+        )
+    return ""
 
 
 def _from_numpy(path: str, leaf: Any, what: str) -> Any:

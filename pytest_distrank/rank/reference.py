@@ -149,6 +149,7 @@ def _rows(
     guards: Sequence[str],
 ) -> list[tuple[str, Row]]:
     """This rank's row for every leaf of either side, against the reference's."""
+    data.check_tolerances(rtol, atol)
     mine = dict(leaves(dist_out, name))
     theirs = dict(leaves(ref_out, name))
     if not allow_empty and not comparable([*mine.items(), *theirs.items()]):
@@ -196,11 +197,11 @@ def assert_close_to_reference(
     """
     __tracebackhide__ = True
     check = "assert_close_to_reference"
-    chosen = data.check_guards(guards)
-    arguments = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, guards=chosen)
+    arguments = dict(rtol=rtol, atol=atol, equal_nan=equal_nan, guards=data.guard_key(guards))
     across = Across(check, group, name=name, allow_empty=allow_empty, **arguments)
     me = across.ranks[across.index]
     try:
+        chosen = data.check_guards(guards)
         rows = _rows(me, dist_out, ref_out, name, allow_empty, rtol, atol, equal_nan, chosen)
     except Exception as exc:
         if across.size == 1:

@@ -113,6 +113,43 @@ def test_an_unknown_guard_is_named() -> None:
         data.check_guards(("zero",))
 
 
+def test_guards_none_and_a_tolerance_alone_are_refused() -> None:
+    """attack-c 6: guards=None raised a TypeError; rtol without atol paired a chosen tolerance
+    with a default one (torch.testing.assert_close refuses it)."""
+    with pytest.raises(data.ParityUsageError, match=r"guards=None: pass guards=\(\) for no"):
+        data.check_guards(None)  # type: ignore[arg-type]
+    with pytest.raises(data.ParityUsageError, match="rtol was given without atol"):
+        data.check_tolerances(1e-3, None)
+    with pytest.raises(data.ParityUsageError, match="atol was given without rtol"):
+        data.check_tolerances(None, 1e-3)
+    data.check_tolerances(None, None)
+    data.check_tolerances(0.0, 0.0)
+    assert data.guard_key("nan") == data.guard_key(["nan"]) == ("nan",)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("kind", ["quantized", "nested", "masked", "lazy"])
+def test_tensors_whose_bytes_are_not_their_values_are_refused(kind: str) -> None:
+    """attack-c 4, 6: a quantized tensor crashed pack (SIGSEGV) or the digest; nested and
+    masked tensors and a Lazy module's parameters raised torch errors."""
+    from torch.masked import masked_tensor
+
+    made = {
+        "quantized": lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.qint8),
+        "nested": lambda: torch.nested.nested_tensor([torch.ones(2)], layout=torch.jagged),
+        "masked": lambda: masked_tensor(torch.ones(2), torch.tensor([True, False])),
+        "lazy": lambda: torch.nn.LazyLinear(3),
+    }
+    words = {
+        "quantized": r"x is a quantized tensor: .*int_repr",
+        "nested": r"x is a nested tensor: .*unbind",
+        "masked": r"x is a MaskedTensor: its mask would not be compared",
+        "lazy": r"x\['weight'\] is an uninitialized parameter",
+    }
+    with pytest.raises(data.ParityUsageError, match=words[kind]):
+        leaves(made[kind]())
+
+
 def test_agreement_and_majority() -> None:
     groups = agreement(["a", "a", "b", "a"])
     assert groups == [[0, 1, 3], [2]] and majority(groups) == [0, 1, 3]

@@ -330,6 +330,25 @@ def test_the_failure_path_sends_plain_data_and_rebuilds_every_leaf(items: list[A
             assert t == u
 
 
+@given(
+    st.floats(allow_nan=False, min_value=-1e300, max_value=1e300),
+    st.sampled_from([0.0, 1e-16, 1e-13, 1e-10, 1e-7, 1e-3, 1.0]),
+    st.floats(allow_nan=False),
+    st.booleans(),
+)
+def test_a_difference_is_shown_with_digits_that_show_it(
+    a: float, rel: float, other: float, near: bool
+) -> None:
+    """Rule: the table shows two different numbers as two different texts (6 significant
+    digits, more where 6 would print them alike: float64 1 and 1 + 1e-6 read '1' and '1'), and
+    equal numbers alike (but for the sign of zero, which the table shows)."""
+    b = a * (1 + rel) if near else other
+    assume(a != 0.0 or b != 0.0)
+    assert (data.show(a, b) != data.show(b, a)) == (a != b)
+    if a == b or f"{a:.6g}" != f"{b:.6g}":
+        assert data.show(a, b) == f"{a:.6g}"
+
+
 class Color(enum.Enum):
     RED = 1
     BLUE = 2
