@@ -7,16 +7,20 @@ Imported in the controller and in every rank process. Re-exports only; the plugi
 from __future__ import annotations
 
 from .planning.crossize import fixture
+from .rank.ownedgroups import TwinMeetingError
 from .rank.parity import (
     assert_close_across_ranks,
     assert_differs_across_ranks,
     assert_equal_across_ranks,
 )
+from .rank.parityleaves import ParityUsageError
 from .rank.reference import assert_close_to_reference, rank_inputs, reference
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ParityUsageError",
+    "TwinMeetingError",
     "__version__",
     "assert_close_across_ranks",
     "assert_close_to_reference",

@@ -150,6 +150,16 @@ def test_tensors_whose_bytes_are_not_their_values_are_refused(kind: str) -> None
         leaves(made[kind]())
 
 
+def test_the_checks_errors_are_exported() -> None:
+    """attack-c 6: the documented errors could not be caught by name without a private import."""
+    import pytest_distrank
+    from pytest_distrank.rank import ownedgroups
+
+    assert pytest_distrank.ParityUsageError is parityleaves.ParityUsageError
+    assert pytest_distrank.TwinMeetingError is ownedgroups.TwinMeetingError
+    assert {"ParityUsageError", "TwinMeetingError"} <= set(pytest_distrank.__all__)
+
+
 def test_agreement_and_majority() -> None:
     groups = agreement(["a", "a", "b", "a"])
     assert groups == [[0, 1, 3], [2]] and majority(groups) == [0, 1, 3]
