@@ -31,11 +31,11 @@ from . import paritydata as data
 from . import parityequal
 from .ownedgroups import twin
 from .parityleaves import (
-    MARKS,
     ParityUsageError,
     comparable,
     header,
     in_order,
+    is_mark,
     kind_words,
     leaves,
 )
@@ -311,9 +311,11 @@ def _one_rank(check: str, across: Across, value: Any, name: str) -> bool:
 
 
 def _nothing(check: str, got: list[list[int]], name: str, allow_empty: bool) -> None:
-    """Fail on every rank when no rank's value has a leaf (``got[r][0]``: it has one)."""
+    """Fail on every rank when no rank's value has a leaf (``got[r][0]``: it has one) and the
+    ranks' empty shapes agree (``got[r][1:3]``: their digest; ``{}`` on one rank and ``[]`` on
+    another differ, and the table says so)."""
     __tracebackhide__ = True
-    if allow_empty or any(g[0] for g in got):
+    if allow_empty or any(g[0] for g in got) or len({tuple(g[1:3]) for g in got}) > 1:
         return
     raise AssertionError(
         f"{check} failed in {current_test() or 'this test'}: {name} compares nothing: it holds "
@@ -480,7 +482,7 @@ def assert_differs_across_ranks(
     if (all(len(g) == 1 for g in groups)) if pairwise else len(groups) > 1:
         return
     kinds = across.gather_objects(
-        ", ".join(kind_words(v) for _, v in found if v not in MARKS) or "empty"
+        ", ".join(kind_words(v) for _, v in found if not is_mark(v)) or "empty"
     )
     rows = []
     for pos, rank in enumerate(across.ranks):

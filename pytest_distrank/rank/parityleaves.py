@@ -4,16 +4,18 @@ Runs in rank processes of both modes, inside a test (:mod:`rank.parity`, :mod:`r
 torch is imported only when a function is called; numpy only where the test imported it. The
 rules (docs/parity.md, "What each check compares"):
 
-- Containers are walked: mappings by key (the key order is not compared), lists and tuples
-  by position (a list equals a tuple with the same items, never a mapping: a non-empty mapping
-  leaves a mark, :data:`MAPPING`), dataclass instances by field
-  (``.loss``), an ``nn.Module`` by its ``state_dict()``. An empty container is a leaf of kind
-  ``empty``: ``{"a": []}`` differs from ``{}``.
+- Containers are walked: mappings by key (the key order is not compared; keys by exact type
+  and value), lists and tuples by position (a list equals a tuple with the same items, never a
+  mapping: a non-empty mapping leaves a mark, :data:`MAPPING`), dataclass instances by field
+  (``.loss``; a mark names the dataclass's type), an ``nn.Module`` by its ``state_dict()``. An
+  empty container is a leaf of its own kind: ``{"a": []}`` differs from ``{}``, ``{}`` from
+  ``[]`` (:data:`EMPTY` for lists and tuples, :data:`EMPTY_MAPPING`).
 - Leaves: tensors (detached; conjugate and negative bits resolved; sparse made dense; a
   replicated DTensor by its local tensor); numpy arrays and numpy scalars as the tensor of their
   dtype, shape and bytes; Python numbers as 0-dim tensors (``bool``, ``int`` as int64, ``float``
   as float64, ``complex`` as complex128; an ``int`` beyond int64 exactly, as a number); ``str``,
-  ``bytes``, ``None``, enum members, ``torch.dtype`` and ``torch.device`` exactly (:class:`Plain`).
+  ``bytes``, ``None``, enum members (type, name and value), ``torch.dtype`` and ``torch.device``
+  exactly (:class:`Plain`).
 - Anything else (iterators and generators, sets, objects of other classes) is refused with a
   :class:`ParityUsageError` naming the leaf's path and type and what to pass instead: nothing is
   ever compared by ``repr``.
@@ -58,13 +60,23 @@ class Plain:
     text: str
 
 
-#: The leaf an empty container (``[]``, ``()``, ``{}``, a module without state) leaves.
+#: The leaf an empty list or tuple leaves.
 EMPTY = Plain("empty", "")
+#: The leaf an empty mapping (``{}``, a module without state) leaves: never equal to ``[]``.
+EMPTY_MAPPING = Plain("empty mapping", "")
 #: The leaf a non-empty mapping leaves beside its items, at ``<path> (a mapping)``: a list and a
 #: mapping with int keys would otherwise leave the same paths (``[0]``).
 MAPPING = Plain("mapping", "")
-#: What marks a container's shape, not a value: a check of only these compares nothing.
-MARKS = (EMPTY, MAPPING)
+#: What marks a container's shape, not a value: a check of only these compares nothing (and
+#: a dataclass's mark, :func:`is_mark`).
+MARKS = (EMPTY, EMPTY_MAPPING, MAPPING)
+#: The kind of the mark a dataclass instance leaves at ``<path> (a dataclass)``: its type.
+DATACLASS = "dataclass"
+
+
+def is_mark(leaf: Any) -> bool:
+    """Whether ``leaf`` marks a container's shape or type, not a value."""
+    return leaf in MARKS or (isinstance(leaf, Plain) and leaf.kind == DATACLASS)
 
 
 def leaves(value: Any, what: str) -> Leaves:
@@ -75,7 +87,7 @@ def leaves(value: Any, what: str) -> Leaves:
 
 def comparable(found: Sequence[tuple[str, Any]]) -> bool:
     """Whether any leaf holds something to compare (not only containers' marks)."""
-    return any(leaf not in MARKS for _, leaf in found)
+    return any(not is_mark(leaf) for _, leaf in found)
 
 
 def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, ...] = ()) -> Leaves:
@@ -89,10 +101,12 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
     above = (*above, id(value))
     if isinstance(value, torch.nn.Module):
         return flatten(value.state_dict(), what, path, above)
+    marks: Leaves = []
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = [(f".{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value)]
+        marks = [(f"{path} (a dataclass)", Plain(DATACLASS, _qualified(type(value))))]
     elif isinstance(value, Mapping):
-        items = [(f"[{_key(what, path, key)!r}]", item) for key, item in value.items()]
+        items = [(f"[{_key(what, path, key)}]", item) for key, item in value.items()]
         names = sorted(name for name, _ in items)
         twice = next((n for n, m in itertools.pairwise(names) if n == m), None)
         if twice is not None:
@@ -104,27 +118,40 @@ def flatten(value: Any, what: str = "value", path: str = "", above: tuple[int, .
         items = [(f"[{i}]", item) for i, item in enumerate(value)]
     else:
         raise ParityUsageError(_refusal(what, path, value))
-    if not items:
-        return [(path, EMPTY)]
-    out: Leaves = [(f"{path} (a mapping)", MAPPING)] if isinstance(value, Mapping) else []
+    if not items and not marks:
+        return [(path, EMPTY_MAPPING if isinstance(value, Mapping) else EMPTY)]
+    out: Leaves = [(f"{path} (a mapping)", MAPPING)] if isinstance(value, Mapping) else marks
     for name, item in items:
         out += flatten(item, what, path + name, above)
     return out
 
 
-def _key(what: str, path: str, key: Any) -> Any:
-    """A mapping's key, if its repr is exact (it names the leaf's path, compared across ranks):
-    str, bytes, numbers, None, enums, and tuples of them."""
-    exact = (str, bytes, int, float, complex, enum.Enum, type(None))
-    if isinstance(key, exact) or (
-        isinstance(key, tuple) and all(isinstance(k, exact) for k in key)
-    ):
-        return key
+#: Key types whose repr is exact (for these types exactly, not their subclasses).
+_EXACT_KEYS = (str, bytes, bool, int, float, complex, type(None))
+
+
+def _key(what: str, path: str, key: Any) -> str:
+    """A mapping's key as its path writes it, exact in type and value (it names the leaf's
+    path, compared across ranks): ``repr`` of a str, bytes, number or None (those types
+    exactly: a subclass may print as anything), an enum member as its qualified name, and
+    tuples of them."""
+    if type(key) in _EXACT_KEYS:
+        return repr(key)
+    if isinstance(key, enum.Enum):
+        return f"{_qualified(type(key))}.{key.name}"
+    if type(key) is tuple:
+        parts = [_key(what, path, k) for k in key]
+        return f"({', '.join(parts)}{',' if len(parts) == 1 else ''})"
     raise ParityUsageError(
         f"{what}{path} has a key of type {type(key).__qualname__} ({key!r}): keys are compared "
-        "by their repr, which is exact only for str, bytes, numbers, None, enums and tuples of "
-        "them. Use such keys (e.g. str(key), or key.item() for a tensor)."
+        "by type and value, which is exact only for str, bytes, numbers, None, enums and "
+        "tuples of them (those types, not subclasses). Use such keys (e.g. str(key), or "
+        "key.item() for a tensor)."
     )
+
+
+def _qualified(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
 
 
 def _numpy_value(value: Any) -> bool:
@@ -167,8 +194,10 @@ def normalize(path: str, leaf: Any, what: str) -> Any:
     if _numpy_value(leaf):
         return _from_numpy(path, leaf, what)
     if isinstance(leaf, enum.Enum):
-        kind = type(leaf).__qualname__
-        return Plain(f"enum {kind}", f"{type(leaf).__module__}.{kind}.{leaf.name}")
+        value = leaf.value
+        shown = repr(value) if type(value) in _EXACT_KEYS else f"a {type(value).__qualname__}"
+        text = f"{_qualified(type(leaf))}.{leaf.name} = {shown}"
+        return Plain(f"enum {type(leaf).__qualname__}", text)
     if isinstance(leaf, bool):
         return torch.tensor(leaf)
     if isinstance(leaf, int):

@@ -299,6 +299,11 @@ def test_unpicklable_values_differ(rank, dtype):  # attack-c r3, blame: the tabl
 
 
 @pytest.mark.world_size(2)
+def test_empty_kinds_differ(rank):  # attack-c r4: {} equalled [], or nothing was compared
+    assert_equal_across_ranks({"a": {}} if rank == 0 else {"a": []}, name="state")
+
+
+@pytest.mark.world_size(2)
 def test_nested_reference(rank):  # hostile-4 D19
     def inner():
         return torch.ones(2)
@@ -636,6 +641,18 @@ def test_values_torch_cannot_pickle_still_get_the_table(parity: Shared) -> None:
             "*x differs on rank 1 at (0,): 2* there, 1* on rank 0*",
         )
         assert "killed" not in "\n".join(section.lines)
+
+
+def test_an_empty_mapping_differs_from_an_empty_list(parity: Shared) -> None:
+    """attack-c r4: every empty container was one leaf ({} equalled []), and values that
+    differ only in their empty containers read "compares nothing"."""
+    section = failed_with(
+        parity,
+        "test_empty_kinds_differ",
+        "*state differs between ranks*",
+        "*state[[]'a'[]] on rank 1: type differs, empty; empty mapping on rank 0*",
+    )
+    assert not any("compares nothing" in line for line in section.lines)
 
 
 def test_a_nested_reference_is_refused(parity: Shared) -> None:

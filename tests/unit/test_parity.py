@@ -160,6 +160,18 @@ def test_the_checks_errors_are_exported() -> None:
     assert {"ParityUsageError", "TwinMeetingError"} <= set(pytest_distrank.__all__)
 
 
+def test_an_enum_member_is_compared_by_its_value_too() -> None:
+    """attack-c r6: rank 0's Mode.A = 1 and rank 1's Mode.A = 2 (another definition of the same
+    class) compared by name only, and passed."""
+    import enum
+
+    first = enum.Enum("Mode", {"A": 1})
+    second = enum.Enum("Mode", {"A": 2})
+    second.__module__ = first.__module__
+    assert not parityequal.equal(leaves(first.A), leaves(second.A), False)
+    assert leaves(first.A)[0][1].text.endswith(".Mode.A = 1")
+
+
 def test_agreement_and_majority() -> None:
     groups = agreement(["a", "a", "b", "a"])
     assert groups == [[0, 1, 3], [2]] and majority(groups) == [0, 1, 3]

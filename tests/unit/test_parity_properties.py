@@ -354,8 +354,19 @@ class Color(enum.Enum):
     BLUE = 2
 
 
+class Shade(enum.IntEnum):  # RED == 1 in Python; a member of another type here
+    RED = 1
+    BLUE = 2
+
+
 @dataclasses.dataclass
 class Step:
+    loss: Any
+    step: Any
+
+
+@dataclasses.dataclass
+class Other:  # the same fields as Step: still another type
     loss: Any
     step: Any
 
@@ -368,7 +379,7 @@ plain = st.one_of(
     st.complex_numbers(allow_nan=False),
     st.text(max_size=3),
     st.binary(max_size=3),
-    st.sampled_from(list(Color)),
+    st.sampled_from([*Color, *Shade]),
 )
 
 
@@ -379,8 +390,9 @@ def _containers(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(
         st.lists(inner, max_size=3),
         st.lists(inner, max_size=3).map(tuple),
-        st.dictionaries(st.sampled_from(["a", "b", 0, 1]), inner, max_size=3),
+        st.dictionaries(st.sampled_from(["a", "b", 0, 1, Color.RED, Shade.RED]), inner, max_size=3),
         st.builds(Step, inner, inner),
+        st.builds(Other, inner, inner),
     )
 
 
@@ -390,10 +402,11 @@ def structures(leaf: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
 
 def python_equal(a: Any, b: Any) -> bool:
     """The documented rule for plain Python structures: lists and tuples alike by position,
-    mappings by key (order aside; never equal to a list), dataclasses by field; numbers by type
-    and value (True, 1 and 1.0 differ; -0.0 == 0.0); others by type and value."""
+    mappings by key (order aside; keys by exact type and value; never equal to a list, empty or
+    not), dataclasses by type and field; numbers by type and value (True, 1 and 1.0 differ;
+    -0.0 == 0.0); enum members by type, name and value; others by type and value."""
     if dataclasses.is_dataclass(a) or dataclasses.is_dataclass(b):
-        if not (dataclasses.is_dataclass(a) and dataclasses.is_dataclass(b)):
+        if type(a) is not type(b):
             return False
         fields = [f.name for f in dataclasses.fields(a)]
         return all(python_equal(getattr(a, n), getattr(b, n)) for n in fields)
@@ -404,9 +417,10 @@ def python_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         if not a and not b:
             return True
-        return a.keys() == b.keys() and all(python_equal(a[k], b[k]) for k in a)
+        typed = {(type(k), k) for k in a} == {(type(k), k) for k in b}
+        return typed and all(python_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple, dict)) or isinstance(b, (list, tuple, dict)):
-        return all(isinstance(v, (list, tuple, dict)) and not v for v in (a, b))
+        return False
     number = (bool, int, float, complex)
     if isinstance(a, number) and isinstance(b, number):
         return number_kind(a) == number_kind(b) and a == b
@@ -428,6 +442,39 @@ def test_plain_structures_follow_the_documented_rule(a: Any, b: Any) -> None:
     assert (
         parityequal.digest(leaves(a), False)[0] == parityequal.digest(leaves(b), False)[0]
     ) == same
+
+
+class Sneaky(str):  # prints as the int key 1
+    def __repr__(self) -> str:
+        return "1"
+
+
+def differ_or_refused(x: Any, y: Any) -> bool:
+    try:
+        lx, ly = leaves(x), leaves(y)
+    except ParityUsageError:
+        return True
+    same = parityequal.digest(lx, False)[0] == parityequal.digest(ly, False)[0]
+    return not parityequal.equal(lx, ly, False) and not same
+
+
+@given(structures(plain), structures(plain))
+def test_the_kind_of_a_container_or_key_counts(a: Any, b: Any) -> None:
+    """Rule: the same contents under another kind differ (or are refused), in equality and
+    the digest alike: a dataclass of another type with the same fields; a mapping and a list,
+    empty ones too; an int key and an IntEnum or str-subclass key that Python or repr takes for
+    it; an enum member and another enum's member of the same name. A list and a tuple with the
+    same items are equal."""
+    pairs = [
+        (Step(a, b), Other(a, b)),
+        ({}, []),
+        ({1: a}, {Shade.RED: a}),
+        ({1: a}, {Sneaky("x"): a}),
+        ([Color.RED, a], [Shade.RED, a]),
+    ]
+    for x, y in pairs:
+        assert differ_or_refused(x, y), (x, y)
+    assert parityequal.equal(leaves([a, b]), leaves((a, b)), False)
 
 
 @given(st.integers(-3, 3), st.sampled_from([bool, int, float, complex, np.int64, np.float64]))
