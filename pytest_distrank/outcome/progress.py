@@ -96,14 +96,18 @@ def waits_on_work(dump: str, test_file: str) -> str:
     its caller, whose line calls ``.wait(``) or in the autograd engine (DDP's backward waits
     there for its buckets' ``all_reduce``). No record says which pending collective it waits
     on: the proof accepts it only where every collective it left pending is hopeless
-    (:attr:`collectives.Verdict.stuck`)."""
+    (:attr:`collectives.Verdict.stuck`).
+
+    Only ``.wait()`` with no argument: a ``Work.wait(timeout=...)`` ends on its own timeout
+    (an error the test may catch), which the records never show, so such a rank proves nothing
+    and the test's deadline decides; so does a call whose line does not show its closing ``)``."""
     frames = main_thread_frames(dump)
     if not frames:
         return ""
     file, line, func = frames[0]
     if "/torch/autograd/" in file:
         return f"the autograd engine ({func})"
-    if ".wait(" not in linecache.getline(file, line):
+    if ".wait()" not in linecache.getline(file, line):
         return ""
     own = f" in {func}" if file == test_file else ""
     return f"Work.wait(){own} at {file.rsplit('/', 1)[-1]}:{line}"

@@ -9,7 +9,8 @@ collectives and point-to-point ops of different sizes, a rank 4 s late after its
 records. Hostile review 4's cases (``HOSTILE4``):
 proven hangs where other members completed their part, ranks in ``Work.wait()`` or DDP's
 backward, and a rank that skips a check across ranks (named as that check) end early too; two
-groups of the same ranks and a test of a group's own timeout never do. ``DISTRANK_TEST_WAITS=1``
+groups of the same ranks, a test of a group's own timeout and a ``Work.wait(timeout=...)`` (attack
+n6) never do. ``DISTRANK_TEST_WAITS=1``
 (the suite's seam) makes the quiet time before a look 1 s.
 """
 
@@ -179,6 +180,24 @@ def test_barrier_times_out_on_its_own_group(rank, pg):
             dist.barrier(group)
         assert time.monotonic() - started >= 2.5
         dist.destroy_process_group(group)  # one collective ahead: not left to the pool
+
+
+@pytest.fixture(scope="module")
+def wait_group(rank):
+    return dist.new_group()  # torch's default timeout (30 min): after the deadline
+
+
+@pytest.mark.world_size(2)
+def test_a_wait_with_its_own_timeout_passes(rank, wait_group):
+    from datetime import timedelta
+
+    if rank == 0:
+        work = dist.all_reduce(torch.ones(1), group=wait_group, async_op=True)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError, match="(?i)timed out|timeout"):
+            work.wait(timeout=timedelta(seconds=4))
+        assert time.monotonic() - started >= 3.5
+        dist.destroy_process_group(wait_group)  # one collective ahead: not left to the pool
 
 
 def test_clock_h0():
@@ -357,5 +376,7 @@ def test_groups_of_the_same_ranks_and_a_groups_own_timeout_are_never_ended_early
     ranks 1, 2 destroyed the group under it ("Connection reset by peer")."""
     shared = DEADLOCKS.run(shared_session)
     assert shared.outcomes(
-        "test_two_groups_of_the_same_ranks_pass", "test_barrier_times_out_on_its_own_group"
-    ) == ["passed", "passed"]
+        "test_two_groups_of_the_same_ranks_pass",
+        "test_barrier_times_out_on_its_own_group",
+        "test_a_wait_with_its_own_timeout_passes",
+    ) == ["passed", "passed", "passed"]
