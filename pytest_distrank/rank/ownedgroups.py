@@ -27,7 +27,6 @@ import time
 from typing import Any
 
 from .. import _compat
-from .._compat.torch_internals import new_gloo_group_named
 from .paritytable import ranks_words
 
 #: What an owned group is for, as torch's ``group_desc`` (shown in flight records).
@@ -70,7 +69,7 @@ def twin(ranks: list[int], check: str = "a check across ranks") -> Any:
     key = (id(dist.group.WORLD), tuple(ranks))
     pg = _TWINS.get(key)
     if pg is None:
-        pg = _TWINS[key] = new_gloo_group_named(ranks, meet(ranks, check), OWNED_DESC)
+        pg = _TWINS[key] = _compat.new_gloo_group_named(ranks, meet(ranks, check), OWNED_DESC)
     return pg
 
 
@@ -82,7 +81,9 @@ def twin_of_world() -> None:
     if dist.is_initialized() and dist.get_world_size() > 1:
         ranks = list(range(dist.get_world_size()))
         name = f"distrank-twin/world/{_ranks_key(ranks)}"
-        _TWINS[(id(dist.group.WORLD), tuple(ranks))] = new_gloo_group_named(ranks, name, OWNED_DESC)
+        _TWINS[(id(dist.group.WORLD), tuple(ranks))] = _compat.new_gloo_group_named(
+            ranks, name, OWNED_DESC
+        )
 
 
 class TwinMeetingError(RuntimeError):
