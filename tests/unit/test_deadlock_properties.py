@@ -123,12 +123,12 @@ def names_of(program: Program) -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Ring:
-    """The recorder of every rank: ``before`` collectives on the default group before the test,
-    each group's sequence ids starting after ``bases[g]``, only the last ``size`` records kept
-    (0: all)."""
+    """The recorder of every rank: ``before[rank]`` collectives before the test (on a group of an
+    earlier test: ranks hold different numbers of records), each group's sequence ids starting
+    after ``bases[g]``, only the last ``size`` records kept (0: all)."""
 
     size: int = 0
-    before: int = 0
+    before: tuple[int, ...] = ()
     bases: tuple[int, ...] = ()
 
 
@@ -146,17 +146,16 @@ def records(
         entries: list[dict[str, Any]] = [
             {
                 "profiling_name": "gloo:barrier",
-                "process_group": [names[0], "default_pg"],
+                "process_group": ["earlier", ""],
                 "retired": True,
                 "time_created_ns": START - 1,
                 "collective_seq_id": n + 1,
                 "input_sizes": [],
                 "input_dtypes": [],
             }
-            for n in range(ring.before)
+            for n in range(ring.before[rank] if rank < len(ring.before) else 0)
         ]
-        seqs = [ring.before if g == 0 else 0 for g in range(len(program.groups))]
-        seqs = [s + (ring.bases[g] if g < len(ring.bases) else 0) for g, s in enumerate(seqs)]
+        seqs = [ring.bases[g] if g < len(ring.bases) else 0 for g in range(len(program.groups))]
         for event, at in state.entered[rank]:
             ev = program.events[event]
             seqs[ev.group] += 1
@@ -263,7 +262,7 @@ def test_no_state_of_an_execution_that_completes_ends_early(
     names = names_of(program)
     ring = Ring(
         data.draw(st.integers(0, 8), label="ring size"),
-        data.draw(st.integers(0, 3), label="records before the test"),
+        tuple(data.draw(st.lists(st.integers(0, 3), max_size=4), label="records before")),
         tuple(data.draw(st.lists(st.integers(0, 5), max_size=4), label="sequence bases")),
     )
     for state in seen:
