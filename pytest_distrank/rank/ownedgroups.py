@@ -69,7 +69,9 @@ def twin(ranks: list[int], check: str = "a check across ranks") -> Any:
     key = (id(dist.group.WORLD), tuple(ranks))
     pg = _TWINS.get(key)
     if pg is None:
-        pg = _TWINS[key] = _compat.new_gloo_group_named(ranks, meet(ranks, check), OWNED_DESC)
+        # the group's store keys live under its name: apart from the meeting's
+        name = f"{meet(ranks, check)}/group"
+        pg = _TWINS[key] = _compat.new_gloo_group_named(ranks, name, OWNED_DESC)
     return pg
 
 
