@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .. import _compat
 from . import paritydata as data
 from . import seeding
-from .parity import Across, current_test
+from .paritycalls import Across, current_test
 from .parityleaves import ParityUsageError, comparable, dtensor_type, kind_words, leaves
 from .paritytable import LeafTable, Row, first_difference, message, ranks_words
 

@@ -3,6 +3,8 @@ guards, the per-rank table and its words (rank/paritydata.py, rank/paritytable.p
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -165,11 +167,12 @@ def test_an_enum_member_is_compared_by_its_value_too() -> None:
     class) compared by name only, and passed."""
     import enum
 
-    first = enum.Enum("Mode", {"A": 1})
-    second = enum.Enum("Mode", {"A": 2})
+    first: Any = enum.Enum("Mode", {"A": 1})  # type: ignore[misc]
+    second: Any = enum.Enum("Mode", {"A": 2})  # type: ignore[misc]
     second.__module__ = first.__module__
     assert not parityequal.equal(leaves(first.A), leaves(second.A), False)
-    assert leaves(first.A)[0][1].text.endswith(".Mode.A = 1")
+    leaf = leaves(first.A)[0][1]
+    assert isinstance(leaf, parityleaves.Plain) and leaf.text.endswith(".Mode.A = 1")
 
 
 def test_agreement_and_majority() -> None:
