@@ -227,6 +227,11 @@ def test_one_rank_differs_is_refused(rank):
 
 
 @pytest.mark.world_size(1)
+def test_one_rank_tolerance_alone_is_refused(rank):  # attack-c 6: atol without rtol
+    assert_close_across_ranks(torch.ones(2), atol=1e-3)
+
+
+@pytest.mark.world_size(1)
 def test_one_rank_equal_passes_and_says_so(rank):
     assert_equal_across_ranks(torch.zeros(3), name="one")
 
@@ -641,6 +646,16 @@ def test_values_torch_cannot_pickle_still_get_the_table(parity: Shared) -> None:
             "*x differs on rank 1 at (0,): 2* there, 1* on rank 0*",
         )
         assert "killed" not in "\n".join(section.lines)
+
+
+def test_a_tolerance_without_the_other_is_refused_on_one_rank_too(parity: Shared) -> None:
+    """attack-c 6: torch.testing.assert_close refuses atol without rtol; so do the checks, on a
+    group of any size (on more ranks in each rank's own part, so all fail together)."""
+    failed_with(
+        parity,
+        "test_one_rank_tolerance_alone_is_refused",
+        "*ParityUsageError: atol was given without rtol: pass both or neither*",
+    )
 
 
 def test_an_empty_mapping_differs_from_an_empty_list(parity: Shared) -> None:
