@@ -39,7 +39,7 @@ from . import reruns, simreport
 from .attempt import TestRun
 from .crossize import CrossSize
 from .debugrelay import DebugTerminal
-from .freshretry import SECTION, FreshRetry
+from .freshretry import FreshRetry
 from .gpus import GpuUnavailable
 from .interrupts import session_capped, take_signals, with_teardown
 from .ownreports import (
@@ -306,10 +306,7 @@ class Controller:
         if why is None:
             return reports
         if why:
-            for report in reports:
-                if report.failed:
-                    report.sections.append((SECTION, why))
-            return reports
+            return self.fresh.refused(reports, why)
         earlier = self.replays.history[key][1][:before]
         after = f"{before} earlier test{'s' if before > 1 else ''} (the last: {earlier[-1].name})"
         self.isolated += 1

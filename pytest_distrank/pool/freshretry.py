@@ -73,6 +73,13 @@ class FreshRetry:
             )
         return ""
 
+    def refused(self, reports: list[TestReport], why: str) -> list[TestReport]:
+        """``reports``, each failed one saying why the test was not run again."""
+        for report in reports:
+            if report.failed:
+                report.sections.append((SECTION, why))
+        return reports
+
     def fresh_entry(self, entry: Planned, isolated: int) -> Planned:
         """The plan entry of the fresh run: a pool of its own, stopped after it, its deadline
         cut to the budget left."""

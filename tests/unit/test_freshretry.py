@@ -103,6 +103,8 @@ def test_only_a_fresh_process_harness_test_that_failed_after_others_runs_again(
         assert why is None
     elif budget and seconds > budget:
         assert why is not None and "not run again on fresh ranks" in why
+        reports = fresh.refused([_report(o) for o in outcomes], why)  # said on failed reports
+        assert [bool(r.sections) for r in reports] == [o == "failed" for o in outcomes]
     else:
         assert why == ""
 
