@@ -299,7 +299,9 @@ class Controller:
         """A harness test that failed after other tests of its warm pool runs again at once on
         fresh ranks, as its harness would run it (freshretry.py); else ``reports``."""
         last = self.replays.last
-        if last is None or last[0] != item.nodeid:
+        option = self.config.option
+        debugging = getattr(option, "usepdb", False) or getattr(option, "trace", False)
+        if last is None or last[0] != item.nodeid or debugging:  # a debugger: at the failure
             return reports
         _, key, before = last
         why = self.fresh.wanted(item, reports, before, time.monotonic() - started)
