@@ -302,10 +302,15 @@ def test_rank_stuck_after_its_teardown_is_not_a_pass(honest: Shared) -> None:
 
 
 def test_a_tiny_deadline_fails_every_test(shared_session: SharedSession) -> None:
-    """DISTRANK_TIMEOUT=1e-9 in the NO_RECORDER session: its tests without a timeout marker."""
+    """DISTRANK_TIMEOUT=1e-9 in the NO_RECORDER session: its tests without a timeout marker.
+    The deadline may pass in setup or in call, as the ranks' setup reports come before or
+    after the controller's first look (a loaded clean-clone CI saw 'error at setup' once):
+    either fails the test."""
     no_recorder = HONEST.run_beside(shared_session, NO_RECORDER)
-    assert no_recorder.outcomes("test_tiny", "test_tiny_then_healthy") == ["failed", "failed"]
-    no_recorder.about("test_tiny").fnmatch_lines(["FAILED *::test_tiny - *Timeout: * 1e-09 s *"])
+    outcomes = no_recorder.outcomes("test_tiny", "test_tiny_then_healthy")
+    assert all(o in ("failed", "error at setup") for o in outcomes), outcomes
+    # FAILED, or ERROR at setup: the -ra line says why either way.
+    no_recorder.about("test_tiny").fnmatch_lines(["*::test_tiny - *Timeout: * 1e-09 s *"])
 
 
 def test_reports_from_a_forked_test_process_are_not_credited(honest: Shared) -> None:
