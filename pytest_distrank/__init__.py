@@ -6,15 +6,15 @@ Imported in the controller and in every rank process. Re-exports only; the plugi
 
 from __future__ import annotations
 
-from .planning.crossize import fixture
-from .rank.ownedgroups import TwinMeetingError
-from .rank.parity import (
+from .api.parity import (
     assert_close_across_ranks,
     assert_differs_across_ranks,
     assert_equal_across_ranks,
 )
-from .rank.parityleaves import ParityUsageError
-from .rank.reference import assert_close_to_reference, rank_inputs, reference
+from .api.parityleaves import ParityUsageError
+from .api.reference import assert_close_to_reference, rank_inputs, reference
+from .planning.crossize import fixture
+from .rank.ownedgroups import TwinMeetingError
 
 __version__ = "0.1.0"
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
-    from .rank.faults import Faults
+    from .api.faults import Faults
 
 RANK_FIXTURES = (
     "rank",
@@ -145,7 +145,7 @@ def shared_tmp_path(request: pytest.FixtureRequest) -> Path:
 def faults(request: pytest.FixtureRequest) -> Iterator[Faults]:
     """Inject a fault at a chosen collective, for this test only: ``faults.kill``,
     ``raise_in``, ``delay``, ``hang`` (docs/fault-tolerance.md)."""
-    from .rank.faults import Faults
+    from .api.faults import Faults
 
     ctx = _context(request)
     with Faults.for_test(ctx.rank, ctx.world_size, _compat.request_item(request)) as armed:

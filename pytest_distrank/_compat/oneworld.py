@@ -1,7 +1,7 @@
 """Private torch access for :func:`pytest_distrank.reference`: a one-rank world swapped in for
 the rank's own while a function runs, and the test's world put back after it.
 
-Runs in rank processes of both modes, inside a test (``rank/reference.py`` calls it). torch is
+Runs in rank processes of both modes, inside a test (``api/reference.py`` calls it). torch is
 imported only when a function is called. Through :mod:`pytest_distrank._compat`.
 """
 

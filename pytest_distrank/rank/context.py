@@ -9,6 +9,7 @@ nothing of either mode.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -61,3 +62,28 @@ class RankContext:
 
 
 RANK_CONTEXT = pytest.StashKey[RankContext]()
+
+
+#: ``(code, source, injected line, phase)`` -> the controller (pool mode; None elsewhere).
+Channel = Callable[[int | None, str, str, str], None]
+_channel: Channel | None = None
+
+
+def set_channel(channel: Channel | None) -> None:
+    """Pool mode: how this rank tells its controller, during a test, what it must know (an
+    injected fault about to fire, :mod:`api.faults`; an exit it is meant to make)."""
+    global _channel
+    _channel = channel
+
+
+def channel() -> Channel | None:
+    """The channel :func:`set_channel` set; None outside a pool's rank."""
+    return _channel
+
+
+def announce_exit(code: int | None, source: str) -> None:
+    """This rank is meant to end the running test with ``code`` (``-6``: SIGABRT), for
+    ``source``'s reason (a harness class's ``special_return_code_checks``); None: it is not
+    any more (it lived, and was judged in place)."""
+    if _channel is not None:
+        _channel(code, source, "", "call")

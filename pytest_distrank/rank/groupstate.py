@@ -17,8 +17,10 @@ from typing import Any
 from .. import _compat
 from ..outcome.collectives import dump, load
 from ..outcome.frcalls import CHECK_OWNER
-from .faultplan import MODE_NAME
 from .ownedgroups import is_owned
+
+#: The ``faults`` fixture's dispatch mode (:mod:`api.faults`): left out of the modes-left check.
+FAULTS_MODE = "FaultInjectionMode"
 
 
 def group_words(pg: Any) -> str:
@@ -48,7 +50,7 @@ def left_modes() -> str:
     """After a test: the torch dispatch modes it left entered ("" when none). Every later test
     of the rank would run under them (a FakeTensorMode makes every tensor fake), so the pool is
     not fit to serve another test."""
-    modes = [m for m in _compat.dispatch_modes() if m != MODE_NAME]  # the faults fixture's
+    modes = [m for m in _compat.dispatch_modes() if m != FAULTS_MODE]  # the faults fixture's
     if not modes:
         return ""
     return f"left torch dispatch mode{'s' if len(modes) > 1 else ''} entered: {', '.join(modes)}"

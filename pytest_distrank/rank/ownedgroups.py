@@ -1,7 +1,7 @@
 """Process groups the plugin owns in a rank: created on first need, kept for the pool's life,
 never a test's leftover.
 
-Runs in rank processes of both modes. The checks across ranks (:mod:`rank.parity`) run their
+Runs in rank processes of both modes. The checks across ranks (:mod:`api.parity`) run their
 collectives on a twin of the test's group (the same ranks, gloo, made once per rank set), so
 that they never advance the sequence numbers of the test's own groups, which the hang verdicts
 and the sequence-number check read. Only a twin's members take part in making it, and it takes a
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from .. import _compat
-from .paritytable import ranks_words
+from ..outcome.merge import ranks_words
 
 #: What an owned group is for, as torch's ``group_desc`` (shown in flight records).
 OWNED_DESC = "distrank_checks"

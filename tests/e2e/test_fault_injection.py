@@ -479,10 +479,11 @@ def test_no_rank_outlives_its_session(shared_session: SharedSession, case: str) 
 #: takes the signal (only the main thread may reset it); the kit's notes go to stdout.
 HANDLED_IN_A_THREAD = """
 import signal, sys, threading
-from pytest_distrank.rank import faults
-from pytest_distrank.rank.faultplan import make_fault
+from pytest_distrank.api import faults
+from pytest_distrank.api.faultplan import make_fault
+from pytest_distrank.rank.context import set_channel
 
-faults.set_channel(lambda *note: print(repr(note), flush=True))
+set_channel(lambda *note: print(repr(note), flush=True))
 signal.signal(signal.SIGTERM, lambda *args: None)
 fault = make_fault("kill", 2, rank=1, at="barrier", signal_="SIGTERM", call="C")
 thread = threading.Thread(target=faults._die, args=(fault, "line", "call"))

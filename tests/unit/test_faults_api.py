@@ -1,4 +1,4 @@
-"""Unit tests of injected faults' pure part (rank/faultplan.py): arguments, counting, words."""
+"""Unit tests of injected faults' pure part (api/faultplan.py): arguments, counting, words."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from pytest_distrank.rank.faultplan import (
+from pytest_distrank.api.faultplan import (
     NOT_ENDING,
     OPS,
     USER_NAME,
@@ -144,7 +144,7 @@ def test_a_kill_refuses_a_signal_that_does_not_end_a_process(name: str, why: str
 def test_every_other_signal_ends_a_process_by_default() -> None:
     """The refused ones are exactly those whose default action is to ignore or to stop
     (signal(7)); a pool rank's own signals (SIGUSR1: its stack dump, SIGUSR2: its flight
-    recorder) are taken back by the kill (rank/faults.py's _die) and are accepted."""
+    recorder) are taken back by the kill (api/faults.py's _die) and are accepted."""
     ignore_or_stop = {"SIGCHLD", "SIGCONT", "SIGURG", "SIGWINCH"}
     ignore_or_stop |= {"SIGSTOP", "SIGTSTP", "SIGTTIN", "SIGTTOU"}
     assert {signal.Signals(s).name for s in NOT_ENDING} == ignore_or_stop

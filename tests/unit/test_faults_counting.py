@@ -1,4 +1,4 @@
-"""Properties of the fault kit's counting and words (rank/faultplan.py), over generated sequences
+"""Properties of the fault kit's counting and words (api/faultplan.py), over generated sequences
 of the ops a rank issues: the test's own, on the default group and on subgroups (two of them with
 the same members), and the plugin's own (a check's twin group, ``reference()``'s world).
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_distrank.api.faultplan import P2P, Group, Plan, fired_line, make_fault, ordinal
 from pytest_distrank.outcome.collectives import group_of_ranks
-from pytest_distrank.rank.faultplan import P2P, Group, Plan, fired_line, make_fault, ordinal
 
 #: The groups a generated rank (rank 2 of 4) issues ops on.
 DEFAULT = Group("0", (0, 1, 2, 3), default=True)

@@ -13,7 +13,10 @@ function):
 - ``rank/`` and ``pool/worker/`` import nothing of pool mode's controller side or of launcher
   mode; pool mode's modules of both sides import neither side;
 - the two modes never import each other, and the shared folders (the top level, ``planning/``,
-  ``rank/``, ``outcome/``) import no mode, except the plugin's gate, lazily.
+  ``rank/``, ``outcome/``) import no mode, except the plugin's gate, lazily;
+- ``api/`` (what a user's test calls) is imported only by the package's ``__init__`` and
+  ``fixtures``, and imports only ``rank/``, ``outcome/``, ``_compat``, ``settings``, ``parsing``
+  and itself (of the plugin's own).
 
 Every private pytest, CPython, torch, PyTorch-harness and plugin access goes through
 ``_compat/``: no other module and no test imports ``_pytest``, and no other module's code (its
@@ -70,7 +73,7 @@ def in_folder(*folders: str) -> set[str]:
 #: What a user touches: the only modules at the top level (beside the package ``_compat/``).
 TOP_LEVEL = {"plugin", "hookspecs", "settings", "parsing", "markers", "fixtures"}
 #: The folders of the layout.
-FOLDERS = {"", "_compat", "planning", "rank", "outcome", "pool", "pool/worker", "launch"}
+FOLDERS = {"", "_compat", "planning", "rank", "api", "outcome", "pool", "pool/worker", "launch"}
 #: Pool mode's modules that both of its processes import: its messages, plugins' values for the
 #: ranks, and the harness classes it takes over (collected alike in the controller and ranks).
 BOTH_SIDES = {"pool.protocol", "pool.workerinput", "pool.suites"}
@@ -139,6 +142,23 @@ def test_the_import_reader_resolves_relative_imports() -> None:
     assert {"rank", "rank.reaper"} <= imports_of("pool.pool")
     assert "launch.channel" in imports_of("launch.plugin")
     assert "pool.worker.main" in imports_of("plugin")
+
+
+API = in_folder("api") | {"api"}
+
+
+@pytest.mark.parametrize("module", sorted(MODULES | PACKAGES))
+def test_only_the_package_and_fixtures_import_api_which_imports_only_rank_side_leaves(
+    module: str,
+) -> None:
+    """``api/`` is what users rely on; the plumbing below it (``rank/``, ``outcome/``) never
+    reaches up into it, and no mode calls it: the fixtures hand it to tests."""
+    found = own(imports_of(module))
+    if module in API:
+        allowed = API | in_folder("rank", "outcome", "_compat") | {"rank", "outcome", "_compat"}
+        assert found - allowed - {"settings", "parsing"} == set()
+    elif module not in {"", "fixtures"}:
+        assert found & API == set()
 
 
 @pytest.mark.parametrize("module", sorted(in_folder("launch")))

@@ -1,5 +1,5 @@
 """Unit tests of the checks across ranks' pure logic: the comparison rules, the checksum, the
-guards, the per-rank table and its words (rank/paritydata.py, rank/paritytable.py). No ranks."""
+guards, the per-rank table and its words (api/paritydata.py, api/paritycalls.py). No ranks."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Any
 import pytest
 import torch
 
-from pytest_distrank.rank import paritydata as data
-from pytest_distrank.rank import parityequal, parityleaves
-from pytest_distrank.rank.paritytable import (
+from pytest_distrank.api import paritydata as data
+from pytest_distrank.api import parityleaves
+from pytest_distrank.api.paritycalls import (
     LeafTable,
-    Row,
     agreement,
     agreement_words,
     first_difference,
@@ -21,6 +20,7 @@ from pytest_distrank.rank.paritytable import (
     ranks_words,
     table,
 )
+from pytest_distrank.api.paritydata import Row
 
 
 def leaves(value: object) -> list[tuple[str, object]]:
@@ -51,21 +51,21 @@ def test_values_flatten_by_key_and_position_and_numbers_become_tensors() -> None
 def test_the_checksum_follows_torch_equal(
     a: torch.Tensor, b: torch.Tensor, equal_nan: bool, same: bool
 ) -> None:
-    key_a, key_b = (parityequal.digest(leaves(x), equal_nan)[0] for x in (a, b))
+    key_a, key_b = (data.digest(leaves(x), equal_nan)[0] for x in (a, b))
     assert (key_a == key_b) is same
 
 
 def test_nan_is_flagged_unless_equal_nan() -> None:
     x = leaves(torch.tensor([1.0, float("nan")]))
-    assert parityequal.digest(x, equal_nan=False)[1] is True
-    assert parityequal.digest(x, equal_nan=True)[1] is False
+    assert data.digest(x, equal_nan=False)[1] is True
+    assert data.digest(x, equal_nan=True)[1] is False
 
 
 def test_one_changed_element_of_a_large_tensor_changes_the_checksum() -> None:
     a = torch.randn(1 << 18)
     b = a.clone()
     b[123_456] = torch.nextafter(b[123_456], torch.tensor(float("inf")))
-    assert parityequal.digest(leaves(a), False)[0] != parityequal.digest(leaves(b), False)[0]
+    assert data.digest(leaves(a), False)[0] != data.digest(leaves(b), False)[0]
 
 
 def test_pack_and_unpack_round_trip_any_dtype() -> None:
@@ -170,7 +170,7 @@ def test_an_enum_member_is_compared_by_its_value_too() -> None:
     first: Any = enum.Enum("Mode", {"A": 1})  # type: ignore[misc]
     second: Any = enum.Enum("Mode", {"A": 2})  # type: ignore[misc]
     second.__module__ = first.__module__
-    assert not parityequal.equal(leaves(first.A), leaves(second.A), False)
+    assert not data.equal(leaves(first.A), leaves(second.A), False)
     leaf = leaves(first.A)[0][1]
     assert isinstance(leaf, parityleaves.Plain) and leaf.text.endswith(".Mode.A = 1")
 
@@ -227,8 +227,8 @@ def test_keys_without_an_exact_repr_are_refused() -> None:
 
 
 def test_a_list_differs_from_a_mapping_with_the_same_paths() -> None:
-    assert not parityequal.equal(leaves([5]), leaves({0: 5}), False)
-    assert parityequal.equal(leaves([5]), leaves((5,)), False)
+    assert not data.equal(leaves([5]), leaves({0: 5}), False)
+    assert data.equal(leaves([5]), leaves((5,)), False)
 
 
 def test_a_masked_numpy_array_is_refused() -> None:

@@ -1,5 +1,5 @@
-"""Properties of the checks across ranks' judgement (rank/parityleaves.py, rank/parityequal.py,
-rank/paritydata.py), over generated values. Pure: no ranks, no processes.
+"""Properties of the checks across ranks' judgement (api/parityleaves.py, api/paritydata.py),
+over generated values. Pure: no ranks, no processes.
 
 Tensors of every dtype torch holds (bfloat16, the float8 types, complex32, uint16/32/64 and the
 packed float4 included: hypothesis.extra.numpy has no strategy for them) are made from raw bytes
@@ -25,9 +25,9 @@ import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_distrank.rank import paritydata as data
-from pytest_distrank.rank import parityequal, parityleaves
-from pytest_distrank.rank.parityleaves import ParityUsageError
+from pytest_distrank.api import paritycalls, parityleaves
+from pytest_distrank.api import paritydata as data
+from pytest_distrank.api.parityleaves import ParityUsageError
 
 pytestmark = pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 
@@ -209,7 +209,7 @@ def test_equality_is_torch_equal_element_by_element(pair: tuple[Any, Any], equal
     element equals the other's as Python numbers (-0.0 == 0.0), NaN equal to NaN only under
     equal_nan; views, strides, conjugate and negative bits do not matter."""
     a, b = pair
-    assert parityequal.equal(leaves(a), leaves(b), equal_nan) == oracle_equal(a, b, equal_nan)
+    assert data.equal(leaves(a), leaves(b), equal_nan) == oracle_equal(a, b, equal_nan)
 
 
 @given(tensors(), st.booleans())
@@ -218,9 +218,9 @@ def test_the_sign_of_zero_does_not_count(a: torch.Tensor, equal_nan: bool) -> No
     digests are equal (unless NaN makes both unequal)."""
     b = next(v for v in variants(a) if v.__name__ == "zeros_flipped")(a)
     expected = oracle_equal(a, b, equal_nan)
-    assert parityequal.equal(leaves(a), leaves(b), equal_nan) == expected
-    key_a, nan, _ = parityequal.digest(leaves(a), equal_nan)
-    assert (key_a == parityequal.digest(leaves(b), equal_nan)[0] and not nan) == expected
+    assert data.equal(leaves(a), leaves(b), equal_nan) == expected
+    key_a, nan, _ = data.digest(leaves(a), equal_nan)
+    assert (key_a == data.digest(leaves(b), equal_nan)[0] and not nan) == expected
 
 
 @given(pairs(("other_dtype", "other_shape")), st.booleans())
@@ -229,8 +229,8 @@ def test_dtype_and_shape_always_count(pair: tuple[Any, Any], equal_nan: bool) ->
     digests differ (unless the variant could not change them: a 0-dim tensor's dtype)."""
     a, b = pair
     assume(a.dtype != b.dtype or a.shape != b.shape)
-    assert not parityequal.equal(leaves(a), leaves(b), equal_nan)
-    assert parityequal.digest(leaves(a), True)[0] != parityequal.digest(leaves(b), True)[0]
+    assert not data.equal(leaves(a), leaves(b), equal_nan)
+    assert data.digest(leaves(a), True)[0] != data.digest(leaves(b), True)[0]
 
 
 @given(pairs(), st.booleans())
@@ -239,8 +239,8 @@ def test_digests_are_equal_exactly_for_equal_values(pair: tuple[Any, Any], equal
     linear collisions: swaps and sum-keeping changes too); a NaN is flagged unless equal_nan,
     and then the check fails whatever the digests say."""
     a, b = pair
-    key_a, nan_a, _ = parityequal.digest(leaves(a), equal_nan)
-    key_b, nan_b, _ = parityequal.digest(leaves(b), equal_nan)
+    key_a, nan_a, _ = data.digest(leaves(a), equal_nan)
+    key_b, nan_b, _ = data.digest(leaves(b), equal_nan)
     assert nan_a == (not equal_nan and has_nan(a)) and nan_b == (not equal_nan and has_nan(b))
     passes = key_a == key_b and not nan_a and not nan_b
     assert passes == oracle_equal(a, b, equal_nan)
@@ -253,11 +253,11 @@ def test_the_device_hash_tells_bytes_apart(pair: tuple[Any, Any], key: int) -> N
     """Rule: the on-device hash (run here on the CPU) of two canonical tensors of the same size
     is equal exactly when their bytes are (not linear: swapped words differ)."""
     a, b = pair
-    ca, cb = parityequal.canonical(a, True), parityequal.canonical(b, True)
+    ca, cb = data.canonical(a, True), data.canonical(b, True)
     assume(ca.numel() * ca.element_size() == cb.numel() * cb.element_size())
-    same = parityequal.canonical_bytes(a, True) == parityequal.canonical_bytes(b, True)
-    lanes_a = parityequal.device_lanes(ca, (key, ~key)).tolist()
-    lanes_b = parityequal.device_lanes(cb, (key, ~key)).tolist()
+    same = data.canonical_bytes(a, True) == data.canonical_bytes(b, True)
+    lanes_a = data.device_lanes(ca, (key, ~key)).tolist()
+    lanes_b = data.device_lanes(cb, (key, ~key)).tolist()
     assert (lanes_a == lanes_b) == same
 
 
@@ -299,7 +299,7 @@ def test_packed_tensors_come_back_as_they_were(items: list[torch.Tensor]) -> Non
     back = data.unpack(data.pack(found), found)
     for t, u in zip(found, back, strict=True):
         assert (t.dtype, t.shape) == (u.dtype, u.shape)
-        assert parityequal.canonical_bytes(t, True) == parityequal.canonical_bytes(u, True)
+        assert data.canonical_bytes(t, True) == data.canonical_bytes(u, True)
 
 
 def only_plain_data(sent: Any) -> bool:
@@ -318,14 +318,14 @@ def test_the_failure_path_sends_plain_data_and_rebuilds_every_leaf(items: list[A
     import pickle
 
     found = leaves(items)
-    sent = data.portable(found)
+    sent = paritycalls.portable(found)
     assert only_plain_data(sent)
-    back = data.from_portable(pickle.loads(pickle.dumps(sent)))
+    back = paritycalls.from_portable(pickle.loads(pickle.dumps(sent)))
     for (p, t), (q, u) in zip(found, back, strict=True):
         assert p == q
         if isinstance(t, torch.Tensor):
             assert (t.dtype, t.shape) == (u.dtype, u.shape)
-            assert parityequal.canonical_bytes(t, True) == parityequal.canonical_bytes(u, True)
+            assert data.canonical_bytes(t, True) == data.canonical_bytes(u, True)
         else:
             assert t == u
 
@@ -438,10 +438,8 @@ def test_plain_structures_follow_the_documented_rule(a: Any, b: Any) -> None:
     follow python_equal (list == tuple, key order aside, True != 1 != 1.0, an empty container
     differs from none at all, big ints exactly)."""
     same = python_equal(a, b)
-    assert parityequal.equal(leaves(a), leaves(b), False) == same
-    assert (
-        parityequal.digest(leaves(a), False)[0] == parityequal.digest(leaves(b), False)[0]
-    ) == same
+    assert data.equal(leaves(a), leaves(b), False) == same
+    assert (data.digest(leaves(a), False)[0] == data.digest(leaves(b), False)[0]) == same
 
 
 class Sneaky(str):  # prints as the int key 1
@@ -454,8 +452,8 @@ def differ_or_refused(x: Any, y: Any) -> bool:
         lx, ly = leaves(x), leaves(y)
     except ParityUsageError:
         return True
-    same = parityequal.digest(lx, False)[0] == parityequal.digest(ly, False)[0]
-    return not parityequal.equal(lx, ly, False) and not same
+    same = data.digest(lx, False)[0] == data.digest(ly, False)[0]
+    return not data.equal(lx, ly, False) and not same
 
 
 @given(structures(plain), structures(plain))
@@ -474,7 +472,7 @@ def test_the_kind_of_a_container_or_key_counts(a: Any, b: Any) -> None:
     ]
     for x, y in pairs:
         assert differ_or_refused(x, y), (x, y)
-    assert parityequal.equal(leaves([a, b]), leaves((a, b)), False)
+    assert data.equal(leaves([a, b]), leaves((a, b)), False)
 
 
 @given(st.integers(-3, 3), st.sampled_from([bool, int, float, complex, np.int64, np.float64]))
@@ -488,7 +486,7 @@ def test_numbers_differ_by_type(value: int, kind: Callable[[Any], Any]) -> None:
     for other in (bool, int, float, complex, np.int64, np.float64):
         y = other(value if other is not bool else value % 2)
         same = dtype_of[kind] == dtype_of[other] and x == y
-        assert parityequal.equal(leaves(x), leaves(y), False) == same
+        assert data.equal(leaves(x), leaves(y), False) == same
 
 
 @given(structures(plain))
@@ -504,7 +502,7 @@ def test_a_value_equals_itself_and_its_reordered_copy(a: Any) -> None:
             return Step(reorder(v.loss), reorder(v.step))
         return v
 
-    assert parityequal.digest(leaves(a), True)[0] == parityequal.digest(leaves(reorder(a)), True)[0]
+    assert data.digest(leaves(a), True)[0] == data.digest(leaves(reorder(a)), True)[0]
 
 
 other_objects = st.sampled_from(
@@ -546,11 +544,11 @@ def test_numpy_values_compare_as_their_tensors(t: torch.Tensor) -> None:
     """Rule: a numpy array (and scalar) is compared as the tensor of its dtype, shape and
     bytes: equal to that tensor, its digest the tensor's."""
     arr = t.numpy()
-    assert parityequal.equal(leaves(arr), leaves(t), True)
-    assert parityequal.digest(leaves(arr), True)[0] == parityequal.digest(leaves(t), True)[0]
+    assert data.equal(leaves(arr), leaves(t), True)
+    assert data.digest(leaves(arr), True)[0] == data.digest(leaves(t), True)[0]
     if t.numel():
         scalar = arr.reshape(-1)[0]
-        assert parityequal.equal(leaves(scalar), leaves(t.reshape(-1)[0]), True)
+        assert data.equal(leaves(scalar), leaves(t.reshape(-1)[0]), True)
 
 
 @given(st.integers(0, 2**16))
@@ -561,8 +559,8 @@ def test_a_module_compares_by_its_state_dict(seed: int) -> None:
     a = torch.nn.Linear(3, 2)
     b = torch.nn.Linear(3, 2)
     b.load_state_dict(a.state_dict())
-    assert parityequal.equal(leaves(a), leaves(b), False)
-    assert parityequal.equal(leaves(a), leaves(dict(a.state_dict())), False)
+    assert data.equal(leaves(a), leaves(b), False)
+    assert data.equal(leaves(a), leaves(dict(a.state_dict())), False)
     with torch.no_grad():
         b.weight[0, 0] += 1
-    assert not parityequal.equal(leaves(a), leaves(b), False)
+    assert not data.equal(leaves(a), leaves(b), False)

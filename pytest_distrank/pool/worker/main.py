@@ -44,8 +44,8 @@ import pytest
 from ... import _compat
 from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ...outcome.stacks import interruption_message
-from ...rank import faults, reaper, seeding
-from ...rank.context import RANK_CONTEXT, RankContext
+from ...rank import reaper, seeding
+from ...rank.context import RANK_CONTEXT, RankContext, set_channel
 from ...rank.groupstate import collective_counts, left_modes, sequence_numbers
 from ...rank.hygiene import Leftovers, cap_section, next_node, stray_forks
 from ...rank.leftovers import LeftoverCheck
@@ -334,7 +334,7 @@ class WorkerPlugin:
         try:
             self.ctx = start_rank(self.cfg)
             ctx, rank = self.ctx, self.cfg.rank  # what a test must say before it dies
-            faults.set_channel(
+            set_channel(
                 lambda *note: self.conn.send(
                     dataclasses.replace(RankNote(rank, ctx.test.index, *note), pid=os.getpid())
                 )

@@ -57,8 +57,7 @@ import pytest
 
 from ... import _compat
 from ...outcome.expectations import harness_source
-from ...rank import faults
-from ...rank.context import RANK_CONTEXT, RankContext
+from ...rank.context import RANK_CONTEXT, RankContext, announce_exit
 from ..suites import CASE, Case
 from . import harnessenv, ranklogs
 from .suiteclass import ClassState, child_view
@@ -265,7 +264,7 @@ def _run_spawned(
                 )
             )
         if source:
-            faults.announce_exit(None, source)  # it lives: judged here, as the parent would
+            announce_exit(None, source)  # it lives: judged here, as the parent would
         error = _received(ours)
     finally:
         ours.close()
@@ -291,7 +290,7 @@ def _announce_exit(parent: Any, fn: Any) -> str:
     if not code or fn in unchecked:
         return ""
     source = harness_source(fn, code)
-    faults.announce_exit(code, source)
+    announce_exit(code, source)
     return source
 
 

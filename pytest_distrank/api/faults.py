@@ -8,13 +8,13 @@ backward all-reduce) and every ``_c10d_functional::`` op (DTensor, tensor parall
 per group and per op (:mod:`faultplan`), and fires an armed fault just before the op it names
 runs: the rank never enters that collective. It does not see inside ``torch.compile``d graphs.
 The plugin's own collectives are not the test's and are not counted: those on the checks'
-twin groups (:mod:`ownedgroups`, known by their ``group_desc``) and every op while
+twin groups (:mod:`rank.ownedgroups`, known by their ``group_desc``) and every op while
 ``reference()`` runs (its one-rank world is then torch's default group, not the test's).
 
-A fired fault is reported before it acts: in pool mode through the rank's pipe (the channel the
-pool rank sets, :func:`set_channel`), so that a killed rank is an expected exit and its line
-reaches the test's report; in launcher mode as a section of the rank's own report (kills are
-pool mode only there: torchrun's agent stops every worker when one dies).
+A fired fault is reported before it acts: in pool mode through the rank's pipe (the channel
+the pool rank sets, :func:`rank.context.set_channel`), so that a killed rank is an expected exit
+and its line reaches the test's report; in launcher mode as a section of the rank's own report
+(kills are pool mode only there: torchrun's agent stops every worker when one dies).
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from typing import Any
 import pytest
 
 from ..outcome.expectations import POOL_ONLY
+from ..rank import context
+from ..rank.groupstate import FAULTS_MODE
+from ..rank.ownedgroups import OWNED_DESC
 from .faultplan import (
-    MODE_NAME,
     OPS,
     USER_NAME,
     Fault,
@@ -45,27 +47,9 @@ from .faultplan import (
     make_fault,
     never_fired,
 )
-from .ownedgroups import OWNED_DESC
 
-#: ``(code, source, injected line, phase)`` -> the controller (pool mode; None elsewhere).
-Channel = Callable[[int | None, str, str, str], None]
-_channel: Channel | None = None
 #: The report section of a fired fault when there is no channel (launcher mode).
 SECTION_KEY = "distrank injected fault"
-
-
-def set_channel(channel: Channel | None) -> None:
-    """Pool mode: how this rank tells its controller, during a test, what it must know."""
-    global _channel
-    _channel = channel
-
-
-def announce_exit(code: int | None, source: str) -> None:
-    """This rank is meant to end the running test with ``code`` (``-6``: SIGABRT), for
-    ``source``'s reason (a harness class's ``special_return_code_checks``); None: it is not
-    any more (it lived, and was judged in place)."""
-    if _channel is not None:
-        _channel(code, source, "", "call")
 
 
 class Faults:
@@ -105,7 +89,7 @@ class Faults:
         expected exit of that rank (pool mode only)."""
         __tracebackhide__ = True
         call = call_words("kill", {"rank": rank, "at": at, "nth": nth, "signal": signal})
-        if _channel is None:
+        if context.channel() is None:
             pytest.skip(f"{call}: kills are pool mode only: {POOL_ONLY}")
         self._fault("kill", call, rank, at, nth, optional, signal_=signal)
 
@@ -261,8 +245,9 @@ class Faults:
         when, seconds = self._phase()
         line = fired_line(fault, self.rank, slot, seconds, when)
         kill = fault.kind == "kill"
-        if _channel is not None:
-            _channel(-fault.signal if kill else None, fault.call if kill else "", line, when)
+        channel = context.channel()
+        if channel is not None:
+            channel(-fault.signal if kill else None, fault.call if kill else "", line, when)
         else:
             self.item.add_report_section(when, SECTION_KEY, line)
         if kill:
@@ -312,8 +297,9 @@ def _die(fault: Fault, line: str, when: str) -> None:
             f"{fault.call}: {name} did not end the rank within {SIGNAL_WAIT_S:g} s (a handler "
             "the kit cannot reset took it), so the kit ended it by SIGKILL"
         )
-        if _channel is not None:
-            _channel(-int(signal.SIGKILL), why, "", when)
+        channel = context.channel()
+        if channel is not None:
+            channel(-int(signal.SIGKILL), why, "", when)
         with contextlib.suppress(Exception):
             os.write(2, f"{why}\n".encode())
     os.kill(os.getpid(), signal.SIGKILL)
@@ -384,6 +370,6 @@ def _mode_class() -> type:
                 self.faults.before(op, args)
             return func(*args, **(kwargs or {}))
 
-    assert FaultInjectionMode.__name__ == MODE_NAME
+    assert FaultInjectionMode.__name__ == FAULTS_MODE
     _MODE = FaultInjectionMode
     return _MODE

@@ -11,11 +11,11 @@ Every check begins with one ``all_gather`` of a status and a few int64 (:meth:`A
 an exception in this rank's own part (a value it cannot compare, a crash while hashing) is
 sent there, so every rank fails together, naming the rank and its error, before any collective
 whose size depends on the value. Cost on the passing path: equality and difference, that one
-``all_gather`` (a 128-bit digest of every leaf, :mod:`rank.parityequal`); closeness, that one
+``all_gather`` (a 128-bit digest of every leaf, :mod:`api.paritydata`); closeness, that one
 (a hash of the leaves' paths, shapes and dtypes), one ``broadcast`` of rank 0's tensors packed
 in one buffer, and an ``all_gather`` of each rank's verdict. On failure the ranks gather every
-value to build the per-rank table. What a value's leaves are is :mod:`rank.parityleaves`;
-the ranks of a check and its exchanges, :mod:`rank.paritycalls`.
+value to build the per-rank table. What a value's leaves are is :mod:`api.parityleaves`;
+the ranks of a check and its exchanges, :mod:`api.paritycalls`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import paritydata as data
-from . import parityequal
-from .paritycalls import Across, current_test
+from .paritycalls import (
+    Across,
+    LeafTable,
+    agreement,
+    agreement_words,
+    current_test,
+    first_difference,
+    majority,
+    message,
+    ranks_words,
+)
+from .paritydata import Row
 from .parityleaves import (
     ParityUsageError,
     comparable,
@@ -36,16 +46,6 @@ from .parityleaves import (
     is_mark,
     kind_words,
     leaves,
-)
-from .paritytable import (
-    LeafTable,
-    Row,
-    agreement,
-    agreement_words,
-    first_difference,
-    majority,
-    message,
-    ranks_words,
 )
 
 
@@ -168,7 +168,7 @@ def assert_equal_across_ranks(
         return
     try:
         found = leaves(value, name)
-        key, nan, _ = parityequal.digest(found, equal_nan)
+        key, nan, _ = data.digest(found, equal_nan)
     except Exception as exc:
         across.fail_together(exc, 4)
     got = across.agree([int(comparable(found)), *key, int(nan)])
@@ -288,7 +288,7 @@ def assert_differs_across_ranks(
         )
     try:
         found = leaves(value, name)
-        key, _, where = parityequal.digest(found, equal_nan=True)
+        key, _, where = data.digest(found, equal_nan=True)
     except Exception as exc:
         across.fail_together(exc, 4)
     got = across.agree([int(comparable(found)), *key, where])
@@ -326,7 +326,7 @@ def classes(every: Sequence[Sequence[tuple[str, Any]]]) -> list[int]:
     """For each rank's leaves, the first rank whose leaves are equal to them (NaN equal to
     NaN): ranks with the same number hold equal values."""
     return [
-        next(q for q in range(p + 1) if parityequal.equal(every[q], mine, equal_nan=True))
+        next(q for q in range(p + 1) if data.equal(every[q], mine, equal_nan=True))
         for p, mine in enumerate(every)
     ]
 

@@ -1,6 +1,6 @@
 """What a check across ranks sees of a value: its leaves, each a tensor or an exact plain value.
 
-Runs in rank processes of both modes, inside a test (:mod:`rank.parity`, :mod:`rank.reference`).
+Runs in rank processes of both modes, inside a test (:mod:`api.parity`, :mod:`api.reference`).
 torch is imported only when a function is called; numpy only where the test imported it. The
 rules (docs/parity.md, "What each check compares"):
 

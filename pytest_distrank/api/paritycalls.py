@@ -1,26 +1,29 @@
-"""The ranks of one check across ranks and its exchanges (:class:`Across`): the test's group,
-its members, this rank's place, the twin, and the collectives every check runs on it.
+"""The ranks of one check across ranks: their exchanges (:class:`Across`: the test's group, its
+members, this rank's place, the twin, the collectives every check runs on it), what travels, and
+the words of a failed check (which ranks agree, the per-rank table, the message).
 
-Runs in rank processes of both modes, inside a test (:mod:`rank.parity`, :mod:`rank.reference`).
+Runs in rank processes of both modes, inside a test (:mod:`api.parity`, :mod:`api.reference`).
 A check's first exchange has one width whatever the check and carries a digest of the call (the
 check, its name and the arguments that decide the verdict): ranks that made other calls fail
 together there, named. A rank whose own part fails says so in the exchange its peers are in.
-The failure path gathers str, int and bytes only (:func:`paritydata.portable`). torch is
-imported only when a method runs.
+The failure path gathers str, int and bytes only (:func:`portable`), and every rank builds the
+same message from the same gathered facts (:class:`paritydata.Row` values), so every rank
+raises the same error. torch is imported only when a function runs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any, NoReturn
 
-from . import paritydata as data
-from .ownedgroups import twin
+from ..rank.ownedgroups import twin
+from .paritydata import Row
 from .parityleaves import ParityUsageError
-from .paritytable import agreement, majority, ranks_words
 
 
 def current_test() -> str:
@@ -179,11 +182,11 @@ class Across:
 
     def gather_leaves(self, found: Sequence[tuple[str, Any]]) -> list[list[tuple[str, Any]]]:
         """Every rank's leaves, for the failure's table. What travels is str, int and bytes
-        (:func:`paritydata.portable`); a rank that cannot send its leaves says so in the same
+        (:func:`portable`); a rank that cannot send its leaves says so in the same
         gather, and every rank fails naming it, so no peer is left waiting."""
         __tracebackhide__ = True
         try:
-            sent: tuple[str | None, Any] = (None, data.portable(found))
+            sent: tuple[str | None, Any] = (None, portable(found))
             pickle.dumps(sent)
         except Exception as exc:
             sent = (f"{type(exc).__name__}: {exc}", [])
@@ -196,9 +199,192 @@ class Across:
                 f"between ranks, but {ranks_words(r for r, _ in failed)} could not send its "
                 f"values for the table:\n{lines}"
             )
-        return [data.from_portable(leaves) for _, leaves in every]
+        return [from_portable(leaves) for _, leaves in every]
 
     def broadcast_from_first(self, buffer: Any) -> None:
         import torch.distributed as dist
 
         dist.broadcast(buffer, src=self.ranks[0], group=self.pg)
+
+
+#: A tensor as it travels to the failure's table: its dtype's name, its shape, its bytes.
+Wire = tuple[str, tuple[int, ...], bytes]
+
+
+def portable(leaves: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The leaves as :func:`from_portable` rebuilds them, made of str, int and bytes only (and
+    :class:`Plain`, two strings), so that ``all_gather_object`` pickles them whatever the dtype
+    (torch cannot pickle float8, float4, complex32 or uint16-64 tensors) or the tensor's
+    subclass: each tensor as a :data:`Wire`."""
+    import torch
+
+    out: list[tuple[str, Any]] = []
+    for path, leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            t = leaf.detach().cpu().as_subclass(torch.Tensor).contiguous()
+            raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+            leaf = (str(t.dtype).removeprefix("torch."), tuple(t.shape), raw)
+        out.append((path, leaf))
+    return out
+
+
+def from_portable(sent: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """The leaves :func:`portable` sent, tensors rebuilt on the CPU."""
+    import torch
+
+    out: list[tuple[str, Any]] = []
+    for path, leaf in sent:
+        if isinstance(leaf, tuple):
+            name, shape, raw = leaf
+            flat = (
+                torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+                if raw
+                else torch.empty(0, dtype=torch.uint8)
+            )
+            leaf = flat.view(getattr(torch, name)).reshape(shape)
+        out.append((path, leaf))
+    return out
+
+
+#: Columns of the table, in order: (title, Row attribute).
+COLUMNS = (
+    ("rank", "rank"),
+    ("shape, dtype", "kind"),
+    ("max abs err", "max_abs"),
+    ("max rel err", "max_rel"),
+    ("differing", "mismatched"),
+    ("first at", "index"),
+    ("value", "value"),
+    ("{there}", "ref_value"),
+    ("", "note"),
+)
+#: Leaves shown with a table of their own; the others are listed by name.
+TABLES_SHOWN = 3
+
+
+def agreement(keys: Sequence[Hashable]) -> list[list[int]]:
+    """The ranks (positions of ``keys``) that hold equal keys, grouped, each group in rank order,
+    the groups in the order of their lowest rank."""
+    groups: dict[Hashable, list[int]] = {}
+    for rank, key in enumerate(keys):
+        groups.setdefault(key, []).append(rank)
+    return list(groups.values())
+
+
+def majority(groups: Sequence[Sequence[int]]) -> list[int]:
+    """The largest group; of groups as large, the one with the lowest rank."""
+    best = groups[0]
+    for group in groups:
+        if len(group) > len(best) or (len(group) == len(best) and group[0] < best[0]):
+            best = group
+    return list(best)
+
+
+def ranks_words(ranks: Iterable[int]) -> str:
+    """``0, 1, 3`` or ``0-3`` for a run of four or more; ``rank 2`` alone."""
+    ordered = sorted(ranks)
+    if len(ordered) == 1:
+        return f"rank {ordered[0]}"
+    if len(ordered) >= 4 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"ranks {ordered[0]}-{ordered[-1]}"
+    return "ranks " + ", ".join(str(r) for r in ordered)
+
+
+def agreement_words(groups: Sequence[Sequence[int]]) -> str:
+    """``ranks 0, 1, 3 agree; rank 2 differs from them`` or ``every rank holds its own value``."""
+    if len(groups) == 1:
+        return f"{ranks_words(groups[0])} agree"
+    if all(len(g) == 1 for g in groups):
+        return "no two ranks agree"
+    return "; ".join(
+        f"{ranks_words(g)} agree" if len(g) > 1 else f"{ranks_words(g)} alone" for g in groups
+    )
+
+
+def number(value: float | None) -> str:
+    """A table cell for an error: ``-``, ``0``, ``inf``, ``nan`` or 3 significant digits."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    return f"{value:.3g}"
+
+
+def cell(row: Row, attribute: str) -> str:
+    value = getattr(row, attribute)
+    if attribute in ("max_abs", "max_rel"):
+        return number(value)
+    if value is None:
+        return "-"
+    return str(value)
+
+
+def table(rows: Sequence[Row], there: str = "rank 0") -> str:
+    """The per-rank table, columns padded; columns empty on every row are left out. ``there``
+    names the reference side (``rank 0``, ``the reference``) in the title of its values."""
+    columns = [
+        (title.format(there=f"value on {there}"), attr)
+        for title, attr in COLUMNS
+        if attr in ("rank", "kind", "note") or any(getattr(r, attr) is not None for r in rows)
+    ]
+    cells = [[title for title, _ in columns]]
+    cells += [[cell(row, attr) for _, attr in columns] for row in rows]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(text.ljust(width) for text, width in zip(line, widths, strict=True)).rstrip()
+        for line in cells
+    )
+
+
+@dataclasses.dataclass
+class LeafTable:
+    """The rows of one leaf that differs somewhere."""
+
+    path: str
+    rows: list[Row]
+
+
+def message(
+    check: str,
+    test: str,
+    headline: str,
+    tables: Sequence[LeafTable],
+    advice: str,
+    extra: Sequence[str] = (),
+    there: str = "rank 0",
+) -> str:
+    """The error every rank raises: what failed where, the tables, what to do."""
+    where = f" in {test}" if test else ""
+    lines = [f"{check} failed{where}: {headline}", *extra]
+    for leaf in tables[:TABLES_SHOWN]:
+        lines += ["", f"{leaf.path}:", table(leaf.rows, there)]
+    rest = [leaf.path for leaf in tables[TABLES_SHOWN:]]
+    if rest:
+        lines += ["", f"also differ ({len(rest)}): {', '.join(rest)}"]
+    lines += ["", advice]
+    return "\n".join(lines)
+
+
+def differing_ranks(tables: Sequence[LeafTable]) -> list[int]:
+    """The ranks with a differing row in any table, in rank order."""
+    return sorted({row.rank for leaf in tables for row in leaf.rows if row.differs})
+
+
+def first_difference(tables: Sequence[LeafTable], there: str = "rank 0") -> str:
+    """``x['w'] differs on rank 2 at (3, 1): 0.5 there, 0.25 on rank 0`` for the first
+    differing row, or ``""``."""
+    for leaf in tables:
+        for row in leaf.rows:
+            if not row.differs:
+                continue
+            if row.index is not None:
+                return (
+                    f"{leaf.path} differs on rank {row.rank} at {row.index}: "
+                    f"{row.value} there, {row.ref_value} on {there}"
+                )
+            ref = next((r.kind for r in leaf.rows if r.note.startswith("reference")), "")
+            theirs = f"; {ref} on {there}" if ref and row.note.endswith("differs") else ""
+            return f"{leaf.path} on rank {row.rank}: {row.note}, {row.kind}{theirs}"
+    return ""

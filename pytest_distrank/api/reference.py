@@ -20,11 +20,11 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _compat
+from ..rank import seeding
 from . import paritydata as data
-from . import seeding
-from .paritycalls import Across, current_test
+from .paritycalls import Across, LeafTable, current_test, first_difference, message, ranks_words
+from .paritydata import Row
 from .parityleaves import ParityUsageError, comparable, dtensor_type, kind_words, leaves
-from .paritytable import LeafTable, Row, first_difference, message, ranks_words
 
 if TYPE_CHECKING:
     import torch

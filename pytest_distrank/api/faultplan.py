@@ -1,6 +1,6 @@
 """Injected faults, the pure part: the calls' arguments, op names, counting, the words.
 
-Runs in rank processes of both modes (:mod:`rank.faults` uses it inside a test that arms a
+Runs in rank processes of both modes (:mod:`api.faults` uses it inside a test that arms a
 fault). No torch, no processes: unit-tested without ranks (``tests/unit/test_faults_api.py``,
 ``tests/unit/test_faults_counting.py``).
 
@@ -73,8 +73,6 @@ USER_NAME = {op: name for name, ops in OPS.items() for op in ops}
 P2P = frozenset({"send", "recv"})
 #: The fault kinds and the calls that arm them.
 KINDS = ("kill", "raise_in", "delay", "hang")
-#: The dispatch mode's class name: exempt from the dispatch-modes-left check (groupstate.py).
-MODE_NAME = "FaultInjectionMode"
 
 
 #: Signals whose default action does not end a process: a kill refuses them, and why.
