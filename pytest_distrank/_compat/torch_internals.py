@@ -111,6 +111,20 @@ def sequence_number(pg: Any) -> int:
     return int(pg._get_sequence_number_for_group())
 
 
+def group_named(name: str) -> Any:
+    """The process group a functional collective names (its ``group_name``), or None.
+
+    ``torch.distributed.distributed_c10d._resolve_process_group`` (private): the injected
+    faults' dispatch mode reads a ``_c10d_functional::`` op's group from its name.
+    """
+    import torch.distributed as dist
+
+    try:
+        return dist.distributed_c10d._resolve_process_group(name)
+    except Exception:
+        return None
+
+
 def print_stacks_on_fatal_signal(enabled: bool) -> None:
     """Turn torch's C++ stack printing on fatal signals on or off
     (``torch._C._set_print_stack_traces_on_fatal_signal``, private): PyTorch's harness turns it

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 
+from .. import _compat
 from ..outcome.expectations import POOL_ONLY
 from ..rank import context
 from ..rank.groupstate import FAULTS_MODE
@@ -324,8 +325,7 @@ def _group_of(args: tuple[Any, ...], in_reference: bool) -> Group:
         names = [a for a in args if isinstance(a, str)]
         if names:  # a functional collective names its group last
             name = names[-1]
-            with contextlib.suppress(Exception):
-                pg = dist.distributed_c10d._resolve_process_group(name)
+            pg = _compat.group_named(name)
     if pg is None:
         return Group(name, plugin=in_reference)
     try:

@@ -317,6 +317,7 @@ PRIVATE_SPELLINGS = (
     "_register_process_group",
     "_set_global_rank",
     "_pg_map",
+    "_resolve_process_group",
     # PyTorch's test harness (torch.testing._internal.common_distributed)
     "common_distributed",
     "_ensure_processes_spawned",
