@@ -17,8 +17,10 @@ Who hosts the store at MASTER_ADDR:MASTER_PORT: torchrun's agent when it says so
 (``is_master=True``), the other ranks connect to it.
 
 The store has no authentication: :meth:`Channel.put` seals every payload with a MAC
-(:class:`auth.Auth`) and :meth:`Channel.get` raises :class:`Forged` for one that does not verify.
-Counters (:meth:`Channel.add`) carry none: a moved counter only says "go read".
+(:class:`auth.Auth`) and :meth:`Channel.get` raises :class:`Forged` for one that does not verify,
+then reads it with its kind's reader (:func:`keys.read_stack`, ...): :class:`Malformed` for one
+that is not what its kind says. Counters (:meth:`Channel.add`) carry none: a moved counter only
+says "go read".
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from . import keys
 from .auth import MEANING, Auth
@@ -55,11 +57,41 @@ class Forged(ChannelError):
     rank 0's gathering fails the test with it instead (:func:`report.forged_report`).
     """
 
+    #: The failed report's first words (:func:`report.forged_report`), and what it means.
+    headline = "control store tampered with"
+    meaning = MEANING
+
     def __init__(self, key: str, rank: int, why: str) -> None:
         self.key = key
         self.rank = rank
         self.why = why
-        super().__init__(f"the control store's {key!r} (rank {rank}) {why}: {MEANING}")
+        super().__init__(f"the control store's {key!r} (rank {rank}) {why}: {self.meaning}")
+
+    def ends_run(self, nodeid: str) -> str:
+        """Why the run stops after the test it failed (the remaining tests' skip reason)."""
+        return (
+            f"the control store was written by someone other than the ranks in {nodeid} "
+            f"({self.key!r} was tampered with): no later result could be trusted"
+        )
+
+
+class Malformed(Forged):
+    """A payload that verified but is not what its kind says (:class:`keys.MessageError`): the
+    test fails with it as with a forged one, naming the key."""
+
+    headline = "malformed control payload"
+    meaning = (
+        "a rank wrote what this version of pytest-distrank does not read (a protocol bug, or "
+        "another version of pytest-distrank on that rank)"
+    )
+
+    def ends_run(self, nodeid: str) -> str:
+        return (
+            f"a rank wrote a malformed {self.key!r} in {nodeid}: no later result could be trusted"
+        )
+
+
+T = TypeVar("T")
 
 
 class Channel:
@@ -162,22 +194,27 @@ class Channel:
     def has(self, key: str) -> bool:
         return bool(self._op(f"check {key}", lambda: self.control.check([key])))
 
-    def get(self, key: str) -> Any:
-        """The JSON value of a key that exists (check with :meth:`has` first); :class:`Forged`
-        unless its MAC verifies (for this run, key, test, rank and attempt)."""
+    def get(self, key: str, read: Callable[[object], T]) -> T:
+        """The value of a key that exists (check with :meth:`has` first), read by ``read`` (its
+        kind's reader in :mod:`keys`): :class:`Forged` unless its MAC verifies (for this run,
+        key, test, rank and attempt), :class:`Malformed` unless ``read`` accepts it."""
         raw = self._op(f"get {key}", lambda: self.control.get(key))
         index, rank = keys.subject(key)
         try:
             text = self.auth.unseal(key, index, rank, bytes(raw))
-            return json.loads(text)
+            value = json.loads(text)
         except ValueError as exc:  # json.JSONDecodeError too: a payload that verified is JSON
             raise Forged(key, rank, str(exc)) from None
+        try:
+            return read(value)
+        except keys.MessageError as exc:
+            raise Malformed(key, rank, str(exc)) from None
 
-    def take(self, key: str) -> Any:
+    def take(self, key: str, read: Callable[[object], T]) -> T:
         """Get and delete (reports are read once; the store does not grow with the session). A
         forged payload is deleted too (:class:`Forged`): the genuine one may still come."""
         try:
-            return self.get(key)
+            return self.get(key, read)
         finally:
             self._op(f"delete {key}", lambda: self.control.delete_key(key))
 

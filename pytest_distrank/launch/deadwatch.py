@@ -43,9 +43,11 @@ from ..outcome.stacks import collective_entered, where_blocked
 from ..rank.groupstate import flight_records
 from . import keys
 from .channel import dump_threads
+from .current import Current
 from .frrecords import own_records, peer_records
-from .gather import Current, foreign, poll_finished
+from .gather import foreign, poll_finished
 from .session import RankSession
+from .tamper import noted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,15 +183,12 @@ class Judge:
             if not channel.has(key):
                 return None
             # JSON read off the network (collectives.load checks the records; nothing unpickled).
-            data: keys.Still = channel.get(key)
-            if foreign(self.rs, cur, rank, data) is not None or not data.get("still"):
+            data: keys.Still | None = None
+            with noted(cur):  # one that does not verify or read fails the test
+                data = channel.get(key, keys.read_still)
+            if data is None or foreign(self.rs, cur, rank, data) is not None or not data["still"]:
                 return None
-            out[rank] = Beacon(
-                str(data.get("records", "")),
-                int(data.get("since_ns", 0)),
-                str(data.get("inside", "")),
-                str(data.get("where", "")),
-            )
+            out[rank] = Beacon(data["records"], data["since_ns"], data["inside"], data["where"])
         return out
 
     def _proven(self, beacons: dict[int, Beacon]) -> bool:
@@ -205,8 +204,7 @@ class Judge:
         if 0 not in beacons:
             dumps[0], since[0] = load(own_records(cur)), cur.started_ns
         for rank, data in peers.items():
-            dumps[rank] = load(str(data.get("records", "")))
-            since[rank] = int(data.get("since_ns", 0))
+            dumps[rank], since[rank] = load(data["records"]), data["since_ns"]
         for rank, beacon in beacons.items():
             dumps[rank], since[rank] = load(beacon.records), beacon.since_ns
             where[rank] = beacon.where

@@ -20,11 +20,12 @@ from ..outcome.stacks import where_blocked
 from ..rank.groupstate import flight_records
 from . import keys
 from .channel import ChannelError
+from .tamper import noted
 
 if TYPE_CHECKING:
     from pytest import TestReport
 
-    from .gather import Current
+    from .current import Current
     from .session import RankSession
 
 #: Bound on the answers of the ranks that finished a hung test to :func:`peer_records` (each
@@ -45,7 +46,8 @@ def peer_records(rs: RankSession, cur: Current, ranks: list[int]) -> dict[int, k
     """Rank 0: the flight records of ``ranks``, which finished test ``cur`` while others are
     still in it (each answers once, while it waits for rank 0's verdict: ``Group.wait``; kept in
     ``cur.peer_records``); a rank that does not answer within :data:`RECORDS_WAIT` is left out
-    (unknown)."""
+    (unknown), and so is one whose answer does not verify or read (the test fails with it:
+    :func:`tamper.noted`)."""
     wanted = [rank for rank in ranks if rank not in cur.peer_records]
     if wanted:
         with contextlib.suppress(ChannelError):
@@ -55,7 +57,8 @@ def peer_records(rs: RankSession, cur: Current, ranks: list[int]) -> dict[int, k
                 key = keys.records(cur.index, rank)
                 if rs.channel.wait_any([key], end) is None:
                     continue
-                cur.peer_records[rank] = rs.channel.take(key)
+                with noted(cur):
+                    cur.peer_records[rank] = rs.channel.take(key, keys.read_records)
     return {rank: cur.peer_records[rank] for rank in ranks if rank in cur.peer_records}
 
 
@@ -71,17 +74,10 @@ def verdict_story(
     ranks' (with their stacks) and those of the ranks that finished (:func:`peer_records`)."""
     dumps = {0: load(own_records(cur))}
     since = {0: cur.started_ns}
-    for rank, data in peers.items():
-        # JSON read off the network (collectives.load checks every field; nothing unpickled).
-        dumps[rank] = load(str(data.get("records", "")))
-        since[rank] = int(data.get("since_ns", 0))
-    where: dict[int, str] = {}
-    for rank, stack in stacks.items():
-        # JSON read off the network (collectives.load checks every field; nothing unpickled).
-        dumps[rank] = load(str(stack.get("records", "")))
-        since[rank] = int(stack.get("since_ns", 0))
-        if stack.get("dump"):
-            where[rank] = where_blocked(str(stack["dump"]), test_file)
+    # JSON read off the network (collectives.load checks every field; nothing unpickled).
+    for rank, data in [*peers.items(), *stacks.items()]:
+        dumps[rank], since[rank] = load(data["records"]), data["since_ns"]
+    where = {r: where_blocked(s["dump"], test_file) for r, s in stacks.items() if s["dump"]}
     return explain(dumps, since, where, finished=finished, world_size=world_size)
 
 

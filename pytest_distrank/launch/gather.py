@@ -24,24 +24,20 @@ reported by :func:`endgame.unfinished_report` as stuck (they are left running) o
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any
 
-import pytest
 from pytest import TestReport
 
-from ..outcome.checks import foreign_report
+from ..outcome.checks import foreign_crash
 from ..outcome.collectives import Verdict
 from ..outcome.endgame import (
     BEFORE_SETUP,
     DUMP_WAIT,
     LATE,
     LATE_REASON,
-    Endgame,
     Position,
     Unfinished,
     failed_itself,
@@ -50,81 +46,15 @@ from ..outcome.endgame import (
     note_verdict,
     unfinished_report,
 )
-from ..outcome.records import Reports, RunTest, WarningRecord
+from ..outcome.records import WarningRecord
 from ..outcome.warnings import warning_record
-from ..settings import Value
 from . import keys
-from .channel import POLL_MAX, Forged
+from .channel import POLL_MAX
+from .current import Current
 from .frrecords import peer_records, rank0_left_waiting, verdict_story
-from .report import FRESH_GROUP, relabel, silent_report, stopped_report
+from .report import FRESH_GROUP, check_report, silent_report, stopped_report
 from .session import RankSession
 from .tamper import check_done, forged_reports, noted
-
-
-@dataclasses.dataclass
-class Current:
-    """The distributed test a rank is running, as its main thread and watchdog see it."""
-
-    index: int
-    item: pytest.Item
-    #: The end of the test: its deadline (every rank) and, on rank 0, who failed or finished.
-    game: Endgame
-    #: The phase the main thread is in: setup, call or teardown.
-    when: str = "setup"
-    #: This rank's phase reports so far.
-    reports: list[TestReport] = dataclasses.field(default_factory=list)
-    early_ranks: set[int] = dataclasses.field(default_factory=set)
-    early_seen: int = 0
-    #: Rank 0's watchdog: the ``done/<test>`` count it last looked at.
-    done_seen: int = 0
-    #: Rank 0: last reports read from the store (genuine or not), to check ``done/<test>`` by.
-    reports_read: int = 0
-    #: Rank 0: payloads of this test that did not verify, by key (the test fails with each).
-    forged: dict[str, Forged] = dataclasses.field(default_factory=dict)
-    #: The main thread finished its part of the test.
-    done: bool = False
-    #: The watchdog reports this test instead of the main thread (which is stuck).
-    taken_over: bool = False
-    stack_sent: bool = False
-    #: This rank's warnings so far (the main thread's ``catch_warnings`` log, live).
-    caught: list[warnings.WarningMessage] = dataclasses.field(default_factory=list)
-    #: Rank 0: the ranks whose pytest session ended (their ``fatal/<rank>`` payloads).
-    stopped: dict[int, keys.Fatal] = dataclasses.field(default_factory=dict)
-    #: Rank 0: when to look for ended sessions again without a sign (monotonic).
-    fatal_at: float = 0.0
-    #: Rank 0: what the peers sent with their last reports: warnings, sequence numbers.
-    peer_warnings: dict[int, list[WarningRecord]] = dataclasses.field(default_factory=dict)
-    sequences: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
-    #: This rank's wall clock when it began the test (flight-recorder records after it count).
-    started_ns: int = dataclasses.field(default_factory=time.time_ns)
-    #: This rank's flight records once taken (:func:`own_records`), JSON text.
-    records: str | None = None
-    #: ``--distrank-deadlocks=end``: end the test early once its records prove a deadlock.
-    end_deadlocks: bool = False
-    #: Rank 0: the records of the ranks that finished while others were still in the test
-    #: (:func:`frrecords.peer_records`: each rank answers once).
-    peer_records: dict[int, keys.Records] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def begin(
-        cls,
-        index: int,
-        item: pytest.Item,
-        world_size: int,
-        timeout: Value[float],
-        grace: float,
-        end_deadlocks: bool = False,
-    ) -> Current:
-        """The test starts now, with its timeout (and where it came from), the failure grace and
-        whether a proven deadlock ends it early."""
-        game = Endgame(
-            frozenset(range(world_size)),
-            time.monotonic(),
-            timeout.value,
-            grace,
-            timeout_source=timeout.source,
-        )
-        return cls(index, item, game, end_deadlocks=end_deadlocks)
 
 
 def publish_early(rs: RankSession, cur: Current, report: TestReport) -> None:
@@ -182,28 +112,25 @@ def poll_early(rs: RankSession, cur: Current) -> None:
     for rank in range(1, rs.world_size):
         if rank not in cur.stopped and channel.has(keys.fatal(rank)):
             with noted(cur):
-                cur.stopped[rank] = channel.get(keys.fatal(rank))
+                cur.stopped[rank] = channel.get(keys.fatal(rank), keys.read_fatal)
                 cur.game.note_lost(rank, "stopped serving", now)
         key = keys.early(cur.index, rank)
         if rank not in cur.early_ranks and channel.has(key):
             cur.early_ranks.add(rank)
             with noted(cur):
-                data: keys.Early = channel.get(key)
+                data = channel.get(key, keys.read_early)
                 if foreign(rs, cur, rank, data) is None:
-                    cur.game.note_trigger(rank, str(data["kind"]), now)
+                    cur.game.note_trigger(rank, data["kind"], now)
 
 
 def foreign(rs: RankSession, cur: Current, rank: int, data: keys.Identity) -> TestReport | None:
     """A failure when ``data`` was not sent by ``rank``'s own process for this very test."""
     pid = rs.pids[rank] if rank < len(rs.pids) else 0
-    sender = int(data.get("pid", -1))
-    index, nodeid = int(data.get("index", -1)), str(data.get("nodeid", ""))
+    sender, index, nodeid = data["pid"], data["index"], data["nodeid"]
     item = cur.item
     if sender == pid and index == cur.index and nodeid == item.nodeid:
         return None
-    message = Reports(rank, index, nodeid, sender, (), True)
-    test = RunTest(cur.index, item.nodeid, None, "")
-    report = foreign_report(rank, pid, rs.world_size, message, test, item.location)
+    crash = foreign_crash(pid, sender, index, nodeid, cur.index)
     if sender != pid:
         more = (
             "A process forked by the test (os.fork(), multiprocessing's fork) that returns into "
@@ -213,7 +140,7 @@ def foreign(rs: RankSession, cur: Current, rank: int, data: keys.Identity) -> Te
         )
     else:
         more = f"The rank's control messages are out of step with rank 0. {FRESH_GROUP}"
-    return relabel(report, rank, rs.world_size, more)
+    return check_report(item.nodeid, item.location, rank, rs.world_size, crash, more, time.time())
 
 
 def _take_foreign(
@@ -257,7 +184,7 @@ def _take_report(
     cur.reports_read += 1
     data: keys.PeerReport | None = None
     with noted(cur):
-        data = rs.channel.take(keys.report(cur.index, rank))
+        data = rs.channel.take(keys.report(cur.index, rank), keys.read_peer_report)
     if data is None:
         return False
     if _take_foreign(rs, cur, per_rank, rank, data):
@@ -266,14 +193,9 @@ def _take_report(
     per_rank.setdefault(rank, []).extend(reports)
     cur.game.note_reports(rank, reports, time.monotonic())
     cur.game.note_finished(rank)
-    cur.peer_warnings[rank] = [_record(w) for w in data.get("warnings", [])]
-    cur.sequences[rank] = {str(g): int(n) for g, n in data.get("sequence", {}).items()}
-    return bool(data["healthy"])
-
-
-def _record(data: Any) -> WarningRecord:
-    module, qualname, text, filename, lineno = data
-    return (str(module), str(qualname), str(text), str(filename), int(lineno))
+    cur.peer_warnings[rank] = data["warnings"]
+    cur.sequences[rank] = data["sequence"]
+    return data["healthy"]
 
 
 def warning_records(caught: Iterable[warnings.WarningMessage]) -> list[WarningRecord]:
@@ -350,19 +272,20 @@ def _stopped_reports(
 ) -> list[TestReport]:
     """The reports of a rank whose pytest session ended: what it sent, and how it ended."""
     item = cur.item
-    if int(data.get("index", -1)) != cur.index:  # it ended between tests: this one never began
+    if data["index"] != cur.index:  # it ended between tests: this one never began
         pos, reports = BEFORE_SETUP, []
     else:
         report = foreign(rs, cur, rank, data)
         if report is not None:
             return [report]
-        pos = Position.in_phase(str(data.get("when") or "call"))
-        reports = [rs.deserialize(d) for d in data.get("reports", [])]
-        cur.peer_warnings[rank] = [_record(w) for w in data.get("warnings", [])]
+        pos = Position.in_phase(data["when"] or "call")
+        reports = [rs.deserialize(d) for d in data["reports"]]
+        cur.peer_warnings[rank] = data["warnings"]
     fill_passed(reports, item.nodeid, item.location, pos.when)
-    message = str(data.get("message", ""))
     wall = time.time()
-    reports.append(stopped_report(item.nodeid, item.location, pos.when, pos.at, message, wall))
+    reports.append(
+        stopped_report(item.nodeid, item.location, pos.when, pos.at, data["message"], wall)
+    )
     return reports
 
 
@@ -376,14 +299,14 @@ def _strays(rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]]
         key = keys.stray(cur.index, rank)
         if channel.has(key):
             with noted(cur):
-                _take_foreign(rs, cur, per_rank, rank, channel.take(key))
+                _take_foreign(rs, cur, per_rank, rank, channel.take(key, keys.read_identity))
     return False
 
 
 def stopped_serving(cur: Current) -> str:
     """Why the run ends after ranks' sessions ended in ``cur`` (the remaining tests' reason)."""
     ranks = sorted(cur.stopped)
-    message = str(cur.stopped[ranks[0]].get("message", ""))
+    message = cur.stopped[ranks[0]]["message"]
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
     names = ", ".join(str(r) for r in ranks)
     return (
@@ -412,11 +335,19 @@ def _conclude(
     rank finished on evidence; after the deadline it finished too late (a timeout). Returns the
     ranks still stuck and whether the late ranks' process groups survived.
     """
-    channel = rs.channel
     game = cur.game
-    why = game.trigger or f"timeout after {game.timeout:g} s"
-    abort: keys.Abort = {"reason": why}
-    channel.put(keys.abort(cur.index), abort)
+    abort: keys.Abort = {"reason": game.trigger or f"timeout after {game.timeout:g} s"}
+    rs.channel.put(keys.abort(cur.index), abort)
+    reported, stacks = _collect(rs, cur, per_rank, missing)
+    return _judge(rs, cur, per_rank, missing, reported, stacks)
+
+
+def _collect(
+    rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]], missing: list[int]
+) -> tuple[dict[int, keys.PeerReport], dict[int, keys.Stack]]:
+    """What the asked ranks sent within ``DUMP_WAIT``: late last reports, or stacks (a payload
+    from another process fails the test instead)."""
+    channel = rs.channel
     reported: dict[int, keys.PeerReport] = {}
     stacks: dict[int, keys.Stack] = {}
     end = time.monotonic() + DUMP_WAIT
@@ -427,18 +358,30 @@ def _conclude(
             if channel.has(keys.report(cur.index, rank)):
                 cur.reports_read += 1
                 with noted(cur):
-                    data: keys.PeerReport = channel.take(keys.report(cur.index, rank))
+                    data = channel.take(keys.report(cur.index, rank), keys.read_peer_report)
                     if not _take_foreign(rs, cur, per_rank, rank, data):
                         reported[rank] = data
             elif channel.has(keys.stack(cur.index, rank)):
                 with noted(cur):
-                    stack: keys.Stack = channel.get(keys.stack(cur.index, rank))
+                    stack = channel.get(keys.stack(cur.index, rank), keys.read_stack)
                     if not _take_foreign(rs, cur, per_rank, rank, stack):
                         stacks[rank] = stack
         if len(reported) + len(stacks) == len(missing) or time.monotonic() >= end:
-            break
+            return reported, stacks
         time.sleep(POLL_MAX)
-    item = cur.item
+
+
+def _judge(
+    rs: RankSession,
+    cur: Current,
+    per_rank: dict[int, list[TestReport]],
+    missing: list[int],
+    reported: dict[int, keys.PeerReport],
+    stacks: dict[int, keys.Stack],
+) -> tuple[list[int], bool]:
+    """Each asked rank's reports: late (a timeout), silent, or stuck where its stack says, with
+    the collective verdict of every rank's flight records."""
+    item, game = cur.item, cur.game
     nodeid, location, test_file = item.nodeid, item.location, str(item.path)
     now, wall = time.monotonic(), time.time()
     timed_out = game.failed_at is None
@@ -451,42 +394,35 @@ def _conclude(
     if story is not None:  # rank 0's own report was written before its peers' records came
         for own in per_rank.get(0, []):
             note_verdict(own, 0, story.verdict)
-    stuck: list[int] = []
-    healthy = True
+    stuck = [rank for rank in missing if rank not in reported]
+    healthy = all(reported[rank]["healthy"] for rank in reported)
     for rank in missing:
         log = rs.logs.get(rank, "?")
+        reports = per_rank.setdefault(rank, [])
+        sent = reported.get(rank) or stacks.get(rank)
+        if sent is not None:
+            reports.extend(rs.deserialize(d) for d in sent["reports"])
+            cur.peer_warnings[rank] = sent["warnings"]
         if rank in reported:
-            report = reported[rank]
             game.note_finished(rank)
-            reports = per_rank.setdefault(rank, [])
-            reports.extend(rs.deserialize(d) for d in report["reports"])
-            healthy = healthy and bool(report["healthy"])
-            cur.peer_warnings[rank] = [_record(w) for w in report.get("warnings", [])]
             if timed_out:
                 info = Unfinished(LATE, "", log, "stuck", game, now, LATE_REASON)
-                rep = unfinished_report(
-                    nodeid, location, test_file, rank, rs.world_size, info, wall
+                reports.append(
+                    unfinished_report(nodeid, location, test_file, rank, rs.world_size, info, wall)
                 )
-                reports.append(rep)
             continue
-        stuck.append(rank)
         if rank not in stacks:
-            reports = per_rank.get(rank, [])
             fill_passed(reports, nodeid, location, "call")
             reports.append(silent_report(nodeid, location, rank, rs.world_size, log, wall))
-            per_rank[rank] = reports
             continue
         stack = stacks[rank]
-        reports = per_rank.setdefault(rank, [])
-        reports.extend(rs.deserialize(d) for d in stack.get("reports", []))
-        cur.peer_warnings[rank] = [_record(w) for w in stack.get("warnings", [])]
-        pos = Position.in_phase(str(stack.get("when", "call")))
+        pos = Position.in_phase(stack["when"])
         fill_passed(reports, nodeid, location, pos.when)
         if failed_itself(reports):
             continue  # its own failure is the story; it was stuck cleaning up after it
         info = Unfinished(
             pos,
-            str(stack.get("dump", "")),
+            stack["dump"],
             log,
             "stuck",
             game,

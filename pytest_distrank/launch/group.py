@@ -24,15 +24,14 @@ from pytest import TestReport
 
 from .. import _compat
 from .. import fixtures as fixtures_module
-from ..outcome.checks import sequences_in_step, unmatched_collectives
-from ..outcome.records import RunTest
+from ..outcome.checks import sequences_in_step, unmatched
 from ..rank.context import RANK_CONTEXT, RankContext
 from ..rank.groupstate import collective_counts, flight_mark, flight_records
 from ..rank.ownedgroups import twin_of_world
 from . import keys
 from .channel import ChannelError
-from .gather import Current
-from .report import FRESH_GROUP, relabel
+from .current import Current
+from .report import FRESH_GROUP, check_report
 from .session import RankSession
 
 #: Bound on the other ranks' answers when rank 0 asks for their collective counts.
@@ -199,14 +198,16 @@ class GroupKeeper:
                 "and the flight recorder could not tell which (TORCH_FR_BUFFER_SIZE=0?)"
             )
             return False
-        test = RunTest(cur.index, item.nodeid, None, "")
-        found = unmatched_collectives(counts, self.rs.world_size, test, item.location)
-        for rank, report, _ in found:
-            more = (
-                "A collective that not every member of the group issues stays pending and would be "
-                f"matched by the next test's collective. {FRESH_GROUP}"
+        found = unmatched(counts)
+        more = (
+            "A collective that not every member of the group issues stays pending and would be "
+            f"matched by the next test's collective. {FRESH_GROUP}"
+        )
+        for rank, _, crash in found:
+            report = check_report(
+                item.nodeid, item.location, rank, self.rs.world_size, crash, more, time.time()
             )
-            per_rank.setdefault(rank, []).append(relabel(report, rank, self.rs.world_size, more))
+            per_rank.setdefault(rank, []).append(report)
         if found:
             return False
         self.sequence_base = dict(cur.sequences)
@@ -230,11 +231,10 @@ class GroupKeeper:
                 key = keys.counts(index, rank)
                 if channel.wait_any([key], end) is None:
                     return None
-                data: keys.Counts = channel.take(key)
-                answer = data["counts"]
+                answer = channel.take(key, keys.read_counts)["counts"]
                 if answer is None:
                     return None
-                counts[rank] = {str(g): (int(n), str(op)) for g, (n, op) in answer.items()}
+                counts[rank] = answer
         except ChannelError:
             return None
         return counts

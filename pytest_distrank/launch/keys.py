@@ -40,13 +40,20 @@ Every payload a rank sends about a test carries its :class:`Identity` (pid at se
 index, node id): rank 0 credits it to no other test and no other process. Every payload (not the
 counters) travels with a MAC over the run, its key, the test and rank the key names
 (:func:`subject`) and the attempt (:mod:`auth`): a counter only says "go read", and what is read
-must verify.
+must verify. A payload that verified is then read by its kind's reader (:func:`read_stack`, ...,
+through :meth:`channel.Channel.get`), which checks every key and type and raises
+:class:`MessageError` naming the kind, the key and what was there: past it, fields are read as
+they are.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Literal, TypedDict
+import types
+from collections.abc import Callable
+from typing import Any, Literal, TypedDict, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from ..outcome.records import WarningRecord
 
 #: The run id (rank 0 makes it).
 RUN = "run"
@@ -210,8 +217,7 @@ class PeerReport(Identity):
     reports: list[dict[str, Any]]
     #: Whether the rank's default process group survived the test.
     healthy: bool
-    #: :data:`records.WarningRecord` lists (JSON makes tuples lists).
-    warnings: list[Any]
+    warnings: list[WarningRecord]
     #: Group (in words) -> sequence number.
     sequence: dict[str, int]
 
@@ -221,7 +227,7 @@ class Stack(Identity):
     dump: str
     when: str
     reports: list[dict[str, Any]]
-    warnings: list[Any]
+    warnings: list[WarningRecord]
     #: The flight records, JSON text (:func:`frrecords.own_records`; "" when the recorder is off).
     records: str
     #: This rank's wall clock (ns) when it began the test: its records after it are the test's.
@@ -233,7 +239,7 @@ class Fatal(Identity):
     message: str
     when: str
     reports: list[dict[str, Any]]
-    warnings: list[Any]
+    warnings: list[WarningRecord]
 
 
 class Abort(TypedDict):
@@ -263,5 +269,106 @@ class Still(Identity):
 
 
 class Counts(TypedDict):
-    #: Group (in words) -> [collectives issued, the last one's op]; None: flight recorder off.
-    counts: dict[str, Any] | None
+    #: Group (in words) -> (collectives issued, the last one's op); None: flight recorder off.
+    counts: dict[str, tuple[int, str]] | None
+
+
+# -- reading what left the store ---------------------------------------------------------------
+
+
+class MessageError(ValueError):
+    """A payload that is not what its kind says (a protocol bug, or another version on a rank)."""
+
+    def __init__(self, kind: str, field: str, found: object, wanted: str) -> None:
+        self.kind = kind
+        self.field = field
+        shown = "missing" if found is _MISSING else f"{found!r:.80} ({type(found).__name__})"
+        super().__init__(f"the {kind} payload's {field!r} is {shown}, not {wanted}")
+
+
+_MISSING = object()
+
+
+def _wanted(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _parse(kind: str, field: str, value: object, hint: Any) -> Any:
+    """``value`` as ``hint`` says (JSON lists become tuples), or :class:`MessageError`."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        for arg in args:
+            try:
+                return _parse(kind, field, value, arg)
+            except MessageError:
+                continue
+    elif origin is Literal:
+        if value in args:
+            return value
+    elif isinstance(hint, type) and hasattr(hint, "__total__"):  # a nested TypedDict
+        if isinstance(value, dict):
+            return _fields(kind, field + ".", value, hint)
+    elif origin is list and isinstance(value, list):
+        return [_parse(kind, f"{field}[{i}]", v, args[0]) for i, v in enumerate(value)]
+    elif origin is tuple and isinstance(value, list | tuple) and len(value) == len(args):
+        pairs = enumerate(zip(value, args, strict=True))
+        return tuple(_parse(kind, f"{field}[{i}]", v, a) for i, (v, a) in pairs)
+    elif origin is dict and isinstance(value, dict):
+        return {
+            _parse(kind, f"{field} key", k, args[0]): _parse(kind, f"{field}[{k!r}]", v, args[1])
+            for k, v in value.items()
+        }
+    elif hint in (str, int, bool, type(None)) and type(value) is hint:  # True is no int here
+        return value
+    raise MessageError(kind, field, value, _wanted(hint))
+
+
+def _fields(kind: str, prefix: str, raw: dict[str, Any], typed: type) -> dict[str, Any]:
+    hints = get_type_hints(typed)
+    for name in raw:
+        if name not in hints:
+            raise MessageError(kind, prefix + str(name), raw[name], "absent (no such key)")
+    return {
+        name: _parse(kind, prefix + name, raw.get(name, _MISSING), hint)
+        for name, hint in hints.items()
+    }
+
+
+T = TypeVar("T")
+
+
+def _reader(typed: type[T]) -> Callable[[object], T]:
+    def read(raw: object) -> T:
+        kind = typed.__name__
+        if not isinstance(raw, dict):
+            raise MessageError(kind, "", raw, "a mapping")
+        return _fields(kind, "", raw, typed)  # type: ignore[return-value]
+
+    read.__doc__ = f"A :class:`{typed.__name__}` payload, checked key by key."
+    return read
+
+
+def read_exit(raw: object) -> int:
+    """Rank 0's exit code (``exit``: a plain int)."""
+    return int(_parse("exit", "value", raw, int))
+
+
+def read_run(raw: object) -> str:
+    """The run id (``run``: a plain str)."""
+    return str(_parse("run", "value", raw, str))
+
+
+read_collected = _reader(Collected)
+read_plan = _reader(PlanData)
+read_verdict = _reader(Verdict)
+read_early = _reader(Early)
+read_peer_report = _reader(PeerReport)
+read_stack = _reader(Stack)
+read_fatal = _reader(Fatal)
+read_abort = _reader(Abort)
+read_records = _reader(Records)
+read_still = _reader(Still)
+read_counts = _reader(Counts)
+read_identity = _reader(Identity)

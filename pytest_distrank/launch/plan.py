@@ -77,7 +77,7 @@ def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Pl
             until = time.monotonic() + 2 * COLLECT_TIMEOUT
             if channel.wait_any([keys.PLAN], until, watch_rank0=True) is None:
                 raise ChannelError(f"rank 0 sent no plan within {2 * COLLECT_TIMEOUT:.0f} s")
-            data = channel.get(keys.PLAN)
+            data = channel.get(keys.PLAN, keys.read_plan)
     except ChannelError as exc:
         return Plan(f"pytest-distrank: {rs.launch.label()}: {exc}", (), (), {})
     return Plan(
@@ -102,13 +102,13 @@ def _make(
         if channel.wait_any([key], deadline) is None:
             missing.append(rank)
             continue
-        data: keys.Collected = channel.take(key)
+        data = channel.take(key, keys.read_collected)
         collected[rank] = list(data["nodeids"])
         pids[rank] = int(data["pid"])
         logs[rank] = f"{data['host']}:{data['log']}"
     who = f"{rs.world_size} ranks, {rs.launch.launcher}"
     if missing:
-        error: str | None = missing_collection(missing, COLLECT_TIMEOUT, logs)
+        error: str | None = missing_collection(missing, COLLECT_TIMEOUT)
     else:
         error = collection_mismatch(collected, who)
     steps: list[keys.StepData] = []

@@ -59,10 +59,10 @@ from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
 from . import keys
 from .channel import ChannelError
+from .current import Current
 from .deadwatch import Judge
 from .env import Launch, rerun_command
 from .gather import (
-    Current,
     gather,
     left_stuck,
     publish_early,
@@ -217,14 +217,14 @@ class LaunchPlugin:
         if found == keys.EXIT:
             verdict = {"action": "stop", "reason": "rank 0 ended the session", "gen": 0}
         else:
-            verdict = self.rs.channel.get(found)
+            verdict = self.rs.channel.get(found, keys.read_verdict)
         if verdict["action"] != "continue":
-            self.ended = str(verdict["reason"])
+            self.ended = verdict["reason"]
             self.aborted = verdict["action"] == "abort"
             self.session.shouldstop = f"distrank: {self.ended}"
             self.rs.log(f"distrank: {self.launch.label()}: rank 0 stopped the run: {self.ended}")
             return False
-        self.group.gen = int(verdict["gen"])
+        self.group.gen = verdict["gen"]
         return True
 
     def _start(self, item: pytest.Item, index: int) -> Current:
@@ -275,7 +275,9 @@ class LaunchPlugin:
                 self.rs.leave_if_fork(cur.index, item.nodeid)
         forks = self.rs.end_forks()
         if forks:
-            report = forked_report(item.nodeid, item.location, self.rank, self.world_size, forks)
+            report = forked_report(
+                item.nodeid, item.location, self.rank, self.world_size, forks, time.time()
+            )
             cur.reports.append(report)
             publish_early(self.rs, cur, report)
         return not forks
@@ -312,11 +314,7 @@ class LaunchPlugin:
             self.aborted = True
             self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, stuck)
         elif cur.forged:
-            first = next(iter(cur.forged.values()))
-            self.ended = (
-                f"the control store was written by someone other than the ranks in "
-                f"{item.nodeid} ({first.key!r} was tampered with): no later result could be trusted"
-            )
+            self.ended = next(iter(cur.forged.values())).ends_run(item.nodeid)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:

@@ -71,17 +71,26 @@ def stopped_report(
     return synthesized_failure(nodeid, location, when, crash, text, note=crash, stop=now)
 
 
-def forked_report(
-    nodeid: str, location: Location, rank: int, world_size: int, pids: Sequence[int]
+def check_report(
+    nodeid: str, location: Location, rank: int, world_size: int, crash: str, more: str, now: float
 ) -> TestReport:
-    """Pool mode's failure for a test that left forks of the rank running the rank's own code
-    (:func:`checks.forked_report`), with what launcher mode did about them."""
-    report = checks.forked_report(rank, world_size, pids, nodeid, location)
+    """A failed check after the test (``crash``: :mod:`outcome.checks`' line, as in pool mode),
+    with ``more``: what launcher mode did about it."""
+    text = f"{label(rank, world_size)} {crash}\n{more}"
+    return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=now)
+
+
+def forked_report(
+    nodeid: str, location: Location, rank: int, world_size: int, pids: Sequence[int], now: float
+) -> TestReport:
+    """A test left forks of the rank running the rank's own code (:func:`checks.forked_crash`),
+    and what launcher mode did about them."""
     more = (
         "End a child made with os.fork() with os._exit() (or use subprocess, or "
         f"multiprocessing, which manages its children). The rank killed it. {FRESH_GROUP}"
     )
-    return relabel(report, rank, world_size, more)
+    crash = checks.forked_crash(pids)
+    return check_report(nodeid, location, rank, world_size, crash, more, now)
 
 
 def forged_report(
@@ -90,7 +99,7 @@ def forged_report(
     """A failed report for a control payload that did not verify (or a counter no payload backs):
     it names the key and the rank it speaks for, and what that means; never a pass."""
     tag = label(forged.rank, world_size)
-    crash = f"control store tampered with: {forged.key!r} {forged.why}"
+    crash = f"{forged.headline}: {forged.key!r} {forged.why}"
     text = (
         f"{tag}: {forged}.\nWhat the rank itself sent for this test may still have come; the "
         "test fails either way, and the run stops after it: its other results could not be "
@@ -98,16 +107,6 @@ def forged_report(
         "Security), and keep MASTER_PORT out of reach of other users and hosts."
     )
     return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=now)
-
-
-def relabel(report: TestReport, rank: int, world_size: int, more: str) -> TestReport:
-    """Pool mode's failure of a check (:mod:`outcome.checks`), with what follows it in launcher
-    mode: the same row and crash line, ``more`` as the details."""
-    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", "") or "failed"
-    text = f"{label(rank, world_size)} {crash}\n{more}"
-    return synthesized_failure(
-        report.nodeid, report.location, report.when, crash, text, note=crash, stop=report.stop
-    )
 
 
 def setup_error_report(nodeid: str, location: Location, message: str, now: float) -> TestReport:
@@ -179,12 +178,13 @@ def collection_mismatch(collected: Mapping[int, Sequence[str]], who: str) -> str
     return "\n".join(lines)
 
 
-def missing_collection(missing: Sequence[int], seconds: float, logs: Mapping[int, str]) -> str:
+def missing_collection(missing: Sequence[int], seconds: float) -> str:
+    """Why no test runs when ``missing`` ranks never sent their collection (nor so their log's
+    path: the launcher's output is where to look)."""
     ranks = ", ".join(str(r) for r in missing)
-    where = "; ".join(f"rank {r}: {logs[r]}" for r in missing if r in logs)
     return (
         f"pytest-distrank: rank(s) {ranks} did not report their collected tests within "
         f"{seconds:.0f} s, so no test was run. They may have failed before collecting (a "
         "conftest.py or plugin that fails only there, an import error): see their output in the "
-        "launcher's log" + (f" ({where})" if where else "") + "."
+        "launcher's log."
     )

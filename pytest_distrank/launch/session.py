@@ -250,7 +250,7 @@ class RankSession:
             return
         try:
             wait([keys.EXIT])
-            code = int(self.channel.get(keys.EXIT))
+            code = self.channel.get(keys.EXIT, keys.read_exit)
         except ChannelError as exc:
             self.log(f"pytest-distrank: {self.launch.label()}: no exit code from rank 0 ({exc})")
             code = LOST_EXIT
@@ -331,7 +331,7 @@ def _agree_run_id(launch: Launch, channel: Channel) -> str:
     end = time.monotonic() + RUN_VERIFY
     while True:
         try:
-            auth.run = str(channel.get(keys.RUN))
+            auth.run = channel.get(keys.RUN, keys.read_run)
             return auth.run
         except Forged as exc:
             if time.monotonic() >= end:

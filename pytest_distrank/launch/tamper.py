@@ -23,7 +23,7 @@ from .channel import Forged
 from .report import forged_report
 
 if TYPE_CHECKING:
-    from .gather import Current
+    from .current import Current
     from .session import RankSession
 
 

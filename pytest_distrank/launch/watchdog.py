@@ -41,9 +41,10 @@ from ..outcome.endgame import Position, Unfinished, failed_itself, fill_passed, 
 from ..outcome.stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
+from .current import Current
 from .deadwatch import Judge, SelfWatch
 from .frrecords import own_records
-from .gather import Current, poll_early, poll_finished, warning_records
+from .gather import poll_early, poll_finished, warning_records
 from .session import RankSession, open_log
 
 TICK = 0.05
@@ -168,7 +169,7 @@ class Watchdog(threading.Thread):
         with contextlib.suppress(ChannelError):
             until = time.monotonic() + EXIT_WAIT
             if rs.channel.wait_any([keys.EXIT], until, watch_rank0=True) == keys.EXIT:
-                code = int(rs.channel.get(keys.EXIT))
+                code = rs.channel.get(keys.EXIT, keys.read_exit)
                 rs.log(f"distrank: {rs.launch.label()}: exit code {code} (rank 0's)")
         rs.leave(code, from_watchdog=True)
 

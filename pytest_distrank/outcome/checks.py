@@ -49,6 +49,25 @@ def unmatched_collectives(
     recorder (``rank.groupstate.collective_counts``). Returns ``(rank, report, why the pool is
     unfit)``.
     """
+    out = []
+    for rank, group, crash in unmatched(counts):
+        text = (
+            f"rank {rank}/{world_size} {crash}\n"
+            "A collective that not every member of the group issues stays pending and would "
+            "be matched by the next test's collective. The pool was replaced; the next test "
+            "runs on fresh ranks."
+        )
+        report = synthesized_failure(
+            test.nodeid, location, "call", crash, text, note=crash, stop=time.time()
+        )
+        why = f"rank {rank} left an unmatched collective on {group} in {test.nodeid}"
+        out.append((rank, report, why))
+    return out
+
+
+def unmatched(counts: Mapping[int, Mapping[str, tuple[int, str]]]) -> list[tuple[int, str, str]]:
+    """``(rank, group, crash line)`` for each rank that issued more collectives on a group than
+    its peers (:func:`unmatched_collectives`' rule, in plain values for launcher mode)."""
     by_group: dict[str, dict[int, tuple[int, str]]] = {}
     for rank, groups in counts.items():
         for group, count in groups.items():
@@ -65,17 +84,7 @@ def unmatched_collectives(
                 f"issued {more} more {word} than its peers on {group}: "
                 f"an unmatched collective (its last: {op or 'unknown'})"
             )
-            text = (
-                f"rank {rank}/{world_size} {crash}\n"
-                "A collective that not every member of the group issues stays pending and would "
-                "be matched by the next test's collective. The pool was replaced; the next test "
-                "runs on fresh ranks."
-            )
-            report = synthesized_failure(
-                test.nodeid, location, "call", crash, text, note=crash, stop=time.time()
-            )
-            why = f"rank {rank} left an unmatched collective on {group} in {test.nodeid}"
-            out.append((rank, report, why))
+            out.append((rank, group, crash))
     return out
 
 
@@ -89,11 +98,8 @@ def foreign_report(
 ) -> TestReport:
     """A failure for reports that do not belong to ``test`` from ``rank``'s own process."""
     tag = f"rank {rank}/{world_size}"
+    crash = foreign_crash(pid, message.pid, message.index, message.nodeid, test.index)
     if message.pid != pid:
-        crash = (
-            f"sent reports from pid {message.pid}, not its own ({pid}): "
-            "a process forked by the test?"
-        )
         more = (
             "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
             "into pytest runs the rest of the test again and sends its reports down the "
@@ -101,13 +107,26 @@ def foreign_report(
             "'spawn' start method); the rank's pool was replaced."
         )
     else:
-        crash = (
-            f"sent reports for test #{message.index} ({message.nodeid}) while "
-            f"test #{test.index} was running"
-        )
         more = "The rank's pipe is out of step with the controller; the pool was replaced."
     return synthesized_failure(
         test.nodeid, location, "call", crash, f"{tag} {crash}\n{more}", note=crash, stop=time.time()
+    )
+
+
+def foreign_crash(pid: int, sender: int, index: int, nodeid: str, running: int) -> str:
+    """The crash line for reports of test #``index`` (``nodeid``) sent by pid ``sender`` to a
+    rank whose pid is ``pid``, while test #``running`` runs."""
+    if sender != pid:
+        return f"sent reports from pid {sender}, not its own ({pid}): a process forked by the test?"
+    return f"sent reports for test #{index} ({nodeid}) while test #{running} was running"
+
+
+def forked_crash(pids: Sequence[int]) -> str:
+    """The crash line for a test that left forks ``pids`` of the rank running its own code."""
+    listed = ", ".join(str(p) for p in pids)
+    return (
+        f"forked pid {listed} which still ran the rank's own code when the test ended: "
+        "it returns into pytest and runs the rest of the test again"
     )
 
 
@@ -115,11 +134,7 @@ def forked_report(
     rank: int, world_size: int, pids: Sequence[int], nodeid: str, location: Location
 ) -> TestReport:
     """A failure for a test that left forks of the rank running the rank's own code."""
-    listed = ", ".join(str(p) for p in pids)
-    crash = (
-        f"forked pid {listed} which still ran the rank's own code when the test ended: "
-        "it returns into pytest and runs the rest of the test again"
-    )
+    crash = forked_crash(pids)
     text = (
         f"rank {rank}/{world_size} {crash}.\n"
         "End a child made with os.fork() with os._exit() (or use subprocess, or "

@@ -30,8 +30,9 @@ from pytest_distrank.launch import keys
 from pytest_distrank.launch import session as session_module
 from pytest_distrank.launch.auth import Auth, AuthError, launch_token, mac, obtain, verifies
 from pytest_distrank.launch.channel import Channel, ChannelError, Forged
+from pytest_distrank.launch.current import Current
 from pytest_distrank.launch.env import Launch
-from pytest_distrank.launch.gather import Current, gather, poll_early
+from pytest_distrank.launch.gather import gather, poll_early
 from pytest_distrank.launch.plan import exchange
 from pytest_distrank.launch.session import RankSession
 from pytest_distrank.settings import REQUIRE_SECRET_ENV, SECRET_ENV, Settings, Value
@@ -42,6 +43,11 @@ SECRET = b"0123456789abcdef0123456789abcdef"
 RUN = "run0123"
 NODEID = "test_forge.py::test_rank_one_fails"
 LOCATION = ("test_forge.py", 3, "test_rank_one_fails")
+
+
+def as_is(raw: object) -> object:
+    """A reader for payloads these tests make up (the MAC is checked before any reader)."""
+    return raw
 
 
 # -- the MAC: a pure function ------------------------------------------------------------------
@@ -186,7 +192,7 @@ def test_a_forged_report_is_refused_naming_its_key_and_rank(store: Store) -> Non
     """hostile-4 D3's forge: plain JSON written with a stdlib client."""
     store.forge(keys.report(0, 1), FORGED_REPORT)
     with pytest.raises(Forged) as caught:
-        store.channel(0).take(keys.report(0, 1))
+        store.channel(0).take(keys.report(0, 1), keys.read_peer_report)
     assert (caught.value.key, caught.value.rank) == ("report/0/1", 1)
     text = str(caught.value)
     assert "'report/0/1' (rank 1) carries no MAC" in text
@@ -201,7 +207,7 @@ def test_a_report_sealed_with_another_secret_does_not_verify(store: Store) -> No
     """DISTRANK_SECRET differs between nodes (or an attacker guessed a MAC)."""
     store.channel(1, secret=b"another secret of thirty-two ch.").put(keys.report(0, 1), {"a": 1})
     with pytest.raises(Forged, match="does not verify"):
-        store.channel(0).take(keys.report(0, 1))
+        store.channel(0).take(keys.report(0, 1), keys.read_peer_report)
 
 
 @pytest.mark.parametrize(
@@ -220,9 +226,9 @@ def test_a_genuine_payload_replayed_under_another_key_does_not_verify(
     genuine = store.raw_get(sent)
     store.forge(replayed, genuine)
     reader = store.channel(0, world_size=world_size)
-    assert reader.get(sent) == {"outcome": "passed"}
+    assert reader.get(sent, as_is) == {"outcome": "passed"}
     with pytest.raises(Forged, match="does not verify"):
-        reader.get(replayed)
+        reader.get(replayed, as_is)
 
 
 def test_a_genuine_payload_of_another_run_or_attempt_does_not_verify(store: Store) -> None:
@@ -232,10 +238,10 @@ def test_a_genuine_payload_of_another_run_or_attempt_does_not_verify(store: Stor
     reader = store.channel(0)
     reader.auth.run = "another run"
     with pytest.raises(Forged):
-        reader.get(keys.report(0, 1))
+        reader.get(keys.report(0, 1), as_is)
     reader.auth.run, reader.auth.attempt = RUN, 1  # torchrun's next restart
     with pytest.raises(Forged):
-        reader.get(keys.report(0, 1))
+        reader.get(keys.report(0, 1), as_is)
 
 
 def test_a_forged_plan_stops_the_rank_naming_the_plan(store: Store) -> None:

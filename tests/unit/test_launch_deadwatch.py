@@ -14,6 +14,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -21,14 +22,14 @@ from typing import Any, cast
 import pytest
 
 from pytest_distrank.launch import keys
+from pytest_distrank.launch.current import Current
 from pytest_distrank.launch.deadwatch import Beacon, Judge, SelfWatch
-from pytest_distrank.launch.gather import Current
 from pytest_distrank.launch.session import RankSession
 from pytest_distrank.outcome import progress
 from pytest_distrank.settings import Value
 
 from .test_collectives import dump, entry
-from .test_launch_gather import NODEID, FakeChannel
+from .test_launch_gather import NODEID, FakeChannel, T
 
 #: The ranks' pids: rank 1 is 1001, rank 2 is 1002.
 PIDS = (os.getpid(), 1001, 1002)
@@ -40,9 +41,9 @@ INSIDE = "all_reduce, called from test_x at test_x.py:5"
 class Channel(FakeChannel):
     gets = 0
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str, read: Callable[[object], T]) -> T:
         self.gets += 1
-        return super().get(key)
+        return super().get(key, read)
 
     def wait_any(self, wanted: list[str], until: float | None, **_: Any) -> str | None:
         return next((key for key in wanted if key in self.values), None)

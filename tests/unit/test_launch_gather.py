@@ -15,15 +15,15 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Literal, cast
+from typing import Any, Literal, TypeVar, cast
 
 import pytest
 from pytest import TestReport
 
 from pytest_distrank.launch import gather as gather_module
 from pytest_distrank.launch import keys
+from pytest_distrank.launch.current import Current
 from pytest_distrank.launch.gather import (
-    Current,
     foreign,
     gather,
     left_stuck,
@@ -38,6 +38,7 @@ NODEID = "test_x.py::test_x"
 LOCATION = ("test_x.py", 3, "test_x")
 #: The ranks' pids: rank 1 is this process (which publishes as rank 1 in some tests).
 PIDS = (1000, os.getpid())
+T = TypeVar("T")
 
 
 class FakeChannel:
@@ -57,11 +58,11 @@ class FakeChannel:
     def has(self, key: str) -> bool:
         return key in self.values
 
-    def get(self, key: str) -> Any:
-        return self.values[key]
+    def get(self, key: str, read: Callable[[object], T]) -> T:
+        return read(self.values[key])
 
-    def take(self, key: str) -> Any:
-        return self.values.pop(key)
+    def take(self, key: str, read: Callable[[object], T]) -> T:
+        return read(self.values.pop(key))
 
     def add(self, key: str, amount: int) -> int:
         self.counters[key] = self.counters.get(key, 0) + amount
@@ -216,11 +217,11 @@ def test_a_forked_payload_fails_the_test_and_the_ranks_own_reports_still_count(
     # The rank's own reports follow once rank 0 has read the child's.
     original_take = channel.take
 
-    def take(key: str) -> Any:
-        value = original_take(key)
+    def take(key: str, read: Callable[[object], T]) -> T:
+        value = original_take(key, keys.read_peer_report)
         if key == keys.report(0, 1) and value["pid"] == 4242:
             send_last_reports(channel, peer_report(wire, peer))
-        return value
+        return read(value)
 
     channel.take = take  # type: ignore[method-assign]
     per_rank, stuck, healthy = gather(rs, cur)
@@ -237,7 +238,7 @@ def test_a_peer_that_never_answers_times_out_without_stack_or_reports(wire: Repo
     rs, cur = rank_session(channel, wire), current(timeout=0.2)
     per_rank, stuck, _ = gather(rs, cur)
     assert stuck == [1]
-    assert channel.get(keys.abort(0)) == {"reason": "timeout after 0.2 s"}
+    assert channel.get(keys.abort(0), keys.read_abort) == {"reason": "timeout after 0.2 s"}
     setup, last = per_rank[1]
     assert (setup.when, setup.outcome) == ("setup", "passed")
     assert (last.when, last.outcome) == ("call", "failed")

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import pytest
 
@@ -21,6 +22,8 @@ from pytest_distrank.launch.plan import Plan, Step, apply_on_rank0, decide, exch
 from pytest_distrank.launch.session import RankSession
 from pytest_distrank.markers import SPEC_ERROR, WS_PARAM, Simulated
 from pytest_distrank.settings import Settings, Value
+
+T = TypeVar("T")
 
 
 class _Item:
@@ -199,11 +202,11 @@ class _Store:
     def put(self, key: str, value: object) -> None:
         self.values[key] = json.loads(json.dumps(value))
 
-    def get(self, key: str) -> Any:
-        return self.values[key]
+    def get(self, key: str, read: Callable[[object], T]) -> T:
+        return read(self.values[key])
 
-    def take(self, key: str) -> Any:
-        return self.values.pop(key)
+    def take(self, key: str, read: Callable[[object], T]) -> T:
+        return read(self.values.pop(key))
 
     def wait_any(self, names: list[str], until: float | None, **_: object) -> str | None:
         return next((name for name in names if name in self.values), None)
