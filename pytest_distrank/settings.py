@@ -339,9 +339,9 @@ class Value(Generic[T]):
     source: str
 
 
-def _ini_source(config: pytest.Config, option: Option[Any], raw: str) -> str:
+def _ini_source(config: pytest.Config, ini: str, raw: str) -> str:
     where = f"in {config.inipath.name}" if config.inipath else "from -o"
-    return f"{option.ini} = {raw} ({where})"
+    return f"{ini} = {raw} ({where})"
 
 
 #: Set in every rank process of pool mode to its rank (pool/worker/rankproc.py) and inherited by
@@ -360,6 +360,21 @@ REQUIRE_SECRET_ENV = "DISTRANK_REQUIRE_SECRET"
 #: plugin's own fault tests do not sit out 5 + 5 + 3 s each. Not for users: a grace that short
 #: can kill peers that were just finishing.
 TEST_WAITS_ENV = "DISTRANK_TEST_WAITS"
+
+#: A developer's tools (docs/reference.md, "Environment variables"): profile every pool rank
+#: (pool/worker/entry.py), write the session's numbers (pool/controller.py), bound pool starts.
+PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
+STATS_ENV = "DISTRANK_STATS_FILE"
+START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
+#: Test seams of pool mode, not for users: each GPU's memory (pool/gpumemory.py); a rank's CUDA
+#: memory after each test, read from a file (pool/worker/rankgpu.py).
+FAKE_GPU_MEMORY_ENV = "DISTRANK_FAKE_GPU_MEMORY"
+FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
+FAKE_RESERVED_ENV = "DISTRANK_FAKE_CUDA_RESERVED_FILE"
+#: Set by pool mode in its ranks, not for users: the pool's tag, inherited by all a rank starts
+#: (rank/reaper.py finds them by it); the port of the plugin's store (pool/worker/rankgroup.py).
+POOL_TAG_ENV = "DISTRANK_POOL_TAG"
+PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
 
 
 def seam_wait(default: float) -> float:
@@ -388,7 +403,7 @@ def resolve(config: pytest.Config, option: Option[T]) -> Value[T]:
         return _parse(option, env, f"{option.env}={env} (environment)")
     ini = config.getini(option.ini)
     if ini not in ("", None):
-        return _parse(option, str(ini), _ini_source(config, option, str(ini)))
+        return _parse(option, str(ini), _ini_source(config, option.ini, str(ini)))
     seam = os.environ.get(TEST_WAITS_ENV, "")
     if option.dest == FAILURE_GRACE.dest and seam:
         return _parse(option, seam, f"{TEST_WAITS_ENV}={seam} (test seam)")
@@ -431,27 +446,15 @@ class Settings:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:
-        return cls(
-            world_size=resolve(config, WORLD_SIZE),
-            backend=resolve(config, BACKEND),
-            start_method=resolve(config, START_METHOD),
-            isolate=resolve(config, ISOLATE),
-            timeout=_resolve_timeout(config),
-            failure_grace=resolve(config, FAILURE_GRACE),
-            preload=resolve(config, PRELOAD),
-            gpu_lock_dir=resolve(config, GPU_LOCK_DIR),
-            gpu_wait=resolve(config, GPU_WAIT),
-            gpu_oversubscribe=resolve(config, GPU_OVERSUBSCRIBE),
-            gpu_fallback=resolve(config, GPU_FALLBACK),
-            cuda_growth=resolve(config, CUDA_GROWTH),
-            debug_rank=resolve(config, DEBUG_RANK),
-            seed=resolve(config, SEED),
-            leftovers=resolve(config, LEFTOVERS),
-            deadlocks=resolve(config, DEADLOCKS),
-            replay=resolve(config, REPLAY),
-            replay_budget=resolve(config, REPLAY_BUDGET),
-            order=resolve(config, ORDER),
-        )
+        """Each field from its option (in field order); the timeout by :func:`_resolve_timeout`."""
+        by_field = {option.dest.removeprefix("distrank_"): option for option in OPTIONS}
+        values: dict[str, Any] = {
+            f.name: _resolve_timeout(config)
+            if f.name == "timeout"
+            else resolve(config, by_field[f.name])
+            for f in dataclasses.fields(cls)
+        }
+        return cls(**values)
 
 
 def _resolve_timeout(config: pytest.Config) -> Value[float]:
@@ -475,8 +478,7 @@ def _resolve_timeout(config: pytest.Config) -> Value[float]:
     for ini in (TIMEOUT.ini, "timeout" if has_timeout_plugin else ""):
         raw = config.getini(ini) if ini else None
         if raw not in ("", None):
-            where = f"in {config.inipath.name}" if config.inipath else "from -o"
-            return _parse(TIMEOUT, str(raw), f"{ini} = {raw} ({where})")
+            return _parse(TIMEOUT, str(raw), _ini_source(config, ini, str(raw)))
     return Value(TIMEOUT.parse(TIMEOUT.default), "default")
 
 

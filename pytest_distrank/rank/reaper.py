@@ -9,7 +9,7 @@ start processes in every way there is:
 - each rank is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a grandchild whose parent exited
   (a double fork, a daemon that called ``setsid``) is re-parented to the rank, not to init, so
   it is still found among the rank's descendants while the rank lives;
-- each rank carries its pool's tag in its environment (:data:`POOL_TAG_ENV`), which every
+- each rank carries its pool's tag in its environment (:data:`settings.POOL_TAG_ENV`), which every
   descendant inherits unless it clears its environment: processes of a rank that already died
   (their subreaper gone) are found by the tag.
 """
@@ -21,9 +21,8 @@ import ctypes
 import os
 import signal
 
-#: Environment variable naming a rank's pool (unique per pool and session); inherited by
-#: everything the rank starts.
-POOL_TAG_ENV = "DISTRANK_POOL_TAG"
+from ..settings import POOL_TAG_ENV
+
 _PR_SET_CHILD_SUBREAPER = 36
 
 

@@ -20,15 +20,13 @@ from typing import Any
 import pytest
 
 from ... import _compat
+from ...settings import PROFILE_ENV
 from ..protocol import Fatal, RankConfig
 from ..workerinput import WorkerInput, xdist_environ
 from . import harnessenv, ranklogs
 from .main import WorkerPlugin
 from .rankfr import start_responder
 from .rankproc import detach_from_controller_tree, rank_env
-
-#: Set to a folder to write a cProfile dump of every rank's pytest session there (bench/ uses it).
-PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 
 
 def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -> None:

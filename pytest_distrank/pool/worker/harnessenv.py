@@ -14,7 +14,7 @@ own environment comes back whole, unnamed: what the test set there was its child
 
 The plugin's own traffic uses store objects made at the rank's start, not the environment, so
 the pool's rendezvous keeps working. One variable stays, where Python code does not see it: the
-pool's tag (:data:`~rank.reaper.POOL_TAG_ENV`), put in the C-level environment only
+pool's tag (:data:`~settings.POOL_TAG_ENV`), put in the C-level environment only
 (``os.putenv``), so that processes the test starts still carry it into their own environment and
 the reaper finds them once their rank is gone. ``os.environ`` and ``os.getenv`` in the test do
 not show it; a child process's ``os.environ`` does.
@@ -29,8 +29,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from ...rank import reaper
-from ...settings import WORLD_SIZE
+from ...settings import POOL_TAG_ENV, WORLD_SIZE
 
 #: The controller's environment, as the rank received it (:func:`remember`, at the rank's start).
 CONTROLLER_ENV: dict[str, str] = {}
@@ -51,12 +50,12 @@ def remember(controller_env: dict[str, str]) -> None:
     CONTROLLER_ENV.clear()
     CONTROLLER_ENV.update(controller_env)
     CONTROLLER_ENV.pop(WORLD_SIZE.env, None)
-    _TAG[:] = [os.environ.get(reaper.POOL_TAG_ENV, "")]
+    _TAG[:] = [os.environ.get(POOL_TAG_ENV, "")]
 
 
 def pool_tag() -> str:
     """The pool's tag ("" if the rank has none), whatever the test did to its environment."""
-    return _TAG[0] if _TAG else os.environ.get(reaper.POOL_TAG_ENV, "")
+    return _TAG[0] if _TAG else os.environ.get(POOL_TAG_ENV, "")
 
 
 def _replace(env: dict[str, str]) -> None:
@@ -79,9 +78,9 @@ def child_environment(start: dict[str, str] | None = None) -> Iterator[dict[str,
         child[CURRENT_TEST] = own[CURRENT_TEST]
     left: dict[str, str] = {}
     _replace(child)
-    tag = own.get(reaper.POOL_TAG_ENV)
-    if tag and reaper.POOL_TAG_ENV not in child:
-        os.putenv(reaper.POOL_TAG_ENV, tag)  # C level only: see the module's docstring
+    tag = own.get(POOL_TAG_ENV)
+    if tag and POOL_TAG_ENV not in child:
+        os.putenv(POOL_TAG_ENV, tag)  # C level only: see the module's docstring
     try:
         yield left
     finally:

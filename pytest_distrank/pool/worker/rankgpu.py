@@ -31,10 +31,8 @@ from typing import Any
 import pytest
 
 from ...parsing import size_words
+from ...settings import FAKE_ALLOCATED_ENV, FAKE_RESERVED_ENV
 from ..protocol import RankConfig
-
-FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
-FAKE_RESERVED_ENV = "DISTRANK_FAKE_CUDA_RESERVED_FILE"
 
 
 def _fake(env: str) -> int | None:

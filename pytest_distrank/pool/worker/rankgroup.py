@@ -23,13 +23,12 @@ from typing import Any
 from ... import _compat
 from ...rank.context import RankContext
 from ...rank.ownedgroups import twin_of_world
+from ...settings import PLUGIN_PORT_ENV
 from ..protocol import RankConfig
 from .simulate import simulate
 
 STORE_TIMEOUT = timedelta(seconds=300)
 MASTER_ADDR = "127.0.0.1"
-#: The port of the store rank 0 serves for the plugin (MASTER_PORT, unless a test changed it).
-PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
 AGENT_STORE_ENV = "TORCHELASTIC_USE_AGENT_STORE"
 
 

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from ... import _compat
 from ...rank import reaper
-from ...settings import RANK_ENV
+from ...settings import POOL_TAG_ENV, RANK_ENV
 from ..protocol import RankConfig
 from . import harnessenv
 from .rankgroup import MASTER_ADDR
@@ -113,5 +113,5 @@ def rank_env(cfg: RankConfig) -> dict[str, str]:
         TORCHELASTIC_RESTART_COUNT="0",
     )
     env[RANK_ENV] = str(cfg.rank)
-    env[reaper.POOL_TAG_ENV] = cfg.store_path  # unique per pool: see reaper.py
+    env[POOL_TAG_ENV] = cfg.store_path  # unique per pool: see reaper.py
     return env
