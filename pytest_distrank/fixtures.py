@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import _compat
+from .api.faults import Faults
+from .planning.capabilities import misuse_message
+from .planning.meshes import missing_message, shape_of
 from .rank.context import RANK_CONTEXT, RankContext
+from .rank.meshes import device_mesh
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
-
-    from .api.faults import Faults
 
 RANK_FIXTURES = (
     "rank",
@@ -58,18 +60,6 @@ def rank_fixtures_used(item: pytest.Item) -> list[str]:
         if defs and getattr(defs[-1].func, "__module__", None) == __name__:
             used.append(name)
     return used
-
-
-def misuse_message(nodeid: str, fixtures: list[str]) -> str:
-    names = ", ".join(repr(f) for f in fixtures)
-    which = (
-        "fixtures {names}, which exist" if len(fixtures) > 1 else "fixture {names}, which exists"
-    )
-    return (
-        f"{nodeid} uses the distributed {which.format(names=names)} only inside rank "
-        "processes, but the test has no world_size marker.\n"
-        "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n ranks."
-    )
 
 
 def _context(request: pytest.FixtureRequest) -> RankContext:
@@ -145,8 +135,6 @@ def shared_tmp_path(request: pytest.FixtureRequest) -> Path:
 def faults(request: pytest.FixtureRequest) -> Iterator[Faults]:
     """Inject a fault at a chosen collective, for this test only: ``faults.kill``,
     ``raise_in``, ``delay``, ``hang`` (docs/fault-tolerance.md)."""
-    from .api.faults import Faults
-
     ctx = _context(request)
     with Faults.for_test(ctx.rank, ctx.world_size, _compat.request_item(request)) as armed:
         yield armed
@@ -156,8 +144,6 @@ def faults(request: pytest.FixtureRequest) -> Iterator[Faults]:
 def mesh(request: pytest.FixtureRequest) -> DeviceMesh:
     """The test's named ``DeviceMesh`` (``@pytest.mark.mesh(dp=2, tp=2)``) on the ``device``
     fixture's device type; made once per pool and shape, owned by the plugin (docs/fixtures.md)."""
-    from .rank.meshes import device_mesh, missing_message, shape_of
-
     ctx = _context(request)
     item = _compat.request_item(request)
     shape = shape_of(item)

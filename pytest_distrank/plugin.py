@@ -13,8 +13,9 @@ import os
 import pytest
 
 from . import __version__, _compat, fixtures, hookspecs
-from .markers import ISOLATE_INI, MARKERS, parametrize_world_sizes
+from .markers import MARKERS
 from .planning import crossize
+from .planning.spec import ISOLATE_INI, parametrize_world_sizes
 from .planning.tierselect import pytest_collection_modifyitems as pytest_collection_modifyitems
 from .settings import (
     LEFTOVERS_IGNORE_ENV,

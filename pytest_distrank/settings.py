@@ -361,6 +361,13 @@ REQUIRE_SECRET_ENV = "DISTRANK_REQUIRE_SECRET"
 #: can kill peers that were just finishing.
 TEST_WAITS_ENV = "DISTRANK_TEST_WAITS"
 
+#: Test seams of planning (planning/capabilities.py, planning/gpuplan.py), so that its GPU
+#: decisions are tested on machines without GPUs: ``DISTRANK_FAKE_GPU_COUNT=N`` makes the
+#: planner believe N GPUs are visible, ``DISTRANK_FAKE_NCCL_VERSION=2.30.1`` that this NCCL is
+#: built in. Not for users.
+FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
+FAKE_NCCL_VERSION_ENV = "DISTRANK_FAKE_NCCL_VERSION"
+
 #: A developer's tools (docs/reference.md, "Environment variables"): profile every pool rank
 #: (pool/worker/entry.py), write the session's numbers (pool/controller.py), bound pool starts.
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"

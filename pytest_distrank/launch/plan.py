@@ -19,13 +19,15 @@ import time
 import pytest
 
 from .. import _compat
-from ..markers import MarkerError, spec_of
+from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import MARKER as EXPECT_MARKER
 from ..outcome.expectations import POOL_ONLY
-from ..planning.capabilities import check_ordinary_test, skip_reason
+from ..planning.capabilities import check_ordinary_test
 from ..planning.crossize import launcher_step
 from ..planning.gpuplan import LAUNCHED
-from ..settings import Settings, item_timeout
+from ..planning.plan import ItemPlan, Rules, plan_item
+from ..planning.spec import DistSpec
+from ..settings import Settings, Value, item_timeout
 from . import keys
 from .channel import ChannelError
 from .report import collection_mismatch, missing_collection
@@ -127,52 +129,63 @@ def _step_data(step: Step) -> keys.StepData:
 
 
 def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
-    """Rank 0's decision for one test (see :class:`Step`)."""
+    """Rank 0's decision for one test (see :class:`Step`): planning's (:func:`planning.plan.
+    plan_item`), with what this mode checks of the launched world."""
     ws = rs.world_size
     launcher = rs.launch.launcher
     size = settings.world_size
     # A bare world_size() means the launched size, unless the user set a default size.
     default = ws if size.source == "default" else size.value
-    try:
-        spec = spec_of(item, default, settings.backend.value)
+    rules = Rules(default, settings.backend.value, settings.timeout, LAUNCHED)
+
+    def launched(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
+        crossize = launcher_step(item, ws, launcher)  # a fixture at another world size
+        if crossize is not None:
+            kind, why = crossize
+            return ItemPlan(None, error=why) if kind == "error" else ItemPlan(spec, skip=why)
+        refused = _refused(item, spec, ws, launcher)
+        return ItemPlan(spec, skip=refused) if refused else None
+
+    # GPUs are counted per node: a rank needs one on its own machine.
+    got = plan_item(item, rules, rank_fixtures_used(item), launched, rs.launch.local_world_size)
+    if got.error:
+        return Step("error", got.error)
+    if got.skip:
+        return Step("skip", got.skip)
+    if got.spec is not None:
+        return Step("all", backend=got.spec.backend)
+    try:  # rank 0 runs an ordinary test itself, under its deadline
         item_timeout(item, settings.timeout)
-    except (MarkerError, ValueError) as exc:
+    except ValueError as exc:
         return Step("error", f"{item.nodeid}: {exc}")
-    crossize = launcher_step(item, ws, launcher)  # a fixture at another world size
-    if crossize is not None:
-        return Step(*crossize)
-    if spec is None:
-        return Step("rank0")
+    crossize = launcher_step(item, ws, launcher)
+    return Step(*crossize) if crossize is not None else Step("rank0")
+
+
+def _refused(item: pytest.Item, spec: DistSpec, ws: int, launcher: str) -> str | None:
+    """Why a distributed test cannot run in this launched world of ``ws`` ranks, or None."""
     if spec.simulated is not None:
-        return Step(
-            "skip",
+        return (
             f"{spec.simulated.describe()} runs in pool mode only (pytest without a launcher); "
-            f"this is a launched world of {ws} ({launcher})",
+            f"this is a launched world of {ws} ({launcher})"
         )
     if item.get_closest_marker(EXPECT_MARKER) is not None:
-        return Step("skip", f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})")
+        return f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})"
     if spec.world_size != ws:
         ranks = "rank" if ws == 1 else "ranks"
         # A mesh's size is the product of its dimensions: say which shape does not fit.
         shape = f"mesh {spec.mesh.id} " if spec.mesh is not None else ""
-        return Step(
-            "skip",
+        return (
             f"{shape}needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
-            f"({launcher})",
+            f"({launcher})"
         )
     if not spec.init_process_group:
-        return Step(
-            "skip",
+        return (
             "world_size(..., init_process_group=False) does not run in launcher mode: the "
             "launcher's MASTER_ADDR:MASTER_PORT store is shared by the whole run; use the pg "
-            "fixture, or run this test without a launcher",
+            "fixture, or run this test without a launcher"
         )
-    # GPUs are counted per node: a rank needs one on its own machine.
-    local = dataclasses.replace(spec, world_size=rs.launch.local_world_size or ws)
-    reason = skip_reason(local, LAUNCHED)
-    if reason:
-        return Step("skip", reason)
-    return Step("all", backend=spec.backend)
+    return None
 
 
 def apply_on_rank0(item: pytest.Item, step: Step) -> None:
@@ -181,7 +194,7 @@ def apply_on_rank0(item: pytest.Item, step: Step) -> None:
         pytest.fail(step.reason, pytrace=False)
     if step.kind == "skip":
         raise _compat.skip_exception(step.reason)
-    check_ordinary_test(item)
+    check_ordinary_test(item, rank_fixtures_used(item))
 
 
 def next_shared(

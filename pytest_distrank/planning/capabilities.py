@@ -6,9 +6,9 @@ rank follows. Never initialises CUDA: the GPU count
 comes from ``torch.cuda.device_count()``, which asks NVML first, and a CPU build of torch answers 0
 without touching a driver.
 
-Test seams: ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs are visible, and
-``DISTRANK_FAKE_NCCL_VERSION`` that this NCCL is built in (gpuplan.py), so that the decisions
-below can be tested on machines without GPUs.
+Test seams (``settings.py``): ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs
+are visible, and ``DISTRANK_FAKE_NCCL_VERSION`` that this NCCL is built in (gpuplan.py), so that
+the decisions below can be tested on machines without GPUs.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import resource
 import pytest
 
 from .. import _compat
-from ..markers import MAX_SIMULATED_SIZE, DistSpec, MarkerError, min_gpus
-from .gpuplan import FAKE_NCCL_VERSION_ENV, STRICT, GpuPlan, GpuPolicy, plan_gpus
-
-FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
+from ..settings import FAKE_GPU_COUNT_ENV, FAKE_NCCL_VERSION_ENV
+from .gpuplan import STRICT, GpuPlan, GpuPolicy, gpus_words, plan_gpus
+from .spec import MAX_SIMULATED_SIZE, DistSpec, MarkerError, min_gpus
 
 
 @functools.cache
@@ -85,16 +84,12 @@ def _torch_version() -> str:
     return str(torch.__version__)
 
 
-def _gpus(n: int) -> str:
-    return "1 GPU" if n == 1 else f"{n} GPUs"
-
-
 def gpu_plan(spec: DistSpec, policy: GpuPolicy = STRICT) -> GpuPlan | str:
     """How the test's ranks use GPUs (gpuplan.py), or why it cannot run on this machine."""
     backends = _backends_of(spec.backend)
     if spec.needs_nccl and not backend_available("nccl"):
         return (
-            f"requires_nccl: needs NCCL and {_gpus(spec.world_size)}, but this torch build "
+            f"requires_nccl: needs NCCL and {gpus_words(spec.world_size)}, but this torch build "
             f"(torch {_torch_version()}) has no NCCL"
         )
     for name in backends:
@@ -164,16 +159,27 @@ def gpu_skip_reason(min_gpus: int) -> str | None:
         return None
     found = visible_gpu_count()
     if found < min_gpus:
-        return f"requires_gpus({min_gpus}): needs {_gpus(min_gpus)}, found {found}"
+        return f"requires_gpus({min_gpus}): needs {gpus_words(min_gpus)}, found {found}"
     return None
 
 
-def check_ordinary_test(item: pytest.Item) -> None:
-    """Before an ordinary test (no ``world_size``) runs in this process: a rank fixture is an
-    error naming the marker to add; ``requires_gpus``/``requires_nccl`` may skip it."""
-    from ..fixtures import misuse_message, rank_fixtures_used
+def misuse_message(nodeid: str, fixtures: list[str]) -> str:
+    """The error of an ordinary test (no ``world_size``) that asks for rank fixtures."""
+    names = ", ".join(repr(f) for f in fixtures)
+    which = (
+        "fixtures {names}, which exist" if len(fixtures) > 1 else "fixture {names}, which exists"
+    )
+    return (
+        f"{nodeid} uses the distributed {which.format(names=names)} only inside rank "
+        "processes, but the test has no world_size marker.\n"
+        "Add @pytest.mark.world_size(n) (e.g. @pytest.mark.world_size(2)) to run it on n ranks."
+    )
 
-    used = rank_fixtures_used(item)
+
+def check_ordinary_test(item: pytest.Item, used: list[str]) -> None:
+    """Before an ordinary test (no ``world_size``) runs in this process: a rank fixture among
+    ``used`` (the plugin's rank fixtures it sets up: ``fixtures.rank_fixtures_used``) is an
+    error naming the marker to add; ``requires_gpus``/``requires_nccl`` may skip it."""
     if used:
         pytest.fail(misuse_message(item.nodeid, used), pytrace=False)
     try:

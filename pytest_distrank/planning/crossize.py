@@ -27,8 +27,8 @@ from typing import Any, Protocol
 import pytest
 
 from .. import _compat
+from ..outcome.records import RunTest
 from ..parsing import parse_backend
-from ..rank.context import RANK_CONTEXT
 
 #: The fixture a producer takes to reach its folder (the same folder on every rank).
 OUTPUT_FIXTURE = "fixture_path"
@@ -127,6 +127,19 @@ class Runner(Protocol):
 
 #: The controller's :class:`Runner`; absent in ranks and in launched worlds.
 RUNNER = pytest.StashKey[Runner]()
+
+
+class InRank(Protocol):
+    """What this module reads of a rank's context (``rank.context.RankContext``): its test."""
+
+    @property
+    def test(self) -> RunTest: ...
+
+
+#: Where a rank process of either mode keeps its context; absent outside ranks. Defined here, below
+#: ``rank/`` (planning imports nothing of it): ``rank.context.RANK_CONTEXT`` is this key, typed
+#: as the whole context.
+RANK_CONTEXT = pytest.StashKey[InRank]()
 #: On a producer item: its producer.
 PRODUCER_KEY = pytest.StashKey[Producer]()
 

@@ -17,8 +17,8 @@ pool's ``n``, and
   fallback (``--distrank-gpu-fallback=gloo``), else the test is skipped saying which NCCL is
   installed and what would run it.
 
-Test seams: ``DISTRANK_FAKE_GPU_COUNT`` (capabilities.py) and ``DISTRANK_FAKE_NCCL_VERSION``
-(``2.30.1``), so both sides of 2.30 are tested on machines without GPUs.
+Test seams (``settings.py``): ``DISTRANK_FAKE_GPU_COUNT`` (capabilities.py) and
+``DISTRANK_FAKE_NCCL_VERSION`` (``2.30.1``), so both sides of 2.30 are tested without GPUs.
 """
 
 from __future__ import annotations
@@ -28,13 +28,11 @@ import functools
 import os
 from collections.abc import Callable
 
-#: The NCCL version the plugin believes is installed, for tests on machines without GPUs.
-FAKE_NCCL_VERSION_ENV = "DISTRANK_FAKE_NCCL_VERSION"
+from ..settings import FAKE_NCCL_VERSION_ENV
+
 #: The first NCCL that runs several ranks of one communicator on one GPU, and its switch.
 MULTI_RANK_NCCL = (2, 30, 0)
 MULTI_RANK_ENV = "NCCL_MULTI_RANK_GPU_ENABLE"
-#: Values of --distrank-gpu-fallback.
-FALLBACKS = ("none", "gloo")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +70,7 @@ class GpuPlan:
         """The pool's GPUs in words, for its key and the header ("" for one GPU per rank)."""
         if not self.shared:
             return ""
-        per = f"{world_size} ranks on {_gpus(self.gpus)}"
+        per = f"{world_size} ranks on {gpus_words(self.gpus)}"
         if self.shared == "nccl":
             return f"{per}, NCCL multi-rank ({MULTI_RANK_ENV}=1)"
         return f"{per}, gloo on CUDA tensors (--distrank-gpu-fallback=gloo)"
@@ -83,7 +81,8 @@ def share_env(shared: str) -> tuple[tuple[str, str], ...]:
     return ((MULTI_RANK_ENV, "1"),) if shared == "nccl" else ()
 
 
-def _gpus(n: int) -> str:
+def gpus_words(n: int) -> str:
+    """``1 GPU``, ``2 GPUs``."""
     return "1 GPU" if n == 1 else f"{n} GPUs"
 
 
@@ -135,13 +134,12 @@ def plan_gpus(
     if visible >= world_size:
         return GpuPlan(max(min_gpus, world_size), backend)
     what = "requires_nccl: needs NCCL and" if needs_nccl else "backend 'nccl' needs"
-    short = f"{what} {_gpus(world_size)} (one per rank), {visible} visible"
+    short = f"{what} {gpus_words(world_size)} (one per rank), {visible} visible"
     if visible == 0 or visible < min_gpus or not policy.offered:
         return short
     if not policy.oversubscribe:
-        return (
-            f"{short}; --distrank-gpu-oversubscribe lets {world_size} ranks share {_gpus(visible)}"
-        )
+        share = f"{world_size} ranks share {gpus_words(visible)}"
+        return f"{short}; --distrank-gpu-oversubscribe lets {share}"
     installed = version()
     if installed is not None and installed >= MULTI_RANK_NCCL:
         return GpuPlan(visible, backend, "nccl", share_env("nccl"))

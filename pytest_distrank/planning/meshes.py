@@ -2,10 +2,10 @@
 one :class:`Variant` per test id.
 
 Runs where tests are collected and planned: in the controller and in every rank (both collect
-the same tests and must agree on ids), and in rank 0 of a launched world. Pure logic on pytest's
-marker objects; no torch. :mod:`markers` hands a test to this module when it carries a ``mesh``
-marker or a tuple of backends (:func:`applies`), and raises what this module finds wrong as an
-error of that test alone.
+the same tests and must agree on ids), and in rank 0 of a launched world; :func:`shape_of` also in
+the ranks, for the ``mesh`` fixture. Pure logic on pytest's marker objects; no torch. :mod:`spec`
+hands a test to this module when it carries a ``mesh`` marker or a tuple of backends
+(:func:`applies`), and raises what this module finds wrong as an error of that test alone.
 
 How ids compose: ``ws<N>``, then the mesh (``dp2-tp2``), then a simulated world's mode and rank
 (``fake``, ``r7``), then the backend when ``backend=`` is a tuple (``gloo``, ``nccl``), each part
@@ -25,23 +25,17 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
 from ..parsing import parse_backend
 
-if TYPE_CHECKING:
-    from ..markers import Simulated
-
-#: The marker's name, and its line for ``pytest --markers``.
+#: The marker's name (its line for ``pytest --markers`` is in :mod:`markers`).
 MARKER = "mesh"
-MARKER_HELP = (
-    "mesh(**dims) or mesh(*shapes): run the test on a named DeviceMesh of each shape (a shape: "
-    "dp=2, tp=2 as keywords, or {'dp': 2, 'tp': 2} or 'dp2-tp2' per shape), at a world size of "
-    "the dimensions' product, with ids ws<N>-dp2-tp2 and the `mesh` fixture "
-    "(docs/markers.md#meshes-and-backends)."
-)
+#: Name of the hidden parameter that ``world_size(2, 4)`` parametrizes (ids ``ws2``, ``ws4``): an
+#: int, a :class:`Simulated` world or a :class:`Variant`.
+WS_PARAM = "_distrank_world_size"
 #: A dimension's name: it is part of the id, so letters, digits and _, not a leading digit.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: One dimension of a shape written as text (``dp2``): the name cannot end in a digit there.
@@ -50,6 +44,32 @@ _TEXT_DIM = re.compile(r"([A-Za-z_][A-Za-z0-9_]*?)([0-9]+)")
 
 class MeshError(Exception):
     """A ``mesh`` marker, or a tuple of backends, that cannot be honoured; the message names it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Simulated:
+    """One simulated world a test runs in (``@pytest.mark.simulate``): one process plays
+    ``rank`` of ``size`` ranks."""
+
+    mode: str
+    size: int
+    #: The rank a fake world's process plays; 0 in local mode (the process plays every rank).
+    rank: int
+    #: Whether the marker named its ranks (then the id names the rank too).
+    named_rank: bool = False
+    #: The ``device`` fixture's type: "cpu" or "meta" (fake mode only).
+    device: str = "cpu"
+
+    @property
+    def id(self) -> str:
+        tail = f"-r{self.rank}" if self.named_rank else ""
+        return f"ws{self.size}-{self.mode}{tail}"
+
+    def describe(self) -> str:
+        if self.mode == "local":
+            return f"world size {self.size} simulated (local: every rank at once)"
+        device = f", device {self.device}" if self.device != "cpu" else ""
+        return f"world size {self.size} simulated ({self.mode}, as rank {self.rank}{device})"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +106,7 @@ class Variant:
     #: Ranks of the world (simulated or real).
     size: int
     mesh: Mesh | None = None
-    #: A simulated world (``markers.Simulated``), or None for real ranks.
+    #: A simulated world, or None for real ranks.
     simulated: Simulated | None = None
     #: The backend picked from ``backend=(...)``; None: the marker's single backend or default.
     backend: str | None = None
@@ -101,6 +121,22 @@ class Variant:
         if self.backend is not None:
             parts.append(backend_id(self.backend))
         return "-".join(parts)
+
+
+def shape_of(item: pytest.Item) -> Mesh | None:
+    """The mesh shape of a test's id (``@pytest.mark.mesh``), or None."""
+    callspec = getattr(item, "callspec", None)
+    param = callspec.params.get(WS_PARAM) if callspec is not None else None
+    return param.mesh if isinstance(param, Variant) else None
+
+
+def missing_message(nodeid: str) -> str:
+    """The ``mesh`` fixture's error for a test without a shape."""
+    return (
+        f"{nodeid} uses the fixture 'mesh', which needs a shape: add "
+        "@pytest.mark.mesh(dp=2, tp=2) (or mesh({'dp': 2, 'tp': 2}, {'dp': 4}) for several) "
+        "to the test."
+    )
 
 
 def backend_id(backend: str) -> str:

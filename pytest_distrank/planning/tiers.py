@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from ..markers import DistSpec
 from ..parsing import GpuRange
 from .gpuplan import MULTI_RANK_NCCL, GpuPlan, GpuPolicy, plan_gpus
+from .spec import DistSpec
 
 #: The marker and the class (or function) attribute that declare a test's GPU need.
 DECLARATION = "distrank_gpus"

@@ -21,10 +21,10 @@ from __future__ import annotations
 import pytest
 
 from .. import _compat
-from ..markers import MarkerError, min_gpus, spec_of
 from ..parsing import GpuRange
 from ..settings import BACKEND, GPU_FALLBACK, GPU_OVERSUBSCRIBE, GPUS, WORLD_SIZE, resolve
 from .gpuplan import GpuPolicy
+from .spec import MarkerError, min_gpus, spec_of
 from .tiers import (
     DECLARATION,
     Need,

@@ -26,7 +26,7 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
-from ..markers import DistSpec, spec_of
+from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import item_expectations
 from ..outcome.merge import annotate, merge_test
 from ..outcome.records import RunTest
@@ -131,12 +131,9 @@ class Controller:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def _spec(self, item: pytest.Item) -> DistSpec | None:
-        return spec_of(item, self.settings.world_size.value, self.settings.backend.value)
-
     def _get_plan(self, session: pytest.Session) -> dict[str, Planned]:
         if self.plan is None:
-            made = make_plan(session.items, self._spec, self.settings.timeout, self.gpu_policy)
+            made = make_plan(session.items, self.settings, self.gpu_policy)
             self.plan, self.pool_nodeids, self.pool_files = made.plan, made.nodeids, made.files
             self.pools.notes.extend(fresh_notes(session.items))
         return self.plan
@@ -211,7 +208,7 @@ class Controller:
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         entry = self._get_plan(item.session).get(item.nodeid)
         if entry is None:
-            check_ordinary_test(item)
+            check_ordinary_test(item, rank_fixtures_used(item))
             return
         if entry.by_mark:
             return  # pytest's skipping plugin raises the skip, as for any test

@@ -29,11 +29,11 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
-from ..markers import DistSpec
 from ..outcome.records import RunTest
 from ..planning.capabilities import gpu_plan, too_many_ranks
 from ..planning.crossize import RUNNER, Producer, producer_item, producers_of
 from ..planning.gpuplan import GpuPolicy
+from ..planning.spec import DistSpec
 from ..settings import Value, item_timeout
 from .ownreports import error_reports, skip_reports
 from .poolkey import PoolKey

@@ -1,25 +1,28 @@
 """The controller's plan: what each collected distributed test needs, before anything runs.
 
 Runs in the controller (pool mode), once, at the first test's setup (:class:`controller.
-Controller`'s ``_get_plan``). For every item: its spec from the markers (or the marker's error),
-its deadline, a skip that needs no ranks (too many ranks for the machine, no GPU, no NCCL), and
-the key of the pool it runs in; for each pool, its tests in order (the last test of a pool lets
-the pool stop after it) and their files (the pool's ranks collect only those).
+Controller`'s ``_get_plan``). For every item, planning's decision (:func:`planning.plan.
+plan_item`: its spec, deadline, an error, a skip that needs no ranks) with this mode's own part:
+its expected exits, a skip marker, too many ranks for the machine, and the key of the pool it
+runs in; for each pool, its tests in order (the last test of a pool lets the pool stop after
+it) and their files (the pool's ranks collect only those).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import pytest
 
 from .. import _compat
-from ..markers import ISOLATE_INI, DistSpec, MarkerError, wants_fresh_ranks
+from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import item_expectations
-from ..planning.capabilities import gpu_plan, too_many_ranks
+from ..planning.capabilities import too_many_ranks
 from ..planning.gpuplan import GpuPolicy
-from ..settings import Value, item_timeout
+from ..planning.plan import ItemPlan, ModeCheck, Rules, plan_item
+from ..planning.spec import ISOLATE_INI, DistSpec, wants_fresh_ranks
+from ..settings import Settings, Value
 from .poolkey import PoolKey
 
 
@@ -47,36 +50,35 @@ class Plan:
     files: dict[PoolKey, set[str]] = dataclasses.field(default_factory=dict)
 
 
-def make_plan(
-    items: Sequence[pytest.Item],
-    spec_of: Callable[[pytest.Item], DistSpec | None],
-    session_timeout: Value[float],
-    gpu_policy: GpuPolicy,
-) -> Plan:
+def pool_check(item: pytest.Item) -> ModeCheck:
+    """Pool mode's own part of a test's plan, before its GPUs (see planning.plan.ModeCheck)."""
+
+    def check(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
+        item_expectations(item, spec.world_size)  # a bad marker errors here
+        if _compat.skip_mark_reason(item) is not None:  # pytest skips it: no pool for it
+            return ItemPlan(spec, by_mark=True)
+        reason = too_many_ranks(spec.world_size)
+        return ItemPlan(spec, timeout, skip=reason) if reason else None
+
+    return check
+
+
+def make_plan(items: Sequence[pytest.Item], settings: Settings, gpu_policy: GpuPolicy) -> Plan:
     """The plan of ``items`` (ordinary tests have no entry)."""
+    rules = Rules(settings.world_size.value, settings.backend.value, settings.timeout, gpu_policy)
     out = Plan()
     plan = out.plan
     last: dict[PoolKey, Planned] = {}
     fresh = list(items[0].config.getini(ISOLATE_INI)) if items else []
     for item in items:
-        try:
-            spec = spec_of(item)
-            if spec is not None:
-                timeout = item_timeout(item, session_timeout)
-                item_expectations(item, spec.world_size)  # a bad marker errors here
-        except (MarkerError, ValueError) as exc:
-            plan[item.nodeid] = Planned(None, error=f"{item.nodeid}: {exc}")
+        got = plan_item(item, rules, rank_fixtures_used(item), pool_check(item))
+        if got.spec is None and got.error is None:
             continue
-        if spec is None:
-            continue
-        if _compat.skip_mark_reason(item) is not None:  # pytest skips it: no pool for it
-            plan[item.nodeid] = Planned(spec, by_mark=True)
-            continue
-        gpus = too_many_ranks(spec.world_size) or gpu_plan(spec, gpu_policy)
-        entry = Planned(spec, skip=gpus if isinstance(gpus, str) else None, timeout=timeout)
+        entry = Planned(got.spec, None, None, got.error, got.skip, got.timeout, got.by_mark)
         plan[item.nodeid] = entry
-        if isinstance(gpus, str):
+        if got.spec is None or got.gpus is None:
             continue
+        spec, gpus = got.spec, got.gpus
         entry.key = PoolKey(
             spec.world_size,
             gpus.backend,

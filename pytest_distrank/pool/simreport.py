@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pytest import TestReport
 
 from .._compat import LOCAL_TENSOR_MODULE, ExceptionChainRepr, ExceptionRepr, ReprEntryNative
-from ..markers import Simulated
 from ..outcome.merge import label
+from ..planning.meshes import Simulated
 
 #: The label the merge gives the pool's one process.
 _PROCESS = label(0, 1)

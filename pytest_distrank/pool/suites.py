@@ -34,7 +34,7 @@ from typing import Any, Literal
 import pytest
 
 from .. import _compat
-from ..markers import SPEC_ERROR
+from ..planning.spec import SPEC_ERROR
 
 #: The class attribute by which a class opts out (``"own"``: its harness runs it).
 OPT_OUT = "distrank_suites"

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from ..outcome.records import RunTest
+from ..planning.crossize import RANK_CONTEXT as IN_RANK
 
 if TYPE_CHECKING:
     import torch
@@ -61,7 +62,9 @@ class RankContext:
         return dist.PrefixStore(f"test{self.test.index}/", self.store)
 
 
-RANK_CONTEXT = pytest.StashKey[RankContext]()
+#: Where a rank keeps its context (``config.stash``): planning's key (planning/crossize.py reads the
+#: test from it, below ``rank/``), typed here as the whole context.
+RANK_CONTEXT = cast("pytest.StashKey[RankContext]", IN_RANK)
 
 
 #: ``(code, source, injected line, phase)`` -> the controller (pool mode; None elsewhere).

@@ -13,11 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import pytest
-
 from .. import _compat
-from ..markers import WS_PARAM
-from ..planning.meshes import Mesh, Variant
+from ..planning.meshes import Mesh
 from .ownedgroups import disown, own
 
 if TYPE_CHECKING:
@@ -25,21 +22,6 @@ if TYPE_CHECKING:
 
 #: (id of the default group, shape, device type) -> (the mesh, the groups it created).
 _MESHES: dict[tuple[int, Mesh, str], tuple[Any, list[Any]]] = {}
-
-
-def shape_of(item: pytest.Item) -> Mesh | None:
-    """The mesh shape of a test's id (``@pytest.mark.mesh``), or None."""
-    callspec = getattr(item, "callspec", None)
-    param = callspec.params.get(WS_PARAM) if callspec is not None else None
-    return param.mesh if isinstance(param, Variant) else None
-
-
-def missing_message(nodeid: str) -> str:
-    return (
-        f"{nodeid} uses the fixture 'mesh', which needs a shape: add "
-        "@pytest.mark.mesh(dp=2, tp=2) (or mesh({'dp': 2, 'tp': 2}, {'dp': 4}) for several) "
-        "to the test."
-    )
 
 
 def device_mesh(shape: Mesh, device_type: str) -> DeviceMesh:

@@ -16,7 +16,10 @@ function):
   ``rank/``, ``outcome/``) import no mode, except the plugin's gate, lazily;
 - ``api/`` (what a user's test calls) is imported only by the package's ``__init__`` and
   ``fixtures``, and imports only ``rank/``, ``outcome/``, ``_compat``, ``settings``, ``parsing``
-  and itself (of the plugin's own).
+  and itself (of the plugin's own);
+- the shared modules import in one order (:data:`SHARED_ORDER`: parsing, settings, outcome,
+  planning, rank, api, then markers, fixtures and the package), never upwards and never inside
+  a function across folders (no cycle held apart by a late import).
 
 Every private pytest, CPython, torch, PyTorch-harness and plugin access goes through
 ``_compat/``: no other module and no test imports ``_pytest``, and no other module's code (its
@@ -213,6 +216,74 @@ def test_compat_and_settings_are_leaves(module: str) -> None:
     """``settings`` imports only its parsers (``parsing``), which import nothing of the plugin."""
     leaves = {"parsing"} if module == "settings" else set()
     assert {m for m in own(imports_of(module)) if folder_of(m) != "_compat"} == leaves
+
+
+#: The shared modules and folders, lowest first: each imports only from its own entry or a lower
+#: one. Planning reads markers and decides before any rank starts; ``rank/`` runs in rank
+#: processes; ``api/`` is what tests call there; the fixtures hand them to tests. The plugin's
+#: gate and the modes sit above them all.
+SHARED_ORDER = (
+    {"_compat", "parsing"},
+    {"settings"},
+    {"outcome"},
+    {"planning"},
+    {"rank"},
+    {"api"},
+    {"markers", "hookspecs", "fixtures", ""},
+)
+
+
+def shared_level(module: str) -> int | None:
+    """The index of a module's entry in :data:`SHARED_ORDER` (its folder's, or its own name's at
+    the top level); None for the plugin and the modes."""
+    folder = folder_of(module)
+    key = module if folder == "" else folder
+    return next((i for i, names in enumerate(SHARED_ORDER) if key in names), None)
+
+
+def imports_in_functions(module: str) -> set[str]:
+    """What ``module`` imports inside its functions (:func:`imports_of`, those statements only)."""
+    tree = ast.parse(FILES[module].read_text())
+    body: list[ast.stmt] = [
+        node
+        for function in ast.walk(tree)
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for node in ast.walk(function)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+    ]
+    return _imports(ast.Module(body=body, type_ignores=[]), module)
+
+
+SHARED_LEVELS = {m: shared_level(m) for m in MODULES | PACKAGES}
+ORDERED = sorted(m for m, level in SHARED_LEVELS.items() if level is not None)
+
+
+def test_the_shared_order_names_every_module_but_the_gate_and_the_modes() -> None:
+    unordered = {m for m, level in SHARED_LEVELS.items() if level is None}
+    assert unordered == {"plugin"} | POOL | LAUNCH
+    assert SHARED_LEVELS["planning.spec"] == 3 and SHARED_LEVELS["fixtures"] == 6
+
+
+@pytest.mark.parametrize("module", ORDERED)
+def test_shared_modules_import_nothing_above_them(module: str) -> None:
+    level = SHARED_LEVELS[module]
+    assert level is not None
+    above = {n for n in own(imports_of(module)) if (SHARED_LEVELS.get(n) or 0) > level}
+    assert above == set()
+
+
+@pytest.mark.parametrize("module", ORDERED)
+def test_shared_modules_import_other_folders_at_module_level(module: str) -> None:
+    """A function-level import between shared folders hid a cycle; the plugin's gate is no shared
+    module (its lazy imports pick a mode)."""
+    late = own(imports_in_functions(module))
+    assert {n for n in late if folder_of(n) != folder_of(module)} == set()
+
+
+def test_the_late_import_reader_sees_the_gates() -> None:
+    assert {"pool.controller", "launch.plugin"} <= imports_in_functions("plugin")
+    assert "planning.tierselect" in imports_in_functions("plugin")
+    assert imports_in_functions("pool.plan") == set()
 
 
 def _executed_on_import(tree: ast.Module) -> list[ast.stmt]:

@@ -20,7 +20,8 @@ from pytest_distrank.launch import keys
 from pytest_distrank.launch.env import Launch
 from pytest_distrank.launch.plan import Plan, Step, apply_on_rank0, decide, exchange, next_shared
 from pytest_distrank.launch.session import RankSession
-from pytest_distrank.markers import SPEC_ERROR, WS_PARAM, Simulated
+from pytest_distrank.planning.meshes import WS_PARAM, Simulated
+from pytest_distrank.planning.spec import SPEC_ERROR
 from pytest_distrank.settings import Settings, Value
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""Unit tests of marker parsing (markers.py)."""
+"""Unit tests of marker reading (planning/spec.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pytest_distrank.markers import (
+from pytest_distrank.planning.spec import (
     MarkerError,
     gpu_memory,
     simulations,

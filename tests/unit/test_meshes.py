@@ -12,8 +12,15 @@ import pytest
 
 from pytest_distrank.launch.plan import Step, decide
 from pytest_distrank.launch.session import RankSession
-from pytest_distrank.markers import WS_PARAM, MarkerError, spec_of, variants
-from pytest_distrank.planning.meshes import Mesh, MeshError, Variant, backend_id, parse_meshes
+from pytest_distrank.planning.meshes import (
+    WS_PARAM,
+    Mesh,
+    MeshError,
+    Variant,
+    backend_id,
+    parse_meshes,
+)
+from pytest_distrank.planning.spec import MarkerError, spec_of, variants
 from pytest_distrank.settings import Settings
 
 from .test_launch_plan import _rank_session, _settings

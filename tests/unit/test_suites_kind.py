@@ -10,7 +10,7 @@ import types
 
 import pytest
 
-from pytest_distrank.markers import SPEC_ERROR
+from pytest_distrank.planning.spec import SPEC_ERROR
 from pytest_distrank.pool.suites import CASE, OPT_OUT, Case, kind_of, take
 
 

@@ -7,9 +7,9 @@ import fnmatch
 
 import pytest
 
-from pytest_distrank.markers import DistSpec
 from pytest_distrank.parsing import GpuRange, parse_gpu_range
 from pytest_distrank.planning.gpuplan import STRICT, GpuPolicy
+from pytest_distrank.planning.spec import DistSpec
 from pytest_distrank.planning.tiers import (
     declared_gpus,
     describe_selection,
