@@ -483,27 +483,3 @@ def annotate(
     for report in merged:
         if report.failed and isinstance(report.longrepr, ExceptionRepr):
             report.longrepr.addsection("distrank: rerun just this test", rerun)
-
-
-def merge_warnings(
-    per_rank: Mapping[int, Sequence[tuple[str, str, str, str, int]]], world_size: int
-) -> list[tuple[tuple[str, str, str, str, int], str]]:
-    """Each distinct warning of a test once, with the ranks that raised it in words.
-
-    ``per_rank``: rank -> ``(category module, qualname, message, filename, lineno)`` records.
-    Returns ``(record, "rank 1/2")`` or ``(record, "ranks 0, 1 of 2")``, in first-seen order.
-    """
-    ranks_of: dict[tuple[str, str, str, str, int], list[int]] = {}
-    for rank in sorted(per_rank):
-        for record in per_rank[rank]:
-            seen = ranks_of.setdefault(record, [])
-            if rank not in seen:
-                seen.append(rank)
-    out = []
-    for record, ranks in ranks_of.items():
-        if len(ranks) == 1:
-            words = label(ranks[0], world_size)
-        else:
-            words = f"ranks {', '.join(str(r) for r in ranks)} of {world_size}"
-        out.append((record, words))
-    return out

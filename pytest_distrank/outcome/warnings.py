@@ -2,10 +2,13 @@
 
 Runs where one report per test is written: in the controller (pool mode, :mod:`pool.controller`) and
 in rank 0 of a launched world (launcher mode, :mod:`launch`). Ranks record their tests' warnings
-as :data:`protocol.WarningRecord` tuples (category module and qualname, message, file, line) and
+as :data:`records.WarningRecord` tuples (category module and qualname, message, file, line) and
 send them with their last reports; here each distinct warning of a test is recorded once, through
-``pytest_warning_recorded``, with the ranks that raised it in the message
-(``[ranks 0, 1 of 2] deprecated thing``). Imports no torch.
+``pytest_warning_recorded``. One that only some ranks raised names them
+(``[rank 1/2] only here``); one that every rank raised reads as pytest writes a warning, so that
+the summary, which groups warnings by their text, shows it once with the same warning of the
+controller's own tests (a session-scoped fixture's, say) and of other distributed tests. Imports
+no torch.
 """
 
 from __future__ import annotations
@@ -17,19 +20,52 @@ from typing import Any
 
 import pytest
 
-from .merge import merge_warnings
+from .merge import label, ranks_words
 from .records import WarningRecord
 
 
-def warning_category(module: str, qualname: str) -> type[Warning]:
-    """A rank's warning class, imported here (UserWarning when it cannot be)."""
+def merge_warnings(
+    per_rank: Mapping[int, Sequence[WarningRecord]], world_size: int
+) -> list[tuple[WarningRecord, str | None]]:
+    """Each distinct warning of a test once, with the ranks that raised it in words.
+
+    Two records are the same warning when all their fields are equal: the same words from
+    another line, or another category, are another warning. Returns each distinct record once,
+    in first-seen order (ranks in order), with ``None`` when every rank of the world raised it
+    (rank 0 to ``world_size - 1``; a rank that sent no record did not), else ``"rank 1/2"`` for
+    one rank or ``"ranks 0, 2 of 3"`` for several (``merge.ranks_words``: ``ranks 0-3, 6 of 8``).
+    """
+    ranks_of: dict[WarningRecord, list[int]] = {}
+    for rank in sorted(per_rank):
+        for record in per_rank[rank]:
+            seen = ranks_of.setdefault(record, [])
+            if rank not in seen:
+                seen.append(rank)
+    out: list[tuple[WarningRecord, str | None]] = []
+    for record, ranks in ranks_of.items():
+        if ranks == list(range(world_size)):
+            out.append((record, None))
+        elif len(ranks) == 1:
+            out.append((record, label(ranks[0], world_size)))
+        else:
+            out.append((record, f"{ranks_words(ranks)} of {world_size}"))
+    return out
+
+
+def _warning(record: WarningRecord, ranks: str | None) -> tuple[type[Warning], Warning]:
+    """The rank's warning rebuilt here; a category this process cannot import or build keeps
+    its name in a UserWarning's words (and so never reads as a warning of another category)."""
+    module, qualname, text, _, _ = record
+    prefix = f"[{ranks}] " if ranks else ""
     try:
         found: Any = importlib.import_module(module)
         for part in qualname.split("."):
             found = getattr(found, part)
+        if isinstance(found, type) and issubclass(found, Warning):
+            return found, found(prefix + text)
     except Exception:
-        return UserWarning
-    return found if isinstance(found, type) and issubclass(found, Warning) else UserWarning
+        pass
+    return UserWarning, UserWarning(f"{prefix}{qualname}: {text}")
 
 
 def forward_warnings(
@@ -38,16 +74,11 @@ def forward_warnings(
     world_size: int,
 ) -> None:
     """The ranks' warnings into this session's warnings summary, each distinct one once."""
-    for (module, qualname, text, filename, lineno), ranks in merge_warnings(per_rank, world_size):
-        category = warning_category(module, qualname)
-        try:
-            message = category(f"[{ranks}] {text}")
-        except Exception:
-            category, message = UserWarning, UserWarning(f"[{ranks}] {qualname}: {text}")
-        record = warnings.WarningMessage(message, category, filename, lineno)
+    for record, ranks in merge_warnings(per_rank, world_size):
+        category, message = _warning(record, ranks)
         item.config.hook.pytest_warning_recorded.call_historic(
             kwargs={
-                "warning_message": record,
+                "warning_message": warnings.WarningMessage(message, category, record[3], record[4]),
                 "when": "runtest",
                 "nodeid": item.nodeid,
                 "location": None,

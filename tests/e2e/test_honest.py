@@ -245,6 +245,38 @@ def test_warns(rank):
 """
 )
 
+#: DeepSpeed's way (issue 38): a session-scoped autouse fixture warns in the controller (for
+#: the ordinary test) and in every rank (for the distributed one, which runs first). The same
+#: words from another line in the ranks and the controller are two warnings; what rank 1 alone
+#: says names rank 1.
+WARNED_CONFTEST = """
+import os, warnings, pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def check_environment():
+    warnings.warn("environment looks odd", UserWarning)
+    if os.environ.get("RANK") == "1":
+        warnings.warn("rank 1 looks odd too", UserWarning)
+    if "RANK" in os.environ:
+        warnings.warn("said from two lines", UserWarning)
+    else:
+        warnings.warn("said from two lines", UserWarning)
+"""
+
+WARNED_CASE = """
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_warned_in_ranks(rank):
+    pass
+
+
+def test_warned_in_the_controller():
+    pass
+"""
+
 #: No timeout marker: the deadline is the command line's 1e308 s.
 HUGE_OPTION_CASE = HEADER + huge_deadline_case("huge_option")
 
@@ -255,6 +287,8 @@ HONEST = Session(
         "test_cases.py": HONEST_CASES,
         "test_processes.py": PROCESSES_CASES,
         "test_warnings.py": WARNINGS_CASE,
+        "warned/conftest.py": WARNED_CONFTEST,
+        "warned/test_warned.py": WARNED_CASE,
         "test_huge_option.py": HUGE_OPTION_CASE,
         "pids/.keep": "",
     },
@@ -424,11 +458,33 @@ def test_warnings_in_ranks_reach_the_warnings_summary(honest: Shared) -> None:
     assert summary.count("test_warnings.py::test_warns") == 2, summary  # two warnings
     pytest.LineMatcher(summary.splitlines()).fnmatch_lines(
         [
-            "*test_warnings.py:*: DeprecationWarning: [[]ranks 0, 1 of 2[]] deprecated thing",
+            "*test_warnings.py:*: DeprecationWarning: deprecated thing",
             "*PytestUnhandledThreadExceptionWarning: [[]rank 1/2[]] Exception in thread *",
             "*ZeroDivisionError: division by zero",
         ]
     )
+
+
+def test_a_warning_of_the_controller_and_every_rank_is_shown_once(honest: Shared) -> None:
+    tests = ("test_warned_in_ranks", "test_warned_in_the_controller")
+    assert honest.outcomes(*tests) == ["passed", "passed"]
+    summary = honest.text.split(" warnings summary ", 1)[1].split("-- Docs: ", 1)[0]
+    groups = [group.splitlines() for group in summary.strip("= \n").split("\n\n")]
+    odd = [group for group in groups if any("environment looks odd" in line for line in group)]
+    assert len(odd) == 1, summary
+    pytest.LineMatcher(odd[0]).fnmatch_lines(
+        [
+            "warned/test_warned.py::test_warned_in_ranks",
+            "warned/test_warned.py::test_warned_in_the_controller",
+            "  *conftest.py:7: UserWarning: environment looks odd",
+        ]
+    )
+    pytest.LineMatcher(summary.splitlines()).fnmatch_lines(
+        ["warned/test_warned.py::test_warned_in_ranks", "  *: [[]rank 1/2[]] rank 1 looks odd too"]
+    )
+    # The same words from two lines: two warnings, each once.
+    two = re.findall(r"conftest\.py:(\d+): UserWarning: said from two lines", summary)
+    assert sorted(two) == ["11", "13"], summary
 
 
 @pytest.mark.parametrize(

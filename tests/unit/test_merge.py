@@ -196,15 +196,6 @@ def test_rank_story_prefers_notes() -> None:
     assert rank_story([report("setup", "skipped", reason="x")]) == "skipped in setup: x"
 
 
-def test_merge_warnings_once_per_distinct_warning_with_its_ranks() -> None:
-    from pytest_distrank.outcome.merge import merge_warnings
-
-    a = ("builtins", "UserWarning", "a", "t.py", 3)
-    b = ("builtins", "DeprecationWarning", "b", "t.py", 4)
-    merged = merge_warnings({0: (a, b), 1: (a,), 2: (a, a)}, 3)
-    assert merged == [(a, "ranks 0, 1, 2 of 3"), (b, "rank 0/3")]
-
-
 def _killed_waiting(when: str = "call", stop: float = 3.0) -> TestReport:
     return synthesized_failure(
         "test_x.py::test_x",
