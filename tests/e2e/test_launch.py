@@ -1131,7 +1131,7 @@ def test_launched_warnings_of_every_rank_are_in_the_summary_once(
         0,
         [
             "*warnings summary*",
-            "*.py:*: DeprecationWarning: [[]ranks 0, 1 of 2[]] deprecated thing",
+            "*.py:*: DeprecationWarning: deprecated thing",
             "*.py:*: UserWarning: [[]rank 1/2[]] only on rank 1",
             "*.py:*: UserWarning: from an ordinary test",
         ],
