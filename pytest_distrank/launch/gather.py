@@ -199,7 +199,7 @@ def _take_report(
 
 
 def warning_records(caught: Iterable[warnings.WarningMessage]) -> list[WarningRecord]:
-    """The test's warnings, as they travel to rank 0 (``merge.merge_warnings``' records)."""
+    """The test's warnings, as they travel to rank 0 (``warnings.merge_warnings``' records)."""
     return [warning_record(w) for w in list(caught)]
 
 
