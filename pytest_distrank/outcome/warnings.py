@@ -1,14 +1,11 @@
 """The ranks' warnings, into the reporting session's warnings summary.
 
-Runs where one report per test is written: in the controller (pool mode, :mod:`pool.controller`) and
-in rank 0 of a launched world (launcher mode, :mod:`launch`). Ranks record their tests' warnings
-as :data:`records.WarningRecord` tuples (category module and qualname, message, file, line) and
-send them with their last reports; here each distinct warning of a test is recorded once, through
-``pytest_warning_recorded``. One that only some ranks raised names them
-(``[rank 1/2] only here``); one that every rank raised reads as pytest writes a warning, so that
-the summary, which groups warnings by their text, shows it once with the same warning of the
-controller's own tests (a session-scoped fixture's, say) and of other distributed tests. Imports
-no torch.
+Runs where one report per test is written: the controller (pool mode) and rank 0 of a launched
+world (launcher mode). Ranks send their tests' warnings as :data:`records.WarningRecord` tuples;
+each distinct one of a test is recorded here once, through ``pytest_warning_recorded``, naming the
+ranks when only some raised it (``[rank 1/2] only here``) and as pytest writes it when every rank
+did: the summary, which groups warnings by their text, then shows it once with the same warning
+of the controller's own tests (a session-scoped fixture's). Imports no torch.
 """
 
 from __future__ import annotations
