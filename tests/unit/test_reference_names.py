@@ -2,8 +2,9 @@
 
 Held against what a user reaches: ``pytest_distrank.__all__``, the plugin's fixtures, the
 markers ``pytest --markers`` lists, the options ``pytest --help`` lists (flags and ini keys,
-with ``settings.OPTIONS``' environment variables), and every ``DISTRANK_*`` variable, each a
-constant of ``settings.py``. Every documented name exists; every public name is documented.
+with ``settings.OPTIONS``' environment variables), the hooks (``hookspecs``), and every
+``DISTRANK_*`` variable, each a constant of ``settings.py``. Every documented name exists;
+every public name is documented (this replaces test_docs.py's one-way check).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import pytest_distrank
-from pytest_distrank import settings
+from pytest_distrank import hookspecs, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytest_distrank"
@@ -80,6 +81,11 @@ def test_the_documented_fixtures_are_the_plugins() -> None:
     documented = names(first_column(section("Fixtures")))
     assert documented == _fixture_names()
     assert {"rank", "faults", "fixture_path"} <= documented  # the reader sees the table
+
+
+def test_the_documented_hooks_are_the_hookspecs() -> None:
+    documented = names(first_column(table(section("Hooks"), "hook")))
+    assert documented == {n for n in vars(hookspecs) if n.startswith("pytest_distrank_")}
 
 
 def _markers(pytester: pytest.Pytester, *args: str) -> set[str]:
