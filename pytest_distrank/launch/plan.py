@@ -12,6 +12,7 @@ sealed (:mod:`auth`): a collection or a plan that does not verify stops the run,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import socket
 import time
@@ -129,63 +130,60 @@ def _step_data(step: Step) -> keys.StepData:
 
 
 def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
-    """Rank 0's decision for one test (see :class:`Step`): planning's (:func:`planning.plan.
-    plan_item`), with what this mode checks of the launched world."""
+    """Rank 0's decision for one test (see :class:`Step`): planning's, with this mode's check."""
     ws = rs.world_size
-    launcher = rs.launch.launcher
     size = settings.world_size
     # A bare world_size() means the launched size, unless the user set a default size.
     default = ws if size.source == "default" else size.value
     rules = Rules(default, settings.backend.value, settings.timeout, LAUNCHED)
-
-    def launched(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
-        crossize = launcher_step(item, ws, launcher)  # a fixture at another world size
-        if crossize is not None:
-            kind, why = crossize
-            return ItemPlan(None, error=why) if kind == "error" else ItemPlan(spec, skip=why)
-        refused = _refused(item, spec, ws, launcher)
-        return ItemPlan(spec, skip=refused) if refused else None
-
+    world = functools.partial(_launched, ws, rs.launch.launcher)
     # GPUs are counted per node: a rank needs one on its own machine.
-    got = plan_item(item, rules, rank_fixtures_used(item), launched, rs.launch.local_world_size)
-    if got.error:
-        return Step("error", got.error)
-    if got.skip:
-        return Step("skip", got.skip)
+    got = plan_item(item, rules, rank_fixtures_used(item), world, rs.launch.local_world_size)
+    if got.error or got.skip:
+        return Step("error", got.error) if got.error else Step("skip", str(got.skip))
     if got.spec is not None:
         return Step("all", backend=got.spec.backend)
     try:  # rank 0 runs an ordinary test itself, under its deadline
         item_timeout(item, settings.timeout)
     except ValueError as exc:
         return Step("error", f"{item.nodeid}: {exc}")
-    crossize = launcher_step(item, ws, launcher)
+    crossize = launcher_step(item, ws, launcher=rs.launch.launcher)
     return Step(*crossize) if crossize is not None else Step("rank0")
 
 
-def _refused(item: pytest.Item, spec: DistSpec, ws: int, launcher: str) -> str | None:
-    """Why a distributed test cannot run in this launched world of ``ws`` ranks, or None."""
+def _launched(
+    ws: int, launcher: str, item: pytest.Item, spec: DistSpec, timeout: Value[float]
+) -> ItemPlan | None:
+    """Launcher mode's own check of a distributed test (planning.plan.ModeCheck): what cannot run
+    in this launched world of ``ws`` ranks."""
+    crossize = launcher_step(item, ws, launcher)  # a fixture at another world size
+    if crossize is not None:
+        kind, why = crossize
+        return ItemPlan(None, error=why) if kind == "error" else ItemPlan(spec, skip=why)
     if spec.simulated is not None:
-        return (
+        why = (
             f"{spec.simulated.describe()} runs in pool mode only (pytest without a launcher); "
             f"this is a launched world of {ws} ({launcher})"
         )
-    if item.get_closest_marker(EXPECT_MARKER) is not None:
-        return f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})"
-    if spec.world_size != ws:
+    elif item.get_closest_marker(EXPECT_MARKER) is not None:
+        why = f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})"
+    elif spec.world_size != ws:
         ranks = "rank" if ws == 1 else "ranks"
         # A mesh's size is the product of its dimensions: say which shape does not fit.
         shape = f"mesh {spec.mesh.id} " if spec.mesh is not None else ""
-        return (
+        why = (
             f"{shape}needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
             f"({launcher})"
         )
-    if not spec.init_process_group:
-        return (
+    elif not spec.init_process_group:
+        why = (
             "world_size(..., init_process_group=False) does not run in launcher mode: the "
             "launcher's MASTER_ADDR:MASTER_PORT store is shared by the whole run; use the pg "
             "fixture, or run this test without a launcher"
         )
-    return None
+    else:
+        return None
+    return ItemPlan(spec, skip=why)
 
 
 def apply_on_rank0(item: pytest.Item, step: Step) -> None:

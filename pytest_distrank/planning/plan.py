@@ -1,11 +1,10 @@
-"""One test's plan, the same in both modes: its spec, its deadline, and an error or a skip
-decided before any rank starts, or the GPUs its ranks use.
+"""One test's plan, the same in both modes: its spec and deadline, and an error, a skip or the
+GPUs of its ranks, decided before any rank starts.
 
-Runs where tests are planned: the controller (pool mode, :mod:`pool.plan`, which adds the key of
-the pool a test runs in) and rank 0 of a launched world (:mod:`launch.plan`, which adds what it
-checks of the launched world). A mode hands in what planning does not read itself: which of the
-plugin's rank fixtures the test sets up (``fixtures.rank_fixtures_used``), and its own check of
-a distributed test, made after the markers and before the GPUs.
+Runs where tests are planned: the controller (:mod:`pool.plan` adds the key of the pool a test
+runs in) and rank 0 of a launched world (:mod:`launch.plan`). A mode hands in what planning does
+not read itself: the plugin's rank fixtures the test sets up (``fixtures.rank_fixtures_used``)
+and its own check of a distributed test, made after the markers and before the GPUs.
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from .spec import DistSpec, MarkerError, spec_of
 
 @dataclasses.dataclass(frozen=True)
 class Rules:
-    """What the session says for every test: the default size and backend, the session's
-    deadline, the GPU options."""
+    """The session's default size, backend and deadline, and its GPU options."""
 
     world_size: int
     backend: str
@@ -33,7 +31,7 @@ class Rules:
     gpu_policy: GpuPolicy
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class ItemPlan:
     """What planning decided about one test; ``spec`` None: an ordinary test (or an error)."""
 
@@ -48,10 +46,9 @@ class ItemPlan:
     by_mark: bool = False
 
 
-#: A mode's own check of a distributed test, after its markers and before its GPUs: the plan
-#: that ends there (a skip of that mode), or None to go on; a MarkerError or ValueError it raises
-#: is the test's error.
-ModeCheck = Callable[[DistSpec, Value[float]], "ItemPlan | None"]
+#: A mode's own check of a distributed test (its item, spec, deadline), before its GPUs: the plan
+#: that ends there, or None to go on; a MarkerError or ValueError it raises is the test's error.
+ModeCheck = Callable[[pytest.Item, DistSpec, Value[float]], "ItemPlan | None"]
 
 
 def check_mesh_shape(item: pytest.Item, used: list[str]) -> None:
@@ -71,16 +68,15 @@ def plan_item(
     mode: ModeCheck,
     gpu_world: int | None = None,
 ) -> ItemPlan:
-    """The plan of one test. ``used``: the plugin's rank fixtures it sets up; ``mode``: the
-    mode's own check (:data:`ModeCheck`); ``gpu_world``: the ranks that share one machine's
-    GPUs, when not the whole world (a launched world on several nodes)."""
+    """The plan of one test; ``gpu_world``: the ranks that share one machine's GPUs, when not
+    the whole world (a launched world on several nodes)."""
     try:
         check_mesh_shape(item, used)
         spec = spec_of(item, rules.world_size, rules.backend)
         if spec is None:
             return ItemPlan(None)
         timeout = item_timeout(item, rules.timeout)
-        own = mode(spec, timeout)
+        own = mode(item, spec, timeout)
     except (MarkerError, ValueError) as exc:
         return ItemPlan(None, error=f"{item.nodeid}: {exc}")
     if own is not None:

@@ -20,25 +20,18 @@ from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import item_expectations
 from ..planning.capabilities import too_many_ranks
 from ..planning.gpuplan import GpuPolicy
-from ..planning.plan import ItemPlan, ModeCheck, Rules, plan_item
+from ..planning.plan import ItemPlan, Rules, plan_item
 from ..planning.spec import ISOLATE_INI, DistSpec, wants_fresh_ranks
 from ..settings import Settings, Value
 from .poolkey import PoolKey
 
 
 @dataclasses.dataclass
-class Planned:
-    """What the controller decided about one distributed test before running anything."""
+class Planned(ItemPlan):
+    """Planning's plan of one distributed test, the pool it runs in and its pool's next test."""
 
-    spec: DistSpec | None
     key: PoolKey | None = None
     next_nodeid: str | None = None
-    error: str | None = None
-    skip: str | None = None
-    #: The test's deadline and where it came from (see settings.item_timeout).
-    timeout: Value[float] | None = None
-    #: A skip or skipif marker skips it: pytest's skipping plugin does, here, without a pool.
-    by_mark: bool = False
 
 
 @dataclasses.dataclass
@@ -50,17 +43,13 @@ class Plan:
     files: dict[PoolKey, set[str]] = dataclasses.field(default_factory=dict)
 
 
-def pool_check(item: pytest.Item) -> ModeCheck:
-    """Pool mode's own part of a test's plan, before its GPUs (see planning.plan.ModeCheck)."""
-
-    def check(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
-        item_expectations(item, spec.world_size)  # a bad marker errors here
-        if _compat.skip_mark_reason(item) is not None:  # pytest skips it: no pool for it
-            return ItemPlan(spec, by_mark=True)
-        reason = too_many_ranks(spec.world_size)
-        return ItemPlan(spec, timeout, skip=reason) if reason else None
-
-    return check
+def pool_check(item: pytest.Item, spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
+    """Pool mode's own check of a test (planning.plan.ModeCheck)."""
+    item_expectations(item, spec.world_size)  # a bad marker errors here
+    if _compat.skip_mark_reason(item) is not None:  # pytest skips it: no pool for it
+        return ItemPlan(spec, by_mark=True)
+    reason = too_many_ranks(spec.world_size)
+    return ItemPlan(spec, timeout, skip=reason) if reason else None
 
 
 def make_plan(items: Sequence[pytest.Item], settings: Settings, gpu_policy: GpuPolicy) -> Plan:
@@ -71,10 +60,10 @@ def make_plan(items: Sequence[pytest.Item], settings: Settings, gpu_policy: GpuP
     last: dict[PoolKey, Planned] = {}
     fresh = list(items[0].config.getini(ISOLATE_INI)) if items else []
     for item in items:
-        got = plan_item(item, rules, rank_fixtures_used(item), pool_check(item))
+        got = plan_item(item, rules, rank_fixtures_used(item), pool_check)
         if got.spec is None and got.error is None:
             continue
-        entry = Planned(got.spec, None, None, got.error, got.skip, got.timeout, got.by_mark)
+        entry = Planned(**vars(got))
         plan[item.nodeid] = entry
         if got.spec is None or got.gpus is None:
             continue

@@ -41,7 +41,7 @@ class _Item:
         return next(iter(self.iter_markers(name)), None)
 
 
-def _none(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
+def _none(item: pytest.Item, spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
     return None
 
 
@@ -91,10 +91,10 @@ def test_the_plugins_mesh_fixture_needs_a_shape() -> None:
 def test_the_modes_own_check_comes_before_the_gpus() -> None:
     item = cast(pytest.Item, _Item(m.world_size(2), m.requires_nccl))
 
-    def refuse(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
+    def refuse(item: pytest.Item, spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
         return ItemPlan(spec, timeout, skip="not in this mode")
 
-    def fail(spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
+    def fail(item: pytest.Item, spec: DistSpec, timeout: Value[float]) -> ItemPlan | None:
         raise MarkerError("a marker this mode cannot honour")
 
     assert plan_item(item, RULES, [], refuse).skip == "not in this mode"
