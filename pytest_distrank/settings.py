@@ -368,18 +368,15 @@ TEST_WAITS_ENV = "DISTRANK_TEST_WAITS"
 FAKE_GPU_COUNT_ENV = "DISTRANK_FAKE_GPU_COUNT"
 FAKE_NCCL_VERSION_ENV = "DISTRANK_FAKE_NCCL_VERSION"
 
-#: A developer's tools (docs/reference.md, "Environment variables"): profile every pool rank
-#: (pool/worker/entry.py), write the session's numbers (pool/controller.py), bound pool starts.
+#: Pool mode's other variables (docs/reference.md, "Environment variables"): a developer's tools
+#: (profile every rank, the session's numbers, a bound on pool starts); then, not for users, test
+#: seams of GPU memory, and what pool mode sets in its ranks (the pool's tag, its store's port).
 PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 STATS_ENV = "DISTRANK_STATS_FILE"
 START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
-#: Test seams of pool mode, not for users: each GPU's memory (pool/gpumemory.py); a rank's CUDA
-#: memory after each test, read from a file (pool/worker/rankgpu.py).
 FAKE_GPU_MEMORY_ENV = "DISTRANK_FAKE_GPU_MEMORY"
 FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
 FAKE_RESERVED_ENV = "DISTRANK_FAKE_CUDA_RESERVED_FILE"
-#: Set by pool mode in its ranks, not for users: the pool's tag, inherited by all a rank starts
-#: (rank/reaper.py finds them by it); the port of the plugin's store (pool/worker/rankgroup.py).
 POOL_TAG_ENV = "DISTRANK_POOL_TAG"
 PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
 

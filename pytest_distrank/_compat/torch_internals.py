@@ -112,11 +112,8 @@ def sequence_number(pg: Any) -> int:
 
 
 def group_named(name: str) -> Any:
-    """The process group a functional collective names (its ``group_name``), or None.
-
-    ``torch.distributed.distributed_c10d._resolve_process_group`` (private): the injected
-    faults' dispatch mode reads a ``_c10d_functional::`` op's group from its name.
-    """
+    """The group a functional collective names, or None: the faults' dispatch mode reads an op's
+    group by it (``distributed_c10d._resolve_process_group``, private)."""
     import torch.distributed as dist
 
     try:
