@@ -110,6 +110,12 @@ def parse_path(text: str) -> str:
     return value
 
 
+def file_safe(name: str) -> str:
+    """A test's name as part of a folder name (both modes' shared folder of a test): each run of
+    characters other than letters, digits, ``_.-`` becomes ``_``; at most 60 characters."""
+    return re.sub(r"[^\w.-]+", "_", name)[:60]
+
+
 def parse_rank(text: str) -> int | None:
     """A rank number (>= 0); empty for none."""
     value = text.strip()

@@ -6,7 +6,7 @@ reports from its peers through a control store, merges them and is the only one 
 - ``plugin``: :class:`~plugin.LaunchPlugin`, the pytest hooks, delegating to the objects below.
 - ``env``: the launcher's environment read into a :class:`~env.Launch`; the rerun command.
 - ``keys``: the wire protocol: the control store's keys (a function each) and payloads
-  (a ``TypedDict`` each), with who writes them.
+  (a ``TypedDict`` each), with who writes them, and each payload's reader (every key checked).
 - ``channel``: the control store connection: short operations, heartbeats, waiting for keys.
 - ``auth``: the run's secret (never from the store) and the MAC every payload carries;
   ``tamper``: rank 0's notes of payloads that did not verify, which fail their test.
@@ -15,9 +15,10 @@ reports from its peers through a control store, merges them and is the only one 
 - ``plan``: the collection exchange and rank 0's step for each test.
 - ``group``: :class:`~group.GroupKeeper`, the rank's process group, re-created when needed, and
   the collective counts that say whether the ranks stayed in step.
-- ``gather``: the running test (:class:`~gather.Current`); rank 0 collecting its reports (the
-  end of a test: :mod:`~pytest_distrank.outcome.endgame`); a rank's early failure or ended session.
-- ``report``: launcher-mode wording of synthesized reports.
+- ``current``: the running test (:class:`~current.Current`), which every module below reads.
+- ``gather``: rank 0 collecting a test's reports (the end of a test:
+  :mod:`~pytest_distrank.outcome.endgame`); a rank's early failure or ended session.
+- ``report``: launcher-mode synthesized reports, from plain values.
 - ``terminal``: the header and summary lines.
 - ``watchdog``: the thread that keeps every wait bounded, given the session and two callbacks.
 

@@ -57,9 +57,14 @@ class Forged(ChannelError):
     rank 0's gathering fails the test with it instead (:func:`report.forged_report`).
     """
 
-    #: The failed report's first words (:func:`report.forged_report`), and what it means.
+    #: The failed report's first words (:func:`report.forged_report`), what it means, and what
+    #: to do about it.
     headline = "control store tampered with"
     meaning = MEANING
+    advice = (
+        "Set DISTRANK_SECRET to the same value for every rank (docs/multi-node.md, Security), "
+        "and keep MASTER_PORT out of reach of other users and hosts."
+    )
 
     def __init__(self, key: str, rank: int, why: str) -> None:
         self.key = key
@@ -84,6 +89,7 @@ class Malformed(Forged):
         "a rank wrote what this version of pytest-distrank does not read (a protocol bug, or "
         "another version of pytest-distrank on that rank)"
     )
+    advice = "Run one version of pytest-distrank on every rank; if it is one, please report this."
 
     def ends_run(self, nodeid: str) -> str:
         return (
@@ -208,7 +214,7 @@ class Channel:
         try:
             return read(value)
         except keys.MessageError as exc:
-            raise Malformed(key, rank, str(exc)) from None
+            raise Malformed(key, rank, f"does not read: {exc}") from None
 
     def take(self, key: str, read: Callable[[object], T]) -> T:
         """Get and delete (reports are read once; the store does not grow with the session). A

@@ -49,7 +49,7 @@ from ..outcome.endgame import (
 from ..outcome.records import WarningRecord
 from ..outcome.warnings import warning_record
 from . import keys
-from .channel import POLL_MAX
+from .channel import POLL_MAX, Malformed
 from .current import Current
 from .frrecords import peer_records, rank0_left_waiting, verdict_story
 from .report import FRESH_GROUP, check_report, silent_report, stopped_report
@@ -182,10 +182,13 @@ def _take_report(
     reports may still come, as in pool mode.
     """
     cur.reports_read += 1
+    key = keys.report(cur.index, rank)
     data: keys.PeerReport | None = None
     with noted(cur):
-        data = rs.channel.take(keys.report(cur.index, rank), keys.read_peer_report)
+        data = rs.channel.take(key, keys.read_peer_report)
     if data is None:
+        if isinstance(cur.forged.get(key), Malformed):  # its last reports came, unreadable
+            cur.game.note_finished(rank)
         return False
     if _take_foreign(rs, cur, per_rank, rank, data):
         return False

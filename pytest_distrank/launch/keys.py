@@ -48,6 +48,7 @@ they are.
 
 from __future__ import annotations
 
+import functools
 import os
 import types
 from collections.abc import Callable
@@ -325,8 +326,11 @@ def _parse(kind: str, field: str, value: object, hint: Any) -> Any:
     raise MessageError(kind, field, value, _wanted(hint))
 
 
+_hints = functools.cache(get_type_hints)
+
+
 def _fields(kind: str, prefix: str, raw: dict[str, Any], typed: type) -> dict[str, Any]:
-    hints = get_type_hints(typed)
+    hints = _hints(typed)
     for name in raw:
         if name not in hints:
             raise MessageError(kind, prefix + str(name), raw[name], "absent (no such key)")

@@ -28,7 +28,7 @@ This class keeps the pytest hooks and what they share (the plan, the running tes
 run ended); the rank's session (:class:`session.RankSession`), its process group
 (:class:`group.GroupKeeper`) and the watchdog own the rest. Which thread owns which field:
 everything here belongs to the main thread, except ``current`` (the watchdog reads it, and
-:class:`gather.Current` says which of its fields the watchdog may write) and, once the watchdog
+:class:`current.Current` says which of its fields the watchdog may write) and, once the watchdog
 has taken a test over, ``ended``, ``aborted`` and ``current`` (the main thread is stuck in the
 test then, and never comes back: the process exits from the watchdog).
 """
@@ -51,7 +51,7 @@ from ..outcome.merge import annotate, merge_test
 from ..outcome.records import RunTest
 from ..outcome.stacks import interruption_message
 from ..outcome.warnings import forward_warnings
-from ..parsing import MAX_SEED
+from ..parsing import MAX_SEED, file_safe
 from ..planning.order import order_seed, reorder, session_seed
 from ..rank import seeding
 from ..rank.groupstate import sequence_numbers
@@ -262,7 +262,7 @@ class LaunchPlugin:
             return False
         assert self.group.ctx is not None
         following = next_shared(self.steps, self.items, cur.index)
-        shared = self.rs.root / "shared" / f"{cur.index}-{_safe(item.name)}"
+        shared = self.rs.root / "shared" / f"{cur.index}-{file_safe(item.name)}"
         self.group.ctx.test = RunTest(
             cur.index, item.nodeid, following.nodeid if following else None, str(shared)
         )
@@ -489,7 +489,3 @@ class LaunchPlugin:
         with contextlib.suppress(Exception):
             _compat.ensure_unconfigure(self.config)
         return int(session.exitstatus)
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:60]

@@ -103,8 +103,7 @@ def forged_report(
     text = (
         f"{tag}: {forged}.\nWhat the rank itself sent for this test may still have come; the "
         "test fails either way, and the run stops after it: its other results could not be "
-        "trusted. Set DISTRANK_SECRET to the same value for every rank (docs/multi-node.md, "
-        "Security), and keep MASTER_PORT out of reach of other users and hosts."
+        f"trusted. {forged.advice}"
     )
     return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=now)
 

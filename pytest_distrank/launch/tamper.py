@@ -2,11 +2,13 @@
 
 Runs in rank 0 of a launched world, in :mod:`gather`'s reads (main thread, or the watchdog
 thread). :class:`channel.Channel` raises :class:`channel.Forged` for a payload whose MAC does not
-verify (:mod:`auth`); here it becomes a note on the running test (:attr:`gather.Current.forged`),
-which starts the failure grace like a rank's failure and ends as a failed report under the rank
-the key speaks for (:func:`report.forged_report`). What it cannot see: a genuine payload that
-someone deleted before rank 0 read it is only noticed through its counter (:func:`check_done`);
-for other keys (an early failure, a stack) its absence reads as the rank's silence.
+verify (:mod:`auth`), or that does not read as its kind (:class:`channel.Malformed`, the key
+named by :mod:`keys`' reader); here it becomes a note on the running test
+(:attr:`current.Current.forged`), which starts the failure grace like a rank's failure and ends
+as a failed report under the rank the key speaks for (:func:`report.forged_report`). What it
+cannot see: a genuine payload that someone deleted before rank 0 read it is only noticed through
+its counter (:func:`check_done`); for other keys (an early failure, a stack) its absence reads as
+the rank's silence.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from pytest import TestReport
 
+from ..outcome.endgame import fill_passed
 from . import keys
 from .channel import Forged
 from .report import forged_report
@@ -59,4 +62,6 @@ def forged_reports(rs: RankSession, cur: Current, per_rank: dict[int, list[TestR
     item = cur.item
     for forged in cur.forged.values():
         report = forged_report(item.nodeid, item.location, rs.world_size, forged, time.time())
-        per_rank.setdefault(forged.rank, []).append(report)
+        reports = per_rank.setdefault(forged.rank, [])
+        fill_passed(reports, item.nodeid, item.location, "call")
+        reports.append(report)

@@ -22,7 +22,7 @@ does not need it:
 
 The watchdog gets the rank's :class:`~session.RankSession` and two callbacks, nothing else: what
 the main thread is running (``current``) and, on rank 0, how to end the run from here
-(``finish``). It writes only what :class:`~gather.Current` says it may (``taken_over``,
+(``finish``). It writes only what :class:`~current.Current` says it may (``taken_over``,
 ``stack_sent``, under the session's lock where the main thread races it).
 """
 

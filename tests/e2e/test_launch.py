@@ -587,6 +587,28 @@ print("forged", flush=True)
 """
 
 
+#: A protocol bug on rank 1: its payloads carry the test index as text (the MAC is genuine).
+MALFORMED = """
+import os
+import pytest
+from pytest_distrank.launch import keys
+
+@pytest.mark.world_size(2)
+def test_index_as_text(rank):
+    if rank == 1:
+        keys.identity = lambda i, nodeid: {"pid": os.getpid(), "index": str(i), "nodeid": nodeid}
+
+@pytest.mark.world_size(2)
+def test_after(rank):
+    pass
+"""
+
+
+def _malformed_world(env: dict[str, str], folder: Path) -> Run:
+    write(folder, {"test_malformed.py": MALFORMED})
+    return torchrun(env, folder, 2, "-rA")
+
+
 def _forge_world(env: dict[str, str], folder: Path) -> Run:
     """torchrun, 2 ranks, and hostile-4 D3's forge beside it (a client of torchrun's store)."""
     write(folder, {"test_forge.py": FORGED_TEST, "forge.py": FORGE})
@@ -742,6 +764,7 @@ WORLDS: dict[str, Callable[[dict[str, str], Path], Run]] = {
     "keyboard-interrupt": _stop_world("keyboard-interrupt"),
     "mismatch": _mismatch_world,
     "forge": _forge_world,
+    "malformed": _malformed_world,
 }
 #: Worlds already launched in this outer session, by name (or why one did not finish).
 _LAUNCHED: dict[str, Run | str] = {}
@@ -1074,6 +1097,33 @@ def test_torchrun_session_ending_exception_on_rank_1_fails_the_test_promptly(
             "whose pytest session ended cannot run the remaining tests, so the launched world "
             "stops here",
             "FAILED *::test_stop - [[]rank 1/2[]] stopped serving in call: *",
+            "*= 1 failed, 1 skipped in *",
+        ],
+    )
+
+
+def test_a_malformed_payload_fails_the_test_naming_the_key(world: Callable[[str], Run]) -> None:
+    """A payload that verifies but does not read as its kind (a protocol bug) is never read as a
+    default: the test fails naming the store key, the payload's key and what was there."""
+    run = world("malformed")
+    assert run.codes == [1], run.outputs[0]
+    run.match(
+        0,
+        [
+            "  rank 1/2  malformed control payload: 'report/0/1' does not read: the PeerReport "
+            "payload's 'index' is '0' (str), not int  <- root cause",
+            "*a rank wrote what this version of pytest-distrank does not read*",
+            "*Run one version of pytest-distrank on every rank; if it is one, please report this.",
+        ],
+    )
+    run.match(
+        0,
+        [
+            "run ended early: a rank wrote a malformed 'report/0/1' in "
+            "test_malformed.py::test_index_as_text: no later result could be trusted",
+            "FAILED test_malformed.py::test_index_as_text - [[]rank 1/2[]] malformed control "
+            "payload: 'report/0/1' does not read: the PeerReport payload's 'index' is '0' (str), "
+            "not int",
             "*= 1 failed, 1 skipped in *",
         ],
     )
