@@ -147,12 +147,6 @@ def too_many_ranks(
     )
 
 
-def skip_reason(spec: DistSpec, policy: GpuPolicy = STRICT) -> str | None:
-    """Why this distributed test cannot run on this machine, or None when it can."""
-    plan = gpu_plan(spec, policy)
-    return plan if isinstance(plan, str) else None
-
-
 def gpu_skip_reason(min_gpus: int) -> str | None:
     """The reason a ``requires_gpus(n)`` test is skipped, or None."""
     if min_gpus <= 0:
@@ -188,6 +182,7 @@ def check_ordinary_test(item: pytest.Item, used: list[str]) -> None:
         pytest.fail(f"{item.nodeid}: {exc}", pytrace=False)
     reason = gpu_skip_reason(gpus)
     if item.get_closest_marker("requires_nccl") is not None:
-        reason = skip_reason(DistSpec(1, "nccl", False, True, gpus))
+        plan = gpu_plan(DistSpec(1, "nccl", False, True, gpus))
+        reason = plan if isinstance(plan, str) else None
     if reason:
         raise _compat.skip_exception(reason)
