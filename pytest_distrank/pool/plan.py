@@ -20,7 +20,7 @@ from ..outcome.expectations import item_expectations
 from ..planning.capabilities import gpu_plan, too_many_ranks
 from ..planning.gpuplan import GpuPolicy
 from ..settings import Value, item_timeout
-from .poolkey import PoolKey
+from .pools.poolkey import PoolKey
 
 
 @dataclasses.dataclass

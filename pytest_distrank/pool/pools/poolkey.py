@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..markers import Simulated
-from ..parsing import size_words
-from ..planning.gpuplan import GpuPlan
+from ...markers import Simulated
+from ...parsing import size_words
+from ...planning.gpuplan import GpuPlan
 
 
 @dataclasses.dataclass(frozen=True)

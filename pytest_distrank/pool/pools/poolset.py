@@ -26,28 +26,28 @@ from typing import Any
 
 import pytest
 
-from .. import _compat
-from ..parsing import parse_seconds
-from ..planning.gpuplan import share_env
-from ..settings import (
+from ... import _compat
+from ...parsing import parse_seconds
+from ...planning.gpuplan import share_env
+from ...settings import (
     LEFTOVERS_IGNORE_ENV,
     LEFTOVERS_IGNORE_THREADS,
     WORLD_SIZE,
     Settings,
     Value,
 )
-from ..settings import PRELOAD as PRELOAD_OPTION
+from ...settings import PRELOAD as PRELOAD_OPTION
+from ..onetest.debugrelay import DebugTerminal
+from ..protocol import DebugSettings, RankConfig
+from ..workerinput import RankInputs
 from .cmdline import coverage_settings, rank_command_line
-from .debugrelay import DebugTerminal
 from .forkserver import stop as stop_server
 from .forkserver import use_socket_folder
 from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
 from .preloads import PRELOAD, plugin_modules
-from .protocol import DebugSettings, RankConfig
 from .stats import PoolStart, Stats
-from .workerinput import RankInputs
 
 #: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
@@ -176,6 +176,14 @@ class PoolSet:
                 timeout = self.start_timeout.value
             pool = self._start(key, nodeids, files, timeout)
             self.live[key] = pool
+        return pool
+
+    def start_apart(
+        self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float
+    ) -> Pool:
+        """A pool of its own, kept out of the live ones: its user stops it (the replays)."""
+        pool = self.get(key, nodeids, files, timeout)
+        del self.live[key]
         return pool
 
     def _note_crowded(self, key: PoolKey, nodeids: list[str]) -> None:

@@ -18,7 +18,7 @@ import ctypes
 import functools
 import os
 
-from ..parsing import parse_bytes
+from ...parsing import parse_bytes
 
 FAKE_GPU_MEMORY_ENV = "DISTRANK_FAKE_GPU_MEMORY"
 
