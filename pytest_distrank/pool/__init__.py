@@ -20,7 +20,8 @@ The processes of pool mode and the modules that run in each:
   collect alike).
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports launcher mode
-(:mod:`pytest_distrank.launch`); the controller's rooms import only the rooms below; the rank side (``worker/``) imports none of the controller-side
-modules, and the modules of both sides import neither side; the shared folders import nothing
-from here except the plugin's gate, lazily.
+(:mod:`pytest_distrank.launch`); the controller's rooms import only the rooms below; the rank
+side (``worker/``) imports none of the controller-side modules, and the modules of both sides
+import neither side; the shared folders import nothing from here except the plugin's gate,
+lazily.
 """
