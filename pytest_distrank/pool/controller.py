@@ -37,9 +37,9 @@ from . import reruns, simreport
 from .crossize import CrossSize
 from .earlystart import EarlyStart
 from .freshretry import FreshRetry
-from .onetest.attempt import TestRun
 from .onetest.debugrelay import DebugTerminal
 from .onetest.interrupts import session_capped, take_signals, with_teardown
+from .onetest.ranks import TestRun
 from .ownreports import (
     charge_pool_start,
     deserializer,

@@ -39,7 +39,7 @@ from ...outcome.endgame import (
     unfinished_report,
 )
 from ...outcome.merge import NOTE_ATTR, VERDICT_ATTR, synthesized_failure
-from ...outcome.records import Reports, RunTest, WarningRecord
+from ...outcome.records import Reports, RunTest
 from ...outcome.stacks import (
     collective_entered,
     read_from,
@@ -53,6 +53,7 @@ from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
 from .exits import Exits, expectation_unmet
 from .interrupts import interrupt_signal
 from .probes import dump_stacks, read_collectives, request_collectives, why_silent
+from .ranks import TestRun
 
 if TYPE_CHECKING:
     from .ranks import Rank, Ranks
@@ -66,32 +67,6 @@ DRAIN_MAX = 1000
 
 Location = tuple[str, int | None, str]
 Deserialize = Callable[[Any], TestReport]
-
-
-@dataclasses.dataclass
-class TestRun:
-    """What one test did on every rank; the input of the merge."""
-
-    reports: dict[int, list[TestReport]]
-    #: Why the pool must not serve another test (the first reason), or None: the pool applies it.
-    broken: str | None = None
-    #: The ranks' sequence numbers to compare the next test's against (the collectives were in
-    #: step), or None to keep the pool's: the pool applies it.
-    next_base: dict[int, dict[str, int]] | None = None
-    #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
-    sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
-    #: Per rank: the warnings the test raised there (Reports.warnings).
-    warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
-    #: Per rank that finished: when it began the test (Reports.started, monotonic seconds).
-    started: dict[int, float] = dataclasses.field(default_factory=dict)
-    #: Lines for the session summary (CUDA memory a test left allocated, Reports.cuda_note;
-    #: what it left behind and was restored, Reports.leftovers).
-    notes: list[str] = dataclasses.field(default_factory=list)
-    #: Per rank: what the test left behind there and was restored, in words (Reports.leftovers).
-    leftovers: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    #: The interrupt (a signal, Ctrl-C) that ended the test: the controller raises it again once
-    #: the test's reports are logged (interrupts.py).
-    interrupted: BaseException | None = None
 
 
 @dataclasses.dataclass

@@ -1,10 +1,11 @@
-"""What one test knows of the pool it runs on: its rank processes and how to reach them.
+"""The seam between one test and its pool: the ranks it reaches, the verdict it returns.
 
 Runs in the controller (pool mode). :class:`Rank` is one rank process's handle (its pipe, pid
 and log); :class:`Ranks` is the small protocol through which one test's code (:mod:`attempt`,
 :mod:`deadlock`, :mod:`debugrelay`, :mod:`exits`) reaches a pool's ranks, so that nothing in this
 folder imports the pools' room above it (:class:`~pytest_distrank.pool.pools.pool.Pool`
-implements it; the unit tests fake it, as pytest-xdist's tests fake a worker).
+implements it; the unit tests fake it, as pytest-xdist's tests fake a worker). :class:`TestRun`
+is what comes back: the ranks' reports for the merge, and the verdict the pool applies.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from __future__ import annotations
 import dataclasses
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any, Protocol
+
+from pytest import TestReport
+
+from ...outcome.records import WarningRecord
 
 if TYPE_CHECKING:
     from ...outcome.endgame import Position
@@ -74,3 +79,29 @@ class Ranks(Protocol):
 
     def output_of_last_test(self, limit: int) -> dict[int, str]:
         """What each rank wrote since the last test started."""
+
+
+@dataclasses.dataclass
+class TestRun:
+    """What one test did on every rank; the input of the merge."""
+
+    reports: dict[int, list[TestReport]]
+    #: Why the pool must not serve another test (the first reason), or None: the pool applies it.
+    broken: str | None = None
+    #: The ranks' sequence numbers to compare the next test's against (the collectives were in
+    #: step), or None to keep the pool's: the pool applies it.
+    next_base: dict[int, dict[str, int]] | None = None
+    #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
+    sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
+    #: Per rank: the warnings the test raised there (Reports.warnings).
+    warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
+    #: Per rank that finished: when it began the test (Reports.started, monotonic seconds).
+    started: dict[int, float] = dataclasses.field(default_factory=dict)
+    #: Lines for the session summary (CUDA memory a test left allocated, Reports.cuda_note;
+    #: what it left behind and was restored, Reports.leftovers).
+    notes: list[str] = dataclasses.field(default_factory=list)
+    #: Per rank: what the test left behind there and was restored, in words (Reports.leftovers).
+    leftovers: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: The interrupt (a signal, Ctrl-C) that ended the test: the controller raises it again once
+    #: the test's reports are logged (interrupts.py).
+    interrupted: BaseException | None = None

@@ -40,11 +40,11 @@ from ...outcome.stacks import (
     where_blocked,
 )
 from ...rank import reaper
-from ..onetest.attempt import Attempt, Deserialize, TestRun
+from ..onetest.attempt import Attempt, Deserialize
 from ..onetest.debugrelay import DebugTerminal
 from ..onetest.exits import Exits
 from ..onetest.probes import dump_stacks, why_silent
-from ..onetest.ranks import Rank
+from ..onetest.ranks import Rank, TestRun
 from ..protocol import (
     Collectives,
     CountCollectives,
