@@ -449,6 +449,8 @@ class Controller:
             signal.signal(signum, signal.SIG_DFL)
         # The fork server would take ~0.5-1 s of interpreter shutdown after pytest's exit.
         self.pools.stop_fork_server()
+        if not self.nested:  # its start made this process the resource tracker's parent
+            _compat.stop_resource_tracker()  # reaped here, not left an orphan (#40)
         if "torch" in sys.modules and not self.nested:
             # The session is over: spare the interpreter's final collection over torch's objects
             # (~0.5 s: interpreter shutdown collects all of torch's objects).

@@ -315,6 +315,7 @@ PRIVATE_SPELLINGS = (
     "_json_report_extra",
     # CPython
     "_forkserver",
+    "_resource_tracker",
     "_start_method",
     "_target",
     "_data",
