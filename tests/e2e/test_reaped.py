@@ -58,9 +58,8 @@ def test_pytest_reaps_every_process_it_started(pytester: pytest.Pytester, ending
 
         @pytest.mark.world_size(2)
         def test_b(rank):
-            assert rank == 0 or "%s" == "passed"
-        """
-        % ending
+            assert rank == 0 or "{ending}" == "passed"
+        """.replace("{ending}", ending)
     )
     wrapper = pytester.path / "wrapper.py"
     wrapper.write_text(WRAPPER)
