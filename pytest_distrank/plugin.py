@@ -149,7 +149,13 @@ def pytest_report_header(config: pytest.Config) -> str | None:
         return None
     from .pool.terminal import header_line
 
-    return header_line(controller, __version__)
+    return header_line(
+        controller.settings,
+        controller.gpu_policy,
+        controller.seed.value,
+        controller.order_seed,
+        __version__,
+    )
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -158,7 +164,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         return
     from .pool.terminal import summary_lines
 
-    lines = summary_lines(controller)
+    lines = summary_lines(controller.stats, controller.pools.notes)
     if lines:
         terminalreporter.write_sep("-", "distrank")
         for line in lines:

@@ -79,6 +79,7 @@ from .mp_internals import (
     kill_fork_server,
     mp_process_config,
     stop_fork_server,
+    stop_resource_tracker,
 )
 from .oneworld import one_rank_world
 from .plugins import (
@@ -249,6 +250,7 @@ __all__ = [
     "skip_exception",
     "skip_mark_reason",
     "stop_fork_server",
+    "stop_resource_tracker",
     "take_suite_rerun",
     "teardown_exact",
     "terminal_writer",

@@ -49,6 +49,18 @@ def stop_fork_server() -> None:
         server._stop()  # closes the server's pipe, reaps it, unlinks its socket
 
 
+def stop_resource_tracker() -> None:
+    """Stop multiprocessing's resource tracker of this process and reap it (``_stop``: closes
+    its pipe, ``waitpid``): the fork server's start made this process its parent, and left
+    running it outlives pytest by a moment and dies an orphan, reaped by init or not at all.
+    When renamed, nothing is stopped (the tracker then ends with the process, as before)."""
+    from multiprocessing import resource_tracker
+
+    tracker: Any = resource_tracker._resource_tracker
+    with contextlib.suppress(OSError, AttributeError, ChildProcessError):
+        tracker._stop()
+
+
 def close_fork_server_alive_fd() -> None:
     """Close a forked rank's copy of the fork server's alive pipe (``_forkserver_alive_fd``); if
     renamed, nothing is closed and ranks outlive a dead controller until PDEATHSIG fires."""

@@ -14,12 +14,10 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
-import re
 import signal
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -28,20 +26,20 @@ from pytest import TestReport
 from .. import _compat
 from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import item_expectations
-from ..outcome.merge import annotate, merge_test
+from ..outcome.finish import finish_test
 from ..outcome.records import RunTest
-from ..outcome.warnings import forward_warnings
+from ..parsing import file_safe
 from ..planning.capabilities import check_ordinary_test
 from ..planning.gpuplan import GpuPolicy
 from ..planning.order import WORKERINPUT_KEY, order_seed, reorder, session_seed
-from ..settings import Settings, Value
+from ..settings import STATS_ENV, Settings, Value
 from . import reruns, simreport
-from .attempt import TestRun
 from .crossize import CrossSize
-from .debugrelay import DebugTerminal
+from .earlystart import EarlyStart
 from .freshretry import FreshRetry
-from .gpus import GpuUnavailable
-from .interrupts import session_capped, take_signals, with_teardown
+from .onetest.debugrelay import DebugTerminal
+from .onetest.interrupts import session_capped, take_signals, with_teardown
+from .onetest.ranks import TestRun
 from .ownreports import (
     charge_pool_start,
     deserializer,
@@ -51,20 +49,13 @@ from .ownreports import (
     teardown_controller_side,
 )
 from .plan import Planned, make_plan
-from .pool import Pool, PoolStartError, PoolUnfit
-from .poolkey import PoolKey
-from .poolset import START_TIMEOUT, PoolSet, SessionStartError
-from .preloads import file_preloads
+from .pools.gpus import GpuUnavailable
+from .pools.pool import Pool, PoolStartError, PoolUnfit
+from .pools.poolkey import PoolKey
+from .pools.poolset import START_TIMEOUT, PoolSet, SessionStartError
 from .replay import Replays
 from .repro import Repro
 from .suites import fresh_notes
-
-#: A path: the controller writes its numbers there as JSON at the end of the session.
-STATS_ENV = "DISTRANK_STATS_FILE"
-
-
-def _keyword_safe(name: str) -> str:
-    return re.sub(r"[^\w.-]+", "_", name)[:60]
 
 
 class Controller:
@@ -110,8 +101,9 @@ class Controller:
         self.interrupted: BaseException | None = None
         #: The controller's terminal, lent to rank debuggers (debugrelay.py).
         self.terminal = self.pools.terminal = DebugTerminal(config)
-        #: Undoes _share_rewrites at the session's end.
-        self._undo_rewrites: Callable[[], None] | None = None
+        #: The fork server's start while pytest collects (earlystart.py).
+        self.early = EarlyStart(config, self.pools, settings, self.nested)
+        config.pluginmanager.register(self.early, "distrank-early-start")
         #: Failures after earlier tests of their pool, replayed after the session (replay.py).
         self.replays = Replays(config, settings.replay, settings.replay_budget)
         #: Harness tests that failed in a warm pool, run again on fresh ranks (freshretry.py).
@@ -138,53 +130,6 @@ class Controller:
             self.pools.notes.extend(fresh_notes(session.items))
         return self.plan
 
-    def _start_fork_server_early(self) -> None:
-        """Start the fork server now: its import of torch (~1.5 s of CPU) then runs beside the
-        controller's own work (collection, which typically imports torch too) instead of after.
-        """
-        if self.pools.fork_server_started or self.settings.start_method.value != "forkserver":
-            return
-        if self.config.option.collectonly or self.nested:
-            return  # nested: a test's in-process session may start no rank at all
-        with self.pools.capture_suspended():
-            self.pools.start_fork_server()  # never raises: a pool start reports a failure
-
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_collect_file(self, file_path: Path) -> None:
-        """A test file that mentions ``world_size`` is about to be imported: start the server.
-
-        A cheap look at the text, before the import; a false positive costs only an idle
-        process.
-        """
-        if not self.pools.fork_server_started and file_path.suffix == ".py":
-            try:
-                text = file_path.read_bytes()
-            except OSError:
-                return
-            if b"world_size" in text:
-                self.pools.file_preloads = file_preloads(text)
-                self._share_rewrites()
-                self._start_fork_server_early()
-
-    def _share_rewrites(self) -> None:
-        """Without bytecode writing, keep the test modules pytest rewrites here for the ranks,
-        which would rewrite each again (_compat.share_rewritten_modules)."""
-        if not sys.dont_write_bytecode or self._undo_rewrites is not None:
-            return
-        # In pytest's basetemp, not the session's folder: that is made at the first pool start,
-        # which reports a failure to make it; the rewritten modules' folder is made when the
-        # first one is written, and is not needed (ranks rewrite for themselves) if it cannot be.
-        try:
-            base = _compat.getbasetemp(self.config)
-        except OSError:
-            return
-        if base is None:
-            return
-        folder = base / "distrank-rewritten"
-        self._undo_rewrites = _compat.share_rewritten_modules(str(folder))
-        if self._undo_rewrites is not None:
-            self.pools.rewritten = str(folder)
-
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
         """pytest-xdist's controller: every worker gets this session seed, so that their random
@@ -200,7 +145,7 @@ class Controller:
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if any(entry.key is not None for entry in self._get_plan(session).values()):
-            self._start_fork_server_early()
+            self.early.start()
 
     # -- controller-side skips and errors ------------------------------------------------------
 
@@ -335,8 +280,7 @@ class Controller:
         assert entry.key is not None and entry.spec is not None
         key, next_nodeid = entry.key, entry.next_nodeid
         if self.settings.isolate.value:
-            self.isolated += 1
-            key, next_nodeid = dataclasses.replace(key, isolated=self.isolated), None
+            key, next_nodeid = self.isolate(key), None
         assert entry.timeout is not None
         timeout = session_capped(self.config, entry.timeout)
         # The ranks tear down for pytest's real next item, as pytest would (under pytest-xdist
@@ -359,21 +303,21 @@ class Controller:
             self.pools.retire(key, pool, run.broken, graceful=False)
         elif next_nodeid is None and not keep_pool:
             self.pools.retire(key, pool, None, graceful=True)
-        merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
-            item=item, reports=run.reports
-        )
-        if merged is None:
-            merged = merge_test(run.reports, key.world_size)
-        if run.interrupted is not None:
-            merged = with_teardown(merged, run.interrupted)
-        forward_warnings(item, run.warnings, key.world_size)
         self.pools.notes.extend(run.notes)
-        charge_pool_start(merged, pool)
-        rerun = self.repro.command(str(item.path), item.nodeid, self.seed.value)
-        annotate(merged, run.reports, key.world_size, pool.pids, rerun)
-        if key.simulated is not None:
-            simreport.relabel(merged, key.simulated)
-        return merged
+        interrupted, simulated = run.interrupted, key.simulated
+        return finish_test(
+            item,
+            run.reports,
+            key.world_size,
+            pool.pids,
+            self.repro.command(str(item.path), item.nodeid, self.seed.value),
+            run.warnings,
+            before=[
+                *([lambda merged: with_teardown(merged, interrupted)] if interrupted else []),
+                lambda merged: charge_pool_start(merged, pool),
+            ],
+            after=[lambda merged: simreport.relabel(merged, simulated)] if simulated else [],
+        )
 
     def _run_on_pool(
         self, item: pytest.Item, key: PoolKey, next_nodeid: str | None, timeout: Value[float]
@@ -406,7 +350,7 @@ class Controller:
                 return error_reports(item, missing_message(item, pool, missing))
             try:
                 run = pool.run(
-                    self._new_test(item, next_nodeid),
+                    self.new_test(item, next_nodeid),
                     item.location,
                     str(item.path),
                     deserializer(item),
@@ -428,14 +372,24 @@ class Controller:
             return pool, run
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _new_test(self, item: pytest.Item, next_nodeid: str | None) -> RunTest:
+    def new_test(self, item: pytest.Item, next_nodeid: str | None) -> RunTest:
         """The message that runs ``item`` on its ranks, with a new index and shared folder."""
         self.next_test_index += 1
         index = self.next_test_index
-        shared_dir = str(self.pools.workdir / "shared" / f"{index}-{_keyword_safe(item.name)}")
+        shared_dir = str(self.pools.workdir / "shared" / f"{index}-{file_safe(item.name)}")
         return self.crossize.amend(item, RunTest(index, item.nodeid, next_nodeid, shared_dir))
 
+    def timeout_of(self, item: pytest.Item) -> Value[float]:
+        """The test's deadline, as in the session (settings.item_timeout)."""
+        plan = self.plan.get(item.nodeid) if self.plan else None
+        return plan.timeout if plan is not None and plan.timeout else self.settings.timeout
+
     # -- pools ---------------------------------------------------------------------------------
+
+    def isolate(self, key: PoolKey) -> PoolKey:
+        """A key of its own: the pool started for it serves no other test."""
+        self.isolated += 1
+        return dataclasses.replace(key, isolated=self.isolated)
 
     def _pool_for(self, key: PoolKey, item: pytest.Item, test_timeout: float) -> Pool:
         """The pool that runs ``item``: its pool's files and tests, or (isolated) its own."""
@@ -462,7 +416,7 @@ class Controller:
         """
         result = yield
         self.stop_errors.extend(self.pools.stop_all())
-        self.replays.run_all(self)  # on fresh pools, before the fork server stops
+        self.replays.run_all(self, self.fresh.spent)  # on fresh pools, before the fork server stops
         return result
 
     @pytest.hookimpl(tryfirst=True)
@@ -480,12 +434,13 @@ class Controller:
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.pools.kill_all()
-        if self._undo_rewrites is not None:
-            self._undo_rewrites()
+        self.early.undo()
         for signum in self._taken_signals:
             signal.signal(signum, signal.SIG_DFL)
         # The fork server would take ~0.5-1 s of interpreter shutdown after pytest's exit.
         self.pools.stop_fork_server()
+        if not self.nested:  # its start made this process the resource tracker's parent
+            _compat.stop_resource_tracker()  # reaped here, not left an orphan (#40)
         if "torch" in sys.modules and not self.nested:
             # The session is over: spare the interpreter's final collection over torch's objects
             # (~0.5 s: interpreter shutdown collects all of torch's objects).

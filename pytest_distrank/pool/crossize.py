@@ -36,8 +36,8 @@ from ..planning.gpuplan import GpuPolicy
 from ..planning.spec import DistSpec
 from ..settings import Value, item_timeout
 from .ownreports import error_reports, skip_reports
-from .poolkey import PoolKey
-from .poolset import START_TIMEOUT
+from .pools.poolkey import PoolKey
+from .pools.poolset import START_TIMEOUT
 
 #: Runs a producer item on a pool of ``key`` with its deadline: the controller's ``_execute``.
 Execute = Callable[[pytest.Function, DistSpec, PoolKey, Value[float]], list[TestReport]]

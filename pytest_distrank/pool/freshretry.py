@@ -30,7 +30,7 @@ import pytest
 from pytest import TestReport
 
 from ..settings import Value
-from .interrupts import interrupt_signal
+from .onetest.interrupts import interrupt_signal
 from .plan import Planned
 from .suites import CASE
 

@@ -21,7 +21,7 @@ from ..outcome.merge import synthesized_failure
 from ..outcome.records import PassedPhase
 
 if TYPE_CHECKING:
-    from .pool import Pool
+    from .pools.pool import Pool
 
 
 def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:

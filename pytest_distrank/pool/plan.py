@@ -23,7 +23,7 @@ from ..planning.gpuplan import GpuPolicy
 from ..planning.plan import ItemPlan, Rules, plan_item
 from ..planning.spec import ISOLATE_INI, DistSpec, wants_fresh_ranks
 from ..settings import Settings, Value
-from .poolkey import PoolKey
+from .pools.poolkey import PoolKey
 
 
 @dataclasses.dataclass

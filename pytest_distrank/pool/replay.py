@@ -22,29 +22,43 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import pytest
 from pytest import TestReport
 
 from ..outcome.expectations import item_expectations
 from ..outcome.merge import merge_test
-from ..settings import REPLAY, Value
-from .gpus import GpuUnavailable
+from ..outcome.records import RunTest
+from ..settings import REPLAY, Settings, Value
 from .ownreports import deserializer
-from .pool import Pool, PoolStartError, PoolUnfit
-from .poolkey import PoolKey
-from .poolset import START_TIMEOUT, STOP_TIMEOUT
+from .pools.gpus import GpuUnavailable
+from .pools.pool import Pool, PoolStartError, PoolUnfit
+from .pools.poolkey import PoolKey
+from .pools.poolset import START_TIMEOUT, STOP_TIMEOUT, PoolSet
+from .pools.stats import Stats
 from .replaysearch import Budget, BudgetSpent, Suspect, Unreachable, Verdict, search, verdict_lines
-from .stats import Stats
-
-if TYPE_CHECKING:
-    from .controller import Controller
 
 #: The summary section's title.
 TITLE = "distrank: order-dependent failures"
 #: The key of the lines in pytest-xdist's ``workeroutput``.
 WORKEROUTPUT_KEY = "distrank_replay_lines"
+
+
+class Session(Protocol):
+    """What the replays use of the session (the controller hands itself in)."""
+
+    settings: Settings
+    pools: PoolSet
+
+    def new_test(self, item: pytest.Item, next_nodeid: str | None) -> RunTest:
+        """The message that runs ``item`` on its ranks."""
+
+    def timeout_of(self, item: pytest.Item) -> Value[float]:
+        """The test's deadline, as in the session."""
+
+    def isolate(self, key: PoolKey) -> PoolKey:
+        """A key of its own: the pool started for it serves nothing else."""
 
 
 def refusal(replay: Value[bool], option: Any) -> str | None:
@@ -102,8 +116,9 @@ class Replays:
             nodeids = tuple(i.nodeid for i in before)
             self.suspects.append(Suspect(item.nodeid, key, nodeids, seconds))
 
-    def run_all(self, controller: Controller) -> None:
-        """Replay every suspect (after the session's pools stopped); a signal ends at once."""
+    def run_all(self, session: Session, spent: float) -> None:
+        """Replay every suspect (after the session's pools stopped); a signal ends at once.
+        ``spent``: the seconds of the budget the harness tests' fresh retries took."""
         suspects, self.suspects = self.suspects, []
         if not suspects:
             return
@@ -116,15 +131,15 @@ class Replays:
                 f"of earlier tests ({REPLAY.flag}=off to skip)"
             )
         budget = Budget(self.budget)
-        budget.started -= controller.fresh.spent  # the harness tests' fresh retries' share
-        pools = controller.pools
+        budget.started -= spent
+        pools = session.pools
         # Replay pools are not the session's: their starts stay out of its numbers.
         saved, pools.stats = pools.stats, Stats()
         try:
             for suspect in suspects:
                 verdict = Verdict(suspect)
                 try:
-                    run = functools.partial(self._run, controller, suspect, budget)
+                    run = functools.partial(self._run, session, suspect, budget)
                     search(verdict, run, budget)
                 finally:
                     self.lines.extend(verdict_lines(verdict))
@@ -133,25 +148,21 @@ class Replays:
             self.items.clear()
 
     def _run(
-        self, controller: Controller, suspect: Suspect, budget: Budget, nodeids: Sequence[str]
+        self, session: Session, suspect: Suspect, budget: Budget, nodeids: Sequence[str]
     ) -> bool:
         """Run ``nodeids`` in order on a fresh pool; whether the last one failed."""
         items = [self.items[nodeid] for nodeid in nodeids]
-        controller.isolated += 1
-        key = dataclasses.replace(suspect.key, isolated=controller.isolated)
+        key = session.isolate(suspect.key)
         files = sorted({str(item.path) for item in items})
-        start, _ = budget.cap(
-            max(START_TIMEOUT, *(self._timeout(controller, i).value for i in items))
-        )
+        start, _ = budget.cap(max(START_TIMEOUT, *(session.timeout_of(i).value for i in items)))
         try:
-            pool = controller.pools.get(key, list(dict.fromkeys(nodeids)), files, start)
+            pool = session.pools.start_apart(key, list(dict.fromkeys(nodeids)), files, start)
         except (PoolStartError, GpuUnavailable) as exc:
             if budget.spent():
                 raise BudgetSpent from None
             raise Unreachable(f"fresh ranks did not start: {exc}") from None
-        controller.pools.live.pop(key, None)
         try:
-            return self._sequence(controller, pool, items, budget)
+            return self._sequence(session, pool, items, budget)
         except BaseException:
             pool.kill()  # a signal, a broken pool, the budget: no rank outlives it
             raise
@@ -160,17 +171,17 @@ class Replays:
             pool.finish_stop(STOP_TIMEOUT)  # errors of a replay's teardown are not the session's
 
     def _sequence(
-        self, controller: Controller, pool: Pool, items: list[pytest.Item], budget: Budget
+        self, session: Session, pool: Pool, items: list[pytest.Item], budget: Budget
     ) -> bool:
-        settings = controller.settings
+        settings = session.settings
         missing = sorted({r.rank for r in pool.ready for i in items if i.nodeid in r.missing})
         if missing:
             raise Unreachable(f"ranks {missing} did not collect every test to replay")
         failed = False
         for index, item in enumerate(items):
             last = index == len(items) - 1
-            timeout, cut = budget.cut(self._timeout(controller, item))
-            test = controller._new_test(item, None if last else items[index + 1].nodeid)
+            timeout, cut = budget.cut(session.timeout_of(item))
+            test = session.new_test(item, None if last else items[index + 1].nodeid)
             try:
                 run = pool.run(
                     test,
@@ -194,12 +205,6 @@ class Replays:
             elif run.broken:
                 raise Unreachable(f"{item.nodeid} broke its fresh pool: {run.broken}")
         return failed
-
-    @staticmethod
-    def _timeout(controller: Controller, item: pytest.Item) -> Value[float]:
-        """The test's deadline, as in the session (settings.item_timeout)."""
-        plan = controller.plan.get(item.nodeid) if controller.plan else None
-        return plan.timeout if plan is not None and plan.timeout else controller.settings.timeout
 
     # -- the summary section, and pytest-xdist's workers --------------------------------------
 

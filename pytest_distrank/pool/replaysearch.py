@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 
 from ..outcome.endgame import effective_timeout
 from ..settings import REPLAY_BUDGET, Value
-from .interrupts import interrupt_signal
-from .poolkey import PoolKey
+from .onetest.interrupts import interrupt_signal
+from .pools.poolkey import PoolKey
 
 
 class Unreachable(Exception):

@@ -45,7 +45,7 @@ def test_plain():
 #: the interpreter lives under /root, which that user cannot read.
 OTHER_USER = """
 import encodings.ascii, os, sys
-from pytest_distrank.pool import gpus
+from pytest_distrank.pool.pools import gpus
 os.setgid(65534)
 os.setuid(65534)
 lease = gpus.lease(int(os.environ["DISTRANK_FAKE_GPU_COUNT"]), sys.argv[1], wait=0)

@@ -45,7 +45,7 @@ def test_lease(rank):
 #: Holds the locks of GPUs 0..N-1 (or that many bytes of each) like a pool would, until killed.
 HOLDER = """
 import sys, time
-from pytest_distrank.pool import gpus
+from pytest_distrank.pool.pools import gpus
 lease = gpus.lease(int(sys.argv[2]), sys.argv[1], wait=0, memory=int(sys.argv[3]))
 print("holding", lease.cuda_visible_devices, flush=True)
 time.sleep(600)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pytest_distrank import plugin
-from pytest_distrank.pool.cmdline import REWRITE_WARNING_FILTER, rank_command_line
+from pytest_distrank.pool.pools.cmdline import REWRITE_WARNING_FILTER, rank_command_line
 from pytest_distrank.pool.protocol import RankCommandLine
 from pytest_distrank.pool.workerinput import WorkerInput
 

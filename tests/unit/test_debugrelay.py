@@ -5,7 +5,7 @@ from __future__ import annotations
 import types
 from typing import Any
 
-from pytest_distrank.pool.debugrelay import DebugTerminal
+from pytest_distrank.pool.onetest.debugrelay import DebugTerminal
 from pytest_distrank.settings import Value
 
 
@@ -27,11 +27,13 @@ def _terminal() -> tuple[DebugTerminal, _Reporter]:
 
 
 def _pool(pool_id: int, size: int) -> Any:
-    key = types.SimpleNamespace(
-        world_size=size, describe=lambda: f"world_size={size}, backend=gloo"
-    )
     ranks = [types.SimpleNamespace(pid=100 + r) for r in range(size)]
-    return types.SimpleNamespace(id=pool_id, key=key, ranks=ranks)
+    return types.SimpleNamespace(
+        id=pool_id,
+        world_size=size,
+        describe=lambda: f"world_size={size}, backend=gloo",
+        ranks=ranks,
+    )
 
 
 def test_a_debug_rank_no_pool_has_is_said_once_per_world_size() -> None:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pytest_distrank.pool.freshretry import FreshRetry
 from pytest_distrank.pool.plan import Planned
-from pytest_distrank.pool.poolkey import PoolKey
+from pytest_distrank.pool.pools.poolkey import PoolKey
 from pytest_distrank.pool.suites import CASE, Case
 from pytest_distrank.settings import Value
 

@@ -16,7 +16,7 @@ from pytest_distrank.planning.gpuplan import (
     parse_version,
     plan_gpus,
 )
-from pytest_distrank.pool.poolkey import PoolKey
+from pytest_distrank.pool.pools.poolkey import PoolKey
 
 SHARE = GpuPolicy(oversubscribe=True, oversubscribe_source="--distrank-gpu-oversubscribe")
 SHARE_OR_GLOO = GpuPolicy(True, "gloo", "DISTRANK_GPU_OVERSUBSCRIBE=1 (environment)")

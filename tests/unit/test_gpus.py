@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.pool import gpus
-from pytest_distrank.pool.poolkey import PoolKey
+from pytest_distrank.pool.pools import gpus
+from pytest_distrank.pool.pools.poolkey import PoolKey
 from pytest_distrank.settings import Value
 
 
@@ -290,7 +290,7 @@ def shared_folder() -> Iterator[Path]:
 #: could, and hold it. Imports first, while still root: the interpreter may live under /root.
 OTHER_USER = """
 import encodings.ascii, os, sys, time
-from pytest_distrank.pool import gpus
+from pytest_distrank.pool.pools import gpus
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)

@@ -12,6 +12,9 @@ function):
   the plugin, torch only where a function needs it; pool mode's controller side imports none;
 - ``rank/`` and ``pool/worker/`` import nothing of pool mode's controller side or of launcher
   mode; pool mode's modules of both sides import neither side;
+- pool mode's controller side is three rooms, lowest first: ``pool/onetest/`` (one test on one
+  pool) imports nothing of ``pool/pools/`` (the pools) or of the session's modules at the top of
+  ``pool/``; ``pool/pools/`` imports nothing of the session's;
 - the two modes never import each other, and the shared folders (the top level, ``planning/``,
   ``rank/``, ``outcome/``) import no mode, except the plugin's gate, lazily;
 - ``api/`` (what a user's test calls) is imported only by the package's ``__init__`` and
@@ -60,10 +63,11 @@ PACKAGES = {m for m, p in FILES.items() if p.stem == "__init__"}
 
 def folder_of(module: str) -> str:
     """The layout's folder of a module or package: "" (the top level), ``planning``, ``rank``,
-    ``outcome``, ``_compat``, ``pool``, ``pool/worker`` or ``launch``."""
+    ``outcome``, ``_compat``, ``pool``, ``pool/onetest``, ``pool/pools``, ``pool/worker`` or
+    ``launch``."""
     parts = module.split(".")
-    if parts[:2] == ["pool", "worker"]:
-        return "pool/worker"
+    if parts[:2] in (["pool", "worker"], ["pool", "onetest"], ["pool", "pools"]):
+        return "/".join(parts[:2])
     if module in PACKAGES:
         return module.replace(".", "/")
     return "/".join(parts[:-1])
@@ -76,13 +80,34 @@ def in_folder(*folders: str) -> set[str]:
 #: What a user touches: the only modules at the top level (beside the package ``_compat/``).
 TOP_LEVEL = {"plugin", "hookspecs", "settings", "parsing", "markers", "fixtures"}
 #: The folders of the layout.
-FOLDERS = {"", "_compat", "planning", "rank", "api", "outcome", "pool", "pool/worker", "launch"}
+FOLDERS = {
+    "",
+    "_compat",
+    "planning",
+    "rank",
+    "api",
+    "outcome",
+    "pool",
+    "pool/onetest",
+    "pool/pools",
+    "pool/worker",
+    "launch",
+}
 #: Pool mode's modules that both of its processes import: its messages, plugins' values for the
 #: ranks, and the harness classes it takes over (collected alike in the controller and ranks).
 BOTH_SIDES = {"pool.protocol", "pool.workerinput", "pool.suites"}
-POOL_CONTROLLER = in_folder("pool") - BOTH_SIDES
+#: The controller side's rooms, lowest first: one test on one pool, the pools, the session.
+ONE_TEST = in_folder("pool/onetest")
+POOLS = in_folder("pool/pools")
+SESSION = in_folder("pool") - BOTH_SIDES
+POOL_CONTROLLER = ONE_TEST | POOLS | SESSION
 RANK_SIDE = in_folder("pool/worker", "rank")
-POOL = in_folder("pool", "pool/worker") | {"pool", "pool.worker"}
+POOL = in_folder("pool", "pool/onetest", "pool/pools", "pool/worker") | {
+    "pool",
+    "pool.onetest",
+    "pool.pools",
+    "pool.worker",
+}
 LAUNCH = in_folder("launch") | {"launch"}
 #: What both modes use; of the top level, the plugin's gate alone picks a mode (lazily).
 SHARED = in_folder("", "_compat", "planning", "rank", "outcome") - {"plugin"}
@@ -142,7 +167,7 @@ def test_the_import_reader_resolves_relative_imports() -> None:
     assert {"pool.protocol", "outcome.records", "pool.worker.rankgroup", "_compat"} <= imports_of(
         "pool.worker.main"
     )
-    assert {"rank", "rank.reaper"} <= imports_of("pool.pool")
+    assert {"rank", "rank.reaper"} <= imports_of("pool.pools.pool")
     assert "launch.channel" in imports_of("launch.plugin")
     assert "pool.worker.main" in imports_of("plugin")
 
@@ -169,9 +194,22 @@ def test_launcher_mode_imports_nothing_of_pool_mode(module: str) -> None:
     assert own(imports_of(module)) & POOL == set()
 
 
-@pytest.mark.parametrize("module", sorted(in_folder("pool", "pool/worker")))
+@pytest.mark.parametrize(
+    "module", sorted(POOL - {"pool", "pool.onetest", "pool.pools", "pool.worker"})
+)
 def test_pool_mode_imports_nothing_of_launcher_mode(module: str) -> None:
     assert own(imports_of(module)) & LAUNCH == set()
+
+
+@pytest.mark.parametrize("module", sorted(ONE_TEST))
+def test_one_test_reaches_its_pool_only_through_the_ranks_protocol(module: str) -> None:
+    """``pool/onetest/`` imports neither the pools' room nor the session's modules."""
+    assert own(imports_of(module)) & (POOLS | SESSION) == set()
+
+
+@pytest.mark.parametrize("module", sorted(POOLS))
+def test_the_pools_import_nothing_of_the_session(module: str) -> None:
+    assert own(imports_of(module)) & SESSION == set()
 
 
 @pytest.mark.parametrize("module", sorted(SHARED))
@@ -369,6 +407,7 @@ PRIVATE_SPELLINGS = (
     "_json_report_extra",
     # CPython
     "_forkserver",
+    "_resource_tracker",
     "_start_method",
     "_target",
     "_data",

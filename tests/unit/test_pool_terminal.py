@@ -1,5 +1,5 @@
-"""Unit tests of the controller's header and summary lines (pool/terminal.py), on a stand-in
-controller: the end-to-end sessions (tests/e2e/test_basics.py) check one real header and summary
+"""Unit tests of the controller's header and summary lines (pool/terminal.py), from stand-in
+values: the end-to-end sessions (tests/e2e/test_basics.py) check one real header and summary
 each; the wording of every part is checked here."""
 
 from __future__ import annotations
@@ -8,20 +8,13 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 from pytest_distrank.planning.gpuplan import STRICT
-from pytest_distrank.pool.controller import Controller
-from pytest_distrank.pool.stats import PoolStart, Stats
+from pytest_distrank.pool.pools.stats import PoolStart, Stats
 from pytest_distrank.pool.terminal import header_line, summary_lines
-from pytest_distrank.settings import Value
+from pytest_distrank.settings import Settings, Value
 
 
-def controller(
-    stats: Stats | None = None,
-    notes: tuple[str, ...] = (),
-    seed: int | None = 1234,
-    order_seed: int | None = None,
-    **options: Any,
-) -> Controller:
-    """A controller with the default settings but ``options`` (name -> value)."""
+def header(seed: int | None = 1234, order_seed: int | None = None, **options: Any) -> str:
+    """The header with the default settings but ``options`` (name -> value)."""
     settings = {
         "timeout": Value(300.0, "default"),
         "isolate": Value(False, "default"),
@@ -32,23 +25,17 @@ def controller(
         "order": Value(("collected", None), "default"),
     }
     settings.update({name: Value(value, "command line") for name, value in options.items()})
-    fake = SimpleNamespace(
-        settings=SimpleNamespace(**settings),
-        gpu_policy=STRICT,
-        stats=stats or Stats(),
-        pools=SimpleNamespace(notes=list(notes)),
-        seed=Value(seed, "picked at random"),
-        order_seed=order_seed,
+    return header_line(
+        cast(Settings, SimpleNamespace(**settings)), STRICT, seed, order_seed, "1.2"
     )
-    return cast(Controller, fake)
 
 
 def test_the_header_says_every_setting_and_where_the_timeout_came_from() -> None:
-    assert header_line(controller(), "1.2") == (
+    assert header() == (
         "distrank: 1.2, backend gloo, start method forkserver, seed 1234 (--distrank-seed to "
         "repeat), timeout 300 s (default), default world size 2"
     )
-    changed = controller(
+    changed = header(
         start_method="spawn",
         world_size=3,
         isolate=True,
@@ -57,31 +44,29 @@ def test_the_header_says_every_setting_and_where_the_timeout_came_from() -> None
         seed=None,
         order=("reverse", None),
     )
-    assert header_line(changed, "1.2") == (
+    assert changed == (
         "distrank: 1.2, backend gloo, start method spawn, seed off, order reverse, timeout none "
         "(command line), default world size 3, isolate, preload heavy,json"
     )
-    shuffled = controller(order=("random", None), order_seed=1234)
-    assert ", seed 1234 (--distrank-seed to repeat), order random:1234, " in header_line(
-        shuffled, "1.2"
-    )
+    shuffled = header(order=("random", None), order_seed=1234)
+    assert ", seed 1234 (--distrank-seed to repeat), order random:1234, " in shuffled
 
 
 def test_no_distributed_test_no_summary() -> None:
-    assert summary_lines(controller()) == []
+    assert summary_lines(Stats(), []) == []
 
 
 def test_only_ordinary_tests_still_show_what_ran_in_ranks() -> None:
     """An ordinary test that requested a fixture at another world size: its line stays."""
     note = "fixture 'ckpt' (world size 4) passed (ran in 2.31 s, before test_x.py::test_a)"
-    assert summary_lines(controller(notes=(note,))) == [note]
+    assert summary_lines(Stats(), [note]) == [note]
 
 
 def test_one_test_in_one_pool() -> None:
     stats = Stats(tests=1, pools_started={(2, ""): 1})
     stats.pools.append(PoolStart(2, 0.5, 0.1, 0.4, after_fault=False))
     stats.test_seconds.append(0.0065)
-    assert summary_lines(controller(stats)) == [
+    assert summary_lines(stats, []) == [
         "1 distributed test; pools started: 1 at world size 2",
         "pool start: median 0.50 s",
         "per-test wall time in the controller: median 6.5 ms",
@@ -92,7 +77,7 @@ def test_pools_are_counted_per_size_in_order_and_faults_and_notes_follow() -> No
     started = {(4, ""): 1, (2, ""): 4, (1, ""): 1, (3, ""): 1, (4, "local"): 1}
     stats = Stats(tests=32, pools_started=started)
     stats.replaced.append("world_size=2, backend=gloo: rank 1 crashed in test_a.py::test_b")
-    lines = summary_lines(controller(stats, notes=("world size 512 on 2 CPU cores: slow",)))
+    lines = summary_lines(stats, ["world size 512 on 2 CPU cores: slow"])
     assert lines == [
         "32 distributed tests; pools started: 1 at world size 1, 4 at world size 2, "
         "1 at world size 3, 1 at world size 4, 1 at world size 4 simulated (local)",
@@ -101,5 +86,5 @@ def test_pools_are_counted_per_size_in_order_and_faults_and_notes_follow() -> No
         "world size 512 on 2 CPU cores: slow",
     ]
     assert (
-        summary_lines(controller(Stats(tests=3)))[0] == "3 distributed tests; pools started: none"
+        summary_lines(Stats(tests=3), [])[0] == "3 distributed tests; pools started: none"
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_distrank.pool import preloads
+from pytest_distrank.pool.pools import preloads
 
 SOURCE = b"""
 import os

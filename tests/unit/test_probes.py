@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_distrank.pool.probes import why_silent
+from pytest_distrank.pool.onetest.probes import why_silent
 from pytest_distrank.rank.reaper import proc_stat
 
 

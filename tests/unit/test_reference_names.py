@@ -144,7 +144,7 @@ def test_the_options_row_of_the_environment_names_every_options_variable() -> No
 
 #: Modules that still spell a variable of their own, to import it from ``settings`` instead
 #: (the pool's controller side, being moved into rooms elsewhere). Remove each when it does.
-NOT_YET = {"pool/controller.py", "pool/poolset.py", "pool/gpumemory.py"}
+NOT_YET: set[str] = set()
 
 
 def test_the_variables_are_spelled_in_settings_only() -> None:

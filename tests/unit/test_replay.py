@@ -14,9 +14,9 @@ from typing import Any, cast
 import pytest
 from pytest import TestReport
 
-from pytest_distrank.pool.interrupts import signal_interrupt
-from pytest_distrank.pool.pool import Pool
-from pytest_distrank.pool.poolkey import PoolKey
+from pytest_distrank.pool.onetest.interrupts import signal_interrupt
+from pytest_distrank.pool.pools.pool import Pool
+from pytest_distrank.pool.pools.poolkey import PoolKey
 from pytest_distrank.pool.replay import TITLE, WORKEROUTPUT_KEY, Replays, refusal
 from pytest_distrank.pool.replaysearch import (
     Budget,

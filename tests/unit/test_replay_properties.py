@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_distrank.outcome.endgame import effective_timeout
-from pytest_distrank.pool.poolkey import PoolKey
+from pytest_distrank.pool.pools.poolkey import PoolKey
 from pytest_distrank.pool.replaysearch import (
     ALONE,
     Budget,

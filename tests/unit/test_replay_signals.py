@@ -11,7 +11,7 @@ from pytest import TestReport
 
 from pytest_distrank.outcome.endgame import Endgame, Position, Unfinished, unfinished_report
 from pytest_distrank.outcome.merge import merge_test
-from pytest_distrank.pool.interrupts import signal_interrupt, with_teardown
+from pytest_distrank.pool.onetest.interrupts import signal_interrupt, with_teardown
 
 NODEID = "t.py::test_x"
 LOC = ("t.py", 3, "test_x")

@@ -11,7 +11,7 @@ import pytest
 from pytest import TestReport
 
 from pytest_distrank.outcome.merge import COLLATERAL_ATTR
-from pytest_distrank.pool.cmdline import rank_command_line
+from pytest_distrank.pool.pools.cmdline import rank_command_line
 from pytest_distrank.pool.reruns import (
     ROOT_CAUSES,
     Judged,

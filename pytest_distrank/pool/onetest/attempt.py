@@ -1,12 +1,13 @@
 """One test on one pool: wait by the end-of-test rule, account for every message, judge the rest.
 
-Runs in the controller (pool mode). :meth:`pool.Pool.run` sends the test to every rank and hands
-over to an :class:`Attempt`, which owns what this one test has gathered: the ranks' reports, the
-:class:`~endgame.Endgame` state, the sequence numbers and warnings each rank sent with its last
-reports. It waits on the ranks' pipes and sentinels until the rule says the test is over, turns
-crashes and ranks that did not finish into failed reports saying where each rank was, and runs
-the checks after the test (:mod:`outcome.checks`) that decide whether the pool may serve the next
-test.
+Runs in the controller (pool mode). ``Pool.run`` (pools/pool.py) sends the test to every rank and
+hands over to an :class:`Attempt`, which owns what this one test has gathered: the ranks'
+reports, the :class:`~endgame.Endgame` state, the sequence numbers and warnings each rank sent
+with its last reports. It reaches the ranks only through the :class:`~ranks.Ranks` protocol and
+waits on their pipes and sentinels until the rule says the test is over, turns crashes and ranks
+that did not finish into failed reports saying where each rank was, and runs the checks after
+the test (:mod:`outcome.checks`) that decide whether the pool may serve the next test: it
+*returns* that verdict (:attr:`TestRun.broken`, :attr:`TestRun.next_base`) for the pool to apply.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from ..outcome.checks import (
+from ...outcome.checks import (
     foreign_report,
     forked_report,
     is_own,
@@ -26,8 +27,9 @@ from ..outcome.checks import (
     sequences_in_step,
     unmatched_collectives,
 )
-from ..outcome.collectives import Verdict, crash_verdict, explain, load
-from ..outcome.endgame import (
+from ...outcome.collectives import Verdict, crash_verdict, explain, load
+from ...outcome.endgame import (
+    FOREVER,
     LATE,
     LATE_REASON,
     Endgame,
@@ -36,24 +38,25 @@ from ..outcome.endgame import (
     fill_passed,
     unfinished_report,
 )
-from ..outcome.merge import VERDICT_ATTR, synthesized_failure
-from ..outcome.records import Reports, RunTest, WarningRecord
-from ..outcome.stacks import (
+from ...outcome.merge import NOTE_ATTR, VERDICT_ATTR, synthesized_failure
+from ...outcome.records import Reports, RunTest
+from ...outcome.stacks import (
     collective_entered,
     read_from,
     signal_name,
     trim_fault_dump,
     where_blocked,
 )
+from ..protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank, RankNote
 from .deadlock import Watch
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
-from .exits import Exits
+from .exits import Exits, expectation_unmet
 from .interrupts import interrupt_signal
 from .probes import dump_stacks, read_collectives, request_collectives, why_silent
-from .protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank, RankNote
+from .ranks import TestRun
 
 if TYPE_CHECKING:
-    from .pool import Pool, Rank
+    from .ranks import Rank, Ranks
 
 #: Bound on the ranks' flight-recorder answers once their stacks are in (a dump: tens of ms).
 FR_WAIT = 1.0
@@ -67,33 +70,13 @@ Deserialize = Callable[[Any], TestReport]
 
 
 @dataclasses.dataclass
-class TestRun:
-    """What one test did on every rank; the input of the merge."""
-
-    reports: dict[int, list[TestReport]]
-    broken: str | None = None
-    #: Per rank: its groups' sequence numbers after the test (Reports.sequence).
-    sequence: dict[int, dict[str, int]] = dataclasses.field(default_factory=dict)
-    #: Per rank: the warnings the test raised there (Reports.warnings).
-    warnings: dict[int, tuple[WarningRecord, ...]] = dataclasses.field(default_factory=dict)
-    #: Per rank that finished: when it began the test (Reports.started, monotonic seconds).
-    started: dict[int, float] = dataclasses.field(default_factory=dict)
-    #: Lines for the session summary (CUDA memory a test left allocated, Reports.cuda_note;
-    #: what it left behind and was restored, Reports.leftovers).
-    notes: list[str] = dataclasses.field(default_factory=list)
-    #: Per rank: what the test left behind there and was restored, in words (Reports.leftovers).
-    leftovers: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
-    #: The interrupt (a signal, Ctrl-C) that ended the test: the controller raises it again once
-    #: the test's reports are logged (interrupts.py).
-    interrupted: BaseException | None = None
-
-
-@dataclasses.dataclass
 class Attempt:
     """One test, sent to every rank of ``pool``; :meth:`run` waits for it and judges it."""
 
-    pool: Pool
+    pool: Ranks
     test: RunTest
+    #: Per rank: its groups' sequence numbers after the last test found in step.
+    sequence_base: dict[int, dict[str, int]]
     location: Location
     test_file: str
     deserialize: Deserialize
@@ -125,14 +108,18 @@ class Attempt:
         self.result = TestRun({r.rank: [] for r in self.pool.ranks})
         live = next((r for r in self.pool.ranks if r.rank == self.live_rank), None)
         if live is not None and self.terminal is not None and self.terminal.reporter is not None:
-            label = f"rank {live.rank}/{self.pool.key.world_size}"
+            label = f"rank {live.rank}/{self.pool.world_size}"
             self.tail = LiveTail(self.terminal, label, live.log_path, live.log_offset)
         if self.end_deadlocks:
             self.watch = Watch(self.pool, self.game, self.test_file, self.sent_ns)
-        self.exits.start(self)
+        if self.exits.expected:  # the survivors run on to show how they handled the death
+            self.game.grace = FOREVER
 
     def run(self) -> TestRun:
         """Wait until the end-of-test rule says the test is over; then judge what is left.
+
+        Returns the verdict for the pool to apply (``broken``, ``next_base``): nothing here
+        writes the pool's state.
 
         An interrupt while waiting (SIGTERM, SIGINT: a CI cancel) ends the test as a deadline
         would: the ranks still running are judged, and the interrupt travels on in the result.
@@ -143,20 +130,21 @@ class Attempt:
         except KeyboardInterrupt as exc:
             game.note_interrupt(time.monotonic(), interrupt_signal(exc))
             self.result.interrupted = exc
-            self._unfit(f"interrupted by {game.interrupt} in {self.test.nodeid}")
+            self.unfit(f"interrupted by {game.interrupt} in {self.test.nodeid}")
         if self.tail is not None:
             self.tail.pump(final=True)
         self.judging = True
         if game.pending:
             self._unfinished()
-        self.exits.finish(self)
+        self.exits.finish(
+            self.result.reports, game, self.test.nodeid, self.location, pool.world_size
+        )
         if self.crashes:
             self._explain_crashes()
         if not pool.closed:
             self._strays()
-        if not pool.closed and pool.broken is None:
+        if not pool.closed and self.result.broken is None:
             self._check_collectives()
-        self.result.broken = pool.broken
         self.result.notes.extend(leftover_lines(self.test.nodeid, self.result.leftovers))
         return self.result
 
@@ -201,9 +189,9 @@ class Attempt:
             for rank, message in messages:
                 self._take(rank, message)
 
-    def _unfit(self, why: str) -> None:
+    def unfit(self, why: str) -> None:
         """The pool must not serve another test (the first reason is kept)."""
-        self.pool.broken = self.pool.broken or why
+        self.result.broken = self.result.broken or why
 
     # -- messages ------------------------------------------------------------------------------
 
@@ -216,21 +204,23 @@ class Attempt:
             self._debug(rank, message)
             return
         if isinstance(message, RankNote):
-            self.exits.note(self, rank, message)
+            if self.exits.note(test.index, rank, message):
+                game.grace = FOREVER
             return
-        if message is None and self.exits.died(self, rank):
+        if message is None and rank.rank in self.exits.expected:
+            self._died_as_expected(rank)
             return
         now = time.monotonic()
         if isinstance(message, Reports) and message.index != test.index:
             # Reports of an earlier test (a fork of it, sending late): credited to no test.
-            self._unfit(
+            self.unfit(
                 f"rank {rank.rank} sent reports for {message.nodeid} from pid {message.pid} "
                 f"during {test.nodeid}: a process forked by that test?"
             )
             return
-        ws = self.pool.key.world_size
+        ws = self.pool.world_size
         if isinstance(message, Reports) and not is_own(rank.pid, message, test):
-            self._unfit(f"rank {rank.rank} sent foreign reports in {test.nodeid}")
+            self.unfit(f"rank {rank.rank} sent foreign reports in {test.nodeid}")
             report = foreign_report(rank.rank, rank.pid, ws, message, test, self.location)
             result.reports[rank.rank].append(report)
             game.note_reports(rank.rank, [report], now)
@@ -242,16 +232,36 @@ class Attempt:
             if message.done:
                 self._finished(rank, message)
             return
-        result.reports[rank.rank].append(self._crash_report(rank, message))
+        result.reports[rank.rank].append(self.crash_report(rank, message))
         status = "stopped serving" if isinstance(message, Fatal) else "crashed"
-        self._unfit(f"rank {rank.rank} {status} in {test.nodeid}")
+        self.unfit(f"rank {rank.rank} {status} in {test.nodeid}")
         game.note_lost(rank.rank, status, now)
+
+    def _died_as_expected(self, rank: Rank) -> None:
+        """A rank its test expected to exit died: as expected (passed, noted) or not (a crash
+        saying which expectation it did not meet); its pool is replaced either way."""
+        rank.process.join(5)
+        status = rank.process.exitcode
+        death = self.exits.judge(rank.rank, status, read_from(rank.log_path, rank.log_offset))
+        reports, nodeid = self.result.reports[rank.rank], self.test.nodeid
+        self.unfit(f"rank {rank.rank} exited ({signal_name(status)}) {death.words}in {nodeid}")
+        if death.unmet is None:
+            fill_passed(reports, nodeid, self.location, "end")
+            call = next((r for r in reports if r.when == "call"), reports[-1] if reports else None)
+            if call is not None:
+                setattr(call, NOTE_ATTR, death.note)
+            self.game.lost.add(rank.rank)  # gone, as expected: no grace for its peers
+            return
+        report = self.crash_report(rank, None)
+        expectation_unmet(report, death.unmet)
+        reports.append(report)
+        self.game.note_lost(rank.rank, "crashed", time.monotonic())
 
     def _debug(self, rank: Rank, message: FromRank) -> None:
         """A rank's debugger wants the terminal: serve it alone, the test's clocks stopped."""
         if not isinstance(message, DebugOpen):
             return  # the tail of a session that already ended (its rank died mid-way)
-        label = f"rank {rank.rank}/{self.pool.key.world_size}"
+        label = f"rank {rank.rank}/{self.pool.world_size}"
         nodeid = self.test.nodeid
         if self.terminal is None or self.judging:
             rank.conn.send(DebugReply(False, "the test's time is up; its ranks are being stopped"))
@@ -289,21 +299,21 @@ class Attempt:
         self.result.warnings[rank.rank] = message.warnings
         self.result.started[rank.rank] = message.started
         if message.forks:
-            ws = self.pool.key.world_size
+            ws = self.pool.world_size
             report = forked_report(rank.rank, ws, message.forks, self.test.nodeid, self.location)
             self.result.reports[rank.rank].append(report)
-            self._unfit(f"{self.test.nodeid} left forked processes")
+            self.unfit(f"{self.test.nodeid} left forked processes")
         if message.pg_problem:
-            self._unfit(f"{self.test.nodeid} {message.pg_problem}")
+            self.unfit(f"{self.test.nodeid} {message.pg_problem}")
         if message.leftovers:
             self.result.leftovers[rank.rank] = message.leftovers
         if message.cuda_note:
-            ws = self.pool.key.world_size
+            ws = self.pool.world_size
             self.result.notes.append(
                 f"CUDA memory: {self.test.nodeid} {message.cuda_note} on rank {rank.rank}/{ws}"
             )
 
-    def _crash_report(self, rank: Rank, message: object) -> TestReport:
+    def crash_report(self, rank: Rank, message: object) -> TestReport:
         """A rank that died or stopped serving during the test: what it was doing, its output."""
         test = self.test
         pos = self.pool.position(rank, test)
@@ -321,7 +331,7 @@ class Attempt:
             if entered:
                 crash += f" inside {entered.split(',')[0]}"
                 self.crashes[rank.rank] = (status, entered)
-            text = f"rank {rank.rank}/{self.pool.key.world_size} {crash}.\n"
+            text = f"rank {rank.rank}/{self.pool.world_size} {crash}.\n"
             if output.strip():
                 text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
             else:
@@ -355,9 +365,7 @@ class Attempt:
             dumps = self._records(alive)
         rank = min(self.crashes)
         status, entered = self.crashes[rank]
-        verdict = crash_verdict(
-            rank, status, entered, dumps, self.sent_ns, "gloo" in pool.key.backend
-        )
+        verdict = crash_verdict(rank, status, entered, dumps, self.sent_ns, "gloo" in pool.backend)
         setattr(self.crash_reports[rank], VERDICT_ATTR, verdict)
 
     # -- ranks that did not finish -------------------------------------------------------------
@@ -384,7 +392,7 @@ class Attempt:
             {rank: where_blocked(dump, self.test_file) for rank, dump in stacks.items() if dump},
             finished=game.finished,
             lost=game.lost,
-            world_size=pool.key.world_size,
+            world_size=pool.world_size,
         )
         for rank, message in pool.wait_for(stuck, 0.0):
             self._take(rank, message)
@@ -402,7 +410,7 @@ class Attempt:
             return
         self_failed = {r.rank for r in stuck if failed_itself(result.reports[r.rank])}
         if any(r not in late for r in stuck):
-            self._unfit(self._why_killed(stuck, self_failed))
+            self.unfit(self._why_killed(stuck, self_failed))
         now = time.monotonic()
         for rank in stuck:
             pos = positions[rank.rank]
@@ -422,7 +430,7 @@ class Attempt:
                 collective=story.lines.get(rank.rank, "") if story else "",
                 verdict=story.verdict if story else Verdict(),
             )
-            ws = pool.key.world_size
+            ws = pool.world_size
             report = unfinished_report(
                 test.nodeid, self.location, self.test_file, rank.rank, ws, info, time.time()
             )
@@ -454,13 +462,13 @@ class Attempt:
         pool, test = self.pool, self.test
         for rank, message in pool.wait_for(pool.ranks, 0.0):
             if isinstance(message, Reports) and not is_own(rank.pid, message, test):
-                ws = pool.key.world_size
+                ws = pool.world_size
                 report = foreign_report(rank.rank, rank.pid, ws, message, test, self.location)
                 self.result.reports[rank.rank].append(report)
-                self._unfit(f"rank {rank.rank} sent foreign reports")
+                self.unfit(f"rank {rank.rank} sent foreign reports")
             elif message is None:
                 status = signal_name(rank.process.exitcode)
-                self._unfit(f"rank {rank.rank} died ({status}) right after {test.nodeid}")
+                self.unfit(f"rank {rank.rank} died ({status}) right after {test.nodeid}")
 
     def _check_collectives(self) -> None:
         """Did every rank issue the same collectives on each group during the test?
@@ -468,21 +476,21 @@ class Attempt:
         Sequence numbers first (free), the flight recorder only when they differ (checks.py).
         """
         pool, result = self.pool, self.result
-        if sequences_in_step(result.sequence, pool.sequence_base):
-            pool.sequence_base = dict(result.sequence)
+        if sequences_in_step(result.sequence, self.sequence_base):
+            result.next_base = dict(result.sequence)
             return
         counts = pool.count_collectives()
         if counts is None:
-            self._unfit(
+            self.unfit(
                 "sequence numbers of a process group differ between ranks after "
                 f"{self.test.nodeid} (point-to-point ops, or a collective only some ranks "
                 "issued) and the flight recorder could not tell which (TORCH_FR_BUFFER_SIZE=0?): "
                 "replaced to be safe"
             )
             return
-        ws = pool.key.world_size
+        ws = pool.world_size
         for rank, report, why in unmatched_collectives(counts, ws, self.test, self.location):
             result.reports[rank].append(report)
-            self._unfit(why)
-        if pool.broken is None:
-            pool.sequence_base = dict(result.sequence)
+            self.unfit(why)
+        if result.broken is None:
+            result.next_base = dict(result.sequence)

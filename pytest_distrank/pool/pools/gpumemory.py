@@ -18,9 +18,8 @@ import ctypes
 import functools
 import os
 
-from ..parsing import parse_bytes
-
-FAKE_GPU_MEMORY_ENV = "DISTRANK_FAKE_GPU_MEMORY"
+from ...parsing import parse_bytes
+from ...settings import FAKE_GPU_MEMORY_ENV
 
 
 class _Memory(ctypes.Structure):

@@ -26,36 +26,34 @@ from typing import Any
 
 import pytest
 
-from .. import _compat
-from ..parsing import parse_seconds
-from ..planning.gpuplan import share_env
-from ..settings import (
+from ... import _compat
+from ...parsing import parse_seconds
+from ...planning.gpuplan import share_env
+from ...settings import (
     LEFTOVERS_IGNORE_ENV,
     LEFTOVERS_IGNORE_THREADS,
+    START_TIMEOUT_ENV,
     WORLD_SIZE,
     Settings,
     Value,
 )
-from ..settings import PRELOAD as PRELOAD_OPTION
+from ...settings import PRELOAD as PRELOAD_OPTION
+from ..onetest.debugrelay import DebugTerminal
+from ..protocol import DebugSettings, RankConfig
+from ..workerinput import RankInputs
 from .cmdline import coverage_settings, rank_command_line
-from .debugrelay import DebugTerminal
 from .forkserver import stop as stop_server
 from .forkserver import use_socket_folder
 from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
 from .preloads import PRELOAD, plugin_modules
-from .protocol import DebugSettings, RankConfig
 from .stats import PoolStart, Stats
-from .workerinput import RankInputs
 
 #: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
 #: A pool must be ready within this long (or the test's own timeout, if that is longer).
 START_TIMEOUT = 120.0
-#: Seconds every pool start, the fork server's included, may take, instead of the controller's
-#: START_TIMEOUT (or the test's timeout if longer). A test seam, and a way out on slow machines.
-START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
 #: A pool with more ranks than this per CPU core gets a line in the summary: slow to start.
 RANKS_PER_CORE = 8
 
@@ -176,6 +174,14 @@ class PoolSet:
                 timeout = self.start_timeout.value
             pool = self._start(key, nodeids, files, timeout)
             self.live[key] = pool
+        return pool
+
+    def start_apart(
+        self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float
+    ) -> Pool:
+        """A pool of its own, kept out of the live ones: its user stops it (the replays)."""
+        pool = self.get(key, nodeids, files, timeout)
+        del self.live[key]
         return pool
 
     def _note_crowded(self, key: PoolKey, nodeids: list[str]) -> None:

@@ -39,9 +39,13 @@ from typing import Any
 
 import pytest
 
-from .. import _compat
-from .protocol import RankCommandLine
-from .worker.rankreruns import FILTER_OPTIONS
+from ... import _compat
+from ..protocol import RankCommandLine
+from ..worker.rankreruns import FILTER_OPTIONS
+
+#: The plugin's module, found among the registered plugins (importing it here would close an
+#: import cycle: the plugin imports the controller, which imports this module).
+PLUGIN_MODULE = "pytest_distrank.plugin"
 
 #: The fork server imported the plugin before the rank's pytest session could mark it for
 #: assertion rewriting; that warning must not become an error under filterwarnings=error or -W
@@ -122,9 +126,10 @@ def _plugin_name(config: pytest.Config) -> str:
     (``pytest_distrank.plugin``) when ``-p``, ``PYTEST_PLUGINS`` or a conftest's
     ``pytest_plugins`` imported it from a checkout that is not installed.
     """
-    from .. import plugin
-
-    return config.pluginmanager.get_name(plugin) or "distrank"
+    for name, registered in config.pluginmanager.list_name_plugin():
+        if getattr(registered, "__name__", None) == PLUGIN_MODULE:
+            return name
+    return "distrank"
 
 
 def _as_int(value: Any) -> int:

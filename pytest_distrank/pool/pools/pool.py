@@ -18,10 +18,10 @@ import os
 import signal
 import time
 from collections.abc import Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any
 
-from ..outcome.endgame import (
+from ...outcome.endgame import (
     AFTER_TEARDOWN,
     BEFORE_SETUP,
     NOT_RECEIVED,
@@ -29,9 +29,9 @@ from ..outcome.endgame import (
     Position,
     clamp_wait,
 )
-from ..outcome.expectations import ExpectedExit
-from ..outcome.records import Reports, RunTest
-from ..outcome.stacks import (
+from ...outcome.expectations import ExpectedExit
+from ...outcome.records import Reports, RunTest
+from ...outcome.stacks import (
     format_stack,
     read_from,
     signal_name,
@@ -39,14 +39,13 @@ from ..outcome.stacks import (
     user_file,
     where_blocked,
 )
-from ..rank import reaper
-from .attempt import Attempt, Deserialize, TestRun
-from .debugrelay import DebugTerminal
-from .exits import Exits
-from .gpus import GpuLease
-from .poolkey import PoolKey
-from .probes import dump_stacks, why_silent
-from .protocol import (
+from ...rank import reaper
+from ..onetest.attempt import Attempt, Deserialize
+from ..onetest.debugrelay import DebugTerminal
+from ..onetest.exits import Exits
+from ..onetest.probes import dump_stacks, why_silent
+from ..onetest.ranks import Rank, TestRun
+from ..protocol import (
     Collectives,
     CountCollectives,
     DebugOpen,
@@ -60,7 +59,9 @@ from .protocol import (
     Stopped,
     phase_slots,
 )
-from .worker.entry import rank_main
+from ..worker.entry import rank_main
+from .gpus import GpuLease
+from .poolkey import PoolKey
 
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).
@@ -83,17 +84,6 @@ class PoolUnfit(Exception):
 
 class PoolStartError(Exception):
     """A pool that could not start; the message names the rank and shows its output."""
-
-
-@dataclasses.dataclass
-class Rank:
-    rank: int
-    process: Any
-    conn: Connection
-    log_path: str
-    #: Kept apart from ``process``: it stays readable after the process object is closed.
-    pid: int
-    log_offset: int = 0
 
 
 class Pool:
@@ -144,6 +134,21 @@ class Pool:
     @property
     def pids(self) -> list[int]:
         return [r.pid for r in self.ranks]
+
+    @property
+    def world_size(self) -> int:
+        return self.key.world_size
+
+    @property
+    def backend(self) -> str:
+        return self.key.backend
+
+    def describe(self) -> str:
+        return self.key.describe()
+
+    def marks(self, rank: Rank) -> tuple[int, int]:
+        phase_slot, index_slot = phase_slots(rank.rank)
+        return self.phases[phase_slot], self.phases[index_slot]
 
     # -- start ---------------------------------------------------------------------------------
 
@@ -341,6 +346,7 @@ class Pool:
         attempt = Attempt(
             self,
             sent.test,
+            dict(self.sequence_base),
             location,
             test_file,
             deserialize,
@@ -351,7 +357,11 @@ class Pool:
             end_deadlocks,
             Exits(dict(expected or {})),
         )
-        return attempt.run()
+        run = attempt.run()
+        self.broken = self.broken or run.broken
+        if run.next_base is not None:
+            self.sequence_base = run.next_base
+        return run
 
     def position(self, rank: Rank, test: RunTest) -> Position:
         """Where ``rank`` was in ``test`` when last seen, from the shared phase array."""

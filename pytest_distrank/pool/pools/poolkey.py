@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..parsing import size_words
-from ..planning.gpuplan import GpuPlan
-from ..planning.meshes import Simulated
+from ...parsing import size_words
+from ...planning.gpuplan import GpuPlan
+from ...planning.meshes import Simulated
 
 
 @dataclasses.dataclass(frozen=True)

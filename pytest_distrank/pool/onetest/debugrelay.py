@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..settings import Value
-from .protocol import (
+from ...settings import Value
+from ..protocol import (
     DebugClose,
     DebugLine,
     DebugOpen,
@@ -41,7 +41,7 @@ from .protocol import (
 )
 
 if TYPE_CHECKING:
-    from .pool import Pool, Rank
+    from .ranks import Rank, Ranks
 
 #: Under -s: at most this many bytes of each rank's output are echoed per test.
 ECHO_LIMIT = 1024 * 1024
@@ -70,15 +70,15 @@ class DebugTerminal:
     def capman(self) -> Any:
         return self.config.pluginmanager.get_plugin("capturemanager")
 
-    def announce_debug_rank(self, pool: Pool, live: Value[int | None]) -> None:
+    def announce_debug_rank(self, pool: Ranks, live: Value[int | None]) -> None:
         """``--distrank-debug-rank``: name the rank's pid once per pool (for py-spy, gdb)."""
-        rank, size = live.value, pool.key.world_size
+        rank, size = live.value, pool.world_size
         if rank is None or pool.id in self._announced:
             return
         if rank >= size:  # said once per world size: a size the option reaches in no pool
             ranks = "rank 0 only" if size == 1 else f"ranks 0-{size - 1}"
             self.say(
-                f"{live.source}: pool {pool.key.describe()} has no rank {rank} ({ranks}), so "
+                f"{live.source}: pool {pool.describe()} has no rank {rank} ({ranks}), so "
                 "none of its ranks is debugged; the option picks that rank in every pool that "
                 "has one",
                 once=f"debug rank beyond world size {size}",
@@ -87,12 +87,12 @@ class DebugTerminal:
         self._announced.add(pool.id)
         pid = pool.ranks[rank].pid
         self.say(
-            f"rank {rank}/{pool.key.world_size} of pool {pool.key.describe()} is pid {pid}: its "
+            f"rank {rank}/{pool.world_size} of pool {pool.describe()} is pid {pid}: its "
             f"output is shown live, its stdin is this terminal ({live.source}); to see its "
             f"stack: py-spy dump --pid {pid}"
         )
 
-    def echo_rank_output(self, pool: Pool, live_rank: int | None) -> None:
+    def echo_rank_output(self, pool: Ranks, live_rank: int | None) -> None:
         """Under ``-s`` ranks write straight to their logs; show it, one line per rank line.
 
         Shown when the test ends (not live), each line prefixed with its rank, so that the
@@ -104,7 +104,7 @@ class DebugTerminal:
         for rank, text in pool.output_of_last_test(ECHO_LIMIT).items():
             if rank == live_rank:
                 continue
-            tag = f"[rank {rank}/{pool.key.world_size}] "
+            tag = f"[rank {rank}/{pool.world_size}] "
             for line in text.splitlines():
                 reporter.write_line(tag + line)
 
@@ -208,7 +208,7 @@ class DebugTerminal:
                 verb = "quit" if closed.quit else "continue"
                 self.reporter.write_sep(">", f"PDB {verb} in {label}")
 
-    def serve_start(self, pool: Pool, rank: Rank, opened: DebugOpen) -> list[FromRank | None]:
+    def serve_start(self, pool: Ranks, rank: Rank, opened: DebugOpen) -> list[FromRank | None]:
         """A debugger a rank opens while its pool starts (``breakpoint()`` in
         ``pytest_distrank_rank_setup`` or in a test module it imports), served as a test's
         (or refused, with why); returns what else the rank sent meanwhile (None: it died)."""
@@ -219,8 +219,8 @@ class DebugTerminal:
                 for _, got in pool.wait_for([rank], SIGNAL_CHECK):
                     return got
 
-        label = f"rank {rank.rank}/{pool.key.world_size}"
-        what = f"the start of pool {pool.key.describe()}"
+        label = f"rank {rank.rank}/{pool.world_size}"
+        what = f"the start of pool {pool.describe()}"
         self.serve(label, opened, what, receive, rank.conn.send, others.append)
         return others
 

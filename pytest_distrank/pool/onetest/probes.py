@@ -15,14 +15,14 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from ..outcome.endgame import DUMP_WAIT
-from ..outcome.stacks import read_from
-from ..rank.reaper import proc_stat
-from .worker.main import DUMP_SIGNAL
-from .worker.rankfr import FR_SIGNAL, fr_path
+from ...outcome.endgame import DUMP_WAIT
+from ...outcome.stacks import read_from
+from ...rank.reaper import proc_stat
+from ..worker.main import DUMP_SIGNAL
+from ..worker.rankfr import FR_SIGNAL, fr_path
 
 if TYPE_CHECKING:
-    from .pool import Rank
+    from .ranks import Rank
 
 
 def request_collectives(ranks: list[Rank]) -> None:

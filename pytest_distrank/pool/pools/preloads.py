@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from .. import _compat
-from ..settings import FAKE_GPU_COUNT_ENV
+from ... import _compat
+from ...settings import FAKE_GPU_COUNT_ENV
 
 #: Modules the fork server imports once, so that every rank starts with them in memory. The last
 #: one freezes the fork server's heap (cheap exit, copy-on-write friendly ranks).

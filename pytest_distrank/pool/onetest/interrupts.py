@@ -28,8 +28,8 @@ import time
 import pytest
 from pytest import TestReport
 
-from ..outcome.endgame import effective_timeout
-from ..settings import Value
+from ...outcome.endgame import effective_timeout
+from ...settings import Value
 
 #: The shortest deadline a test gets when the session's time is (nearly) up.
 MIN_LEFT = 0.1

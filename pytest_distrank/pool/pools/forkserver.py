@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .. import _compat
+from ... import _compat
 
 #: The longest ``AF_UNIX`` socket path on Linux, in bytes (``sun_path`` is 108 with its NUL), and
 #: the name multiprocessing gives the fork server's socket in its folder.

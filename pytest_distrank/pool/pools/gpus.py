@@ -41,9 +41,9 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..parsing import size_words
-from ..planning.capabilities import visible_gpu_count
-from ..settings import GPU_LOCK_DIR, GPU_WAIT, Value
+from ...parsing import size_words
+from ...planning.capabilities import visible_gpu_count
+from ...settings import GPU_LOCK_DIR, GPU_WAIT, Value
 from . import lockfolder
 from .gpumemory import total_memory
 from .lockfolder import UnsafeFolder

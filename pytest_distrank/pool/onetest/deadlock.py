@@ -33,16 +33,15 @@ import dataclasses
 import time
 from typing import TYPE_CHECKING
 
-from ..outcome.collectives import Verdict, explain, load
-from ..outcome.endgame import effective_timeout
-from ..outcome.progress import WATCH_EVERY, Stillness, waits_on_work
-from ..outcome.stacks import collective_entered
+from ...outcome.collectives import Verdict, explain, load
+from ...outcome.endgame import effective_timeout
+from ...outcome.progress import WATCH_EVERY, Stillness, waits_on_work
+from ...outcome.stacks import collective_entered
 from .probes import dump_stacks, read_collectives, request_collectives
-from .protocol import phase_slots
 
 if TYPE_CHECKING:
-    from ..outcome.endgame import Endgame
-    from .pool import Pool
+    from ...outcome.endgame import Endgame
+    from .ranks import Ranks
 
 #: Bound on the ranks' answers to a records request.
 ANSWER_WAIT = 1.0
@@ -52,7 +51,7 @@ ANSWER_WAIT = 1.0
 class Watch:
     """The progress of one test's ranks, and the probe once they stand still."""
 
-    pool: Pool
+    pool: Ranks
     game: Endgame
     test_file: str
     #: Wall clock (ns) when the test was sent: records after it are the test's.
@@ -76,7 +75,7 @@ class Watch:
         pending = [r for r in self.pool.ranks if r.rank in self.game.pending]
         if not pending:
             return False
-        marks = tuple(tuple(self.pool.phases[i] for i in phase_slots(r.rank)) for r in pending)
+        marks = tuple(self.pool.marks(r) for r in pending)
         pids = [r.pid for r in pending]
         if self.stillness.observe(now, marks, pids) or not self.stillness.still(now):
             return False
@@ -104,7 +103,7 @@ class Watch:
             self.sent_ns,
             finished=self.game.finished,
             lost=self.game.lost,
-            world_size=self.pool.key.world_size,
+            world_size=self.pool.world_size,
             timeout_s=effective_timeout(self.game.timeout),
         )
         if story is None or not story.verdict.proven:

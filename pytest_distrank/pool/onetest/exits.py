@@ -12,34 +12,43 @@ reports, its row saying so; its pool is replaced as after any crash. One that di
 a crash whose row says which expectation was not met; one that survived fails the test the same
 way. Every injected fault that fired is listed in
 its rank's report (a section ``distrank: injected fault``), so nobody mistakes it for a real
-crash.
+crash. This module judges and words; the attempt applies (it owns the test's reports and clocks).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..outcome.endgame import FOREVER, fill_passed
-from ..outcome.expectations import (
-    ExpectedExit,
-    met_note,
-    survived,
-    unmet_death,
-)
-from ..outcome.merge import NOTE_ATTR, synthesized_failure
-from ..outcome.stacks import read_from, signal_name
-from .protocol import RankNote
+from ...outcome.expectations import ExpectedExit, met_note, survived, unmet_death
+from ...outcome.merge import NOTE_ATTR, synthesized_failure
 
 if TYPE_CHECKING:
     from pytest import TestReport
 
-    from .attempt import Attempt
-    from .pool import Rank
+    from ...outcome.endgame import Endgame
+    from ..protocol import RankNote
+    from .ranks import Rank
 
 #: The title of the report section that lists a rank's injected faults.
 SECTION = "distrank: injected fault"
+Location = tuple[str, int | None, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Death:
+    """How an expected rank's death met its expectations."""
+
+    #: What it did not meet (``exited with 1, not 3``), or None: it died as expected.
+    unmet: str | None
+    #: The line for the rank's row when it met them.
+    note: str
+
+    @property
+    def words(self) -> str:
+        return "as expected " if self.unmet is None else ""
 
 
 @dataclasses.dataclass
@@ -55,15 +64,12 @@ class Exits:
     #: death must meet both.
     earlier: dict[int, ExpectedExit] = dataclasses.field(default_factory=dict)
 
-    def start(self, attempt: Attempt) -> None:
-        if self.expected:
-            attempt.game.grace = FOREVER
-
-    def note(self, attempt: Attempt, rank: Rank, message: RankNote) -> None:
+    def note(self, index: int, rank: Rank, message: RankNote) -> bool:
         """A rank's :class:`~protocol.RankNote` (sent before it acts), credited only when it
-        is this test's and came from that rank's own process through its own pipe."""
-        if (message.index, message.rank, message.pid) != (attempt.test.index, rank.rank, rank.pid):
-            return
+        is this test's (``index``) and came from that rank's own process through its own pipe.
+        True when it expects a new death (the failure grace is then off)."""
+        if (message.index, message.rank, message.pid) != (index, rank.rank, rank.pid):
+            return False
         if message.injected:
             self.injected.setdefault(message.rank, []).append((message.when, message.injected))
         if message.source and message.code is None:  # it lived: judged in the rank
@@ -77,69 +83,56 @@ class Exits:
             self.expected[message.rank] = ExpectedExit(
                 message.rank, message.code, "", message.source
             )
-            attempt.game.grace = FOREVER
+            return True
+        return False
 
-    def died(self, attempt: Attempt, rank: Rank) -> bool:
-        """``rank`` died during the test; True when it was expected to exit (handled here)."""
-        expected = self.expected.get(rank.rank)
-        if expected is None:
-            return False
-        test, now = attempt.test, time.monotonic()
-        rank.process.join(5)
-        status = rank.process.exitcode
-        output = read_from(rank.log_path, rank.log_offset)
-        earlier = self.earlier.get(rank.rank)
+    def judge(self, rank: int, status: int | None, output: str) -> Death:
+        """An expected rank died with ``status`` after writing ``output``: did it meet every
+        expectation (its marker's and a kill's)?"""
+        expected = self.expected[rank]
+        earlier = self.earlier.get(rank)
         why = unmet_death(expected, status, output) or (
             None if earlier is None else unmet_death(earlier, status, output)
         )
-        reports = attempt.result.reports[rank.rank]
-        attempt.pool.broken = attempt.pool.broken or (
-            f"rank {rank.rank} exited ({signal_name(status)}) "
-            f"{'as expected ' if why is None else ''}in {test.nodeid}"
-        )
         if why is None:
-            self.met.add(rank.rank)
-            fill_passed(reports, test.nodeid, attempt.location, "end")
-            call = next((r for r in reports if r.when == "call"), reports[-1] if reports else None)
-            if call is not None:
-                setattr(call, NOTE_ATTR, met_note(expected, status))
-            attempt.game.lost.add(rank.rank)  # gone, as expected: no grace for its peers
-            return True
-        report = attempt._crash_report(rank, None)
-        _expectation_unmet(report, why)
-        reports.append(report)
-        attempt.game.note_lost(rank.rank, "crashed", now)
-        return True
+            self.met.add(rank)
+        return Death(why, met_note(expected, status))
 
-    def finish(self, attempt: Attempt) -> None:
+    def finish(
+        self,
+        reports: Mapping[int, list[TestReport]],
+        game: Endgame,
+        nodeid: str,
+        location: Location,
+        world_size: int,
+    ) -> None:
         """After the wait: ranks that were expected to exit and did not; the fired faults."""
-        result, test, ws = attempt.result, attempt.test, attempt.pool.key.world_size
         for rank, expected in sorted(self.expected.items()):
-            if rank in self.met or rank in attempt.game.lost:
+            if rank in self.met or rank in game.lost:
                 continue
-            how = "finished the test" if rank in attempt.game.finished else "did not end"
+            how = "finished the test" if rank in game.finished else "did not end"
             why = survived(expected, how)
-            crash = f"rank {rank}/{ws} {why}"
+            crash = f"rank {rank}/{world_size} {why}"
             report = synthesized_failure(
-                test.nodeid,
-                attempt.location,
+                nodeid,
+                location,
                 "call",
                 crash,
-                f"{crash}\n(in {test.nodeid})",
+                f"{crash}\n(in {nodeid})",
                 note=f"did not exit: it {why}",
                 stop=time.time(),
             )
-            result.reports[rank].append(report)
+            reports[rank].append(report)
         for rank, lines in self.injected.items():
-            reports = result.reports.get(rank, [])
+            rank_reports = reports.get(rank, [])
             for when, line in lines:
-                target = next((r for r in reports if r.when == when), None)
-                target = target or (reports[-1] if reports else None)
+                target = next((r for r in rank_reports if r.when == when), None)
+                target = target or (rank_reports[-1] if rank_reports else None)
                 if target is not None:
                     target.sections.append((SECTION, line))
 
 
-def _expectation_unmet(report: TestReport, why: str) -> None:
+def expectation_unmet(report: TestReport, why: str) -> None:
     """A crash report of a rank that was expected to exit another way: say so first."""
     note = getattr(report, NOTE_ATTR, "")
     setattr(report, NOTE_ATTR, f"{note}, but it {why}")
