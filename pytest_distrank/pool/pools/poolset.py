@@ -20,7 +20,7 @@ import os
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
 from .preloads import PRELOAD, plugin_modules
 from .stats import PoolStart, Stats
+from .templates import Kind, Templates, fork_from
 
 #: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
@@ -91,6 +92,8 @@ class PoolSet:
         self.config = config
         self.settings = settings
         self.live: dict[PoolKey, Pool] = {}
+        #: Template ranks that fresh pools are forked from, by kind (templates.py).
+        self.templates = Templates()
         #: Pools asked to stop, collected at the next retirement or at the session's end.
         self.stopping: list[Pool] = []
         #: Teardown errors of pools collected before the session's end, shown at its end.
@@ -212,10 +215,104 @@ class PoolSet:
         if gpu_lease is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
         env.update(share_env(key.gpu_share))  # several ranks per GPU: NCCL's switch
-        self.next_pool_id += 1
-        pool_id = self.next_pool_id
         coverage = coverage_settings(self.config)
         debug = self.debug_settings()
+        pool_id, configs = self._configs(key, nodeids, files, env, workdir, coverage, debug)
+        with self.capture_suspended():
+            try:
+                started_at = time.monotonic()
+                context, parent_pid = self.mp_context(timeout)
+                fork = None
+                if self._forks_fresh_ranks(key, coverage, debug):
+                    made = (nodeids, files, env, workdir, timeout, context, parent_pid)
+                    fork = self._templates(key, *made)
+                    phases = str(workdir / f"pool{pool_id}.phases")
+                    configs = [dataclasses.replace(c, phases_path=phases) for c in configs]
+                fork_server_wait = time.monotonic() - started_at
+                pool = Pool(key, pool_id, context, configs, parent_pid, fork)
+            except BaseException:
+                if gpu_lease is not None:
+                    gpu_lease.release()
+                raise
+            pool.lease = gpu_lease
+            started = self.stats.pools_started
+            sim = key.simulated
+            kind = (sim.size, sim.mode) if sim is not None else (key.world_size, "")
+            started[kind] = started.get(kind, 0) + 1
+            try:
+                pool.start(timeout, self.terminal)
+            except BaseException:
+                pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
+                raise
+        pool.uncharged = pool.start_seconds + fork_server_wait
+        self.stats.pools.append(
+            PoolStart(
+                world_size=key.world_size,
+                start_seconds=pool.start_seconds + fork_server_wait,
+                fork_seconds=pool.fork_seconds + fork_server_wait,
+                ready_seconds=pool.ready_seconds,
+                after_fault=key in self.killed_keys,
+            )
+        )
+        return pool
+
+    def _forks_fresh_ranks(
+        self, key: PoolKey, coverage: dict[str, Any] | None, debug: DebugSettings
+    ) -> bool:
+        """Whether this pool's fresh ranks are forked from templates (see templates.py)."""
+        return (
+            key.isolated != 0
+            and self.settings.fresh_ranks.value == "fork"
+            and self.settings.start_method.value == "forkserver"
+            and coverage is None
+            and not (debug.post_mortem or debug.trace or debug.live_rank is not None)
+            and key.simulated is None
+            and key.gpus == 0
+        )
+
+    def _templates(
+        self,
+        key: PoolKey,
+        nodeids: list[str],
+        files: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        timeout: float,
+        context: Any,
+        parent_pid: int,
+    ) -> Callable[[RankConfig, Any], Any]:
+        """How the pool's ranks start: forked from the templates of its kind (started now, the
+        first time; a pool start's errors if they cannot start)."""
+        kind = Kind(dataclasses.replace(key, isolated=0), tuple(files))
+        template = self.templates.get(kind)
+        if template is None:
+            debug = DebugSettings()
+            tid, configs = self._configs(kind.key, nodeids, files, env, workdir, None, debug)
+            configs = [dataclasses.replace(c, template=True) for c in configs]
+            template = Pool(kind.key, tid, context, configs, parent_pid)
+            try:
+                template.start(timeout, self.terminal)
+            except BaseException:
+                template.kill()
+                raise
+            for old in self.templates.add(kind, template):
+                old.request_stop()  # after its children's pools: stopping is collected in order
+                self.stopping.append(old)
+        return fork_from(template)
+
+    def _configs(
+        self,
+        key: PoolKey,
+        nodeids: list[str],
+        files: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        coverage: dict[str, Any] | None,
+        debug: DebugSettings,
+    ) -> tuple[int, list[RankConfig]]:
+        """A new pool number and its ranks' configurations."""
+        self.next_pool_id += 1
+        pool_id = self.next_pool_id
         configs = [
             RankConfig(
                 rank=rank,
@@ -254,37 +351,7 @@ class PoolSet:
             )
             for rank in range(key.world_size)
         ]
-        with self.capture_suspended():
-            try:
-                started_at = time.monotonic()
-                context, parent_pid = self.mp_context(timeout)
-                fork_server_wait = time.monotonic() - started_at
-                pool = Pool(key, pool_id, context, configs, parent_pid)
-            except BaseException:
-                if gpu_lease is not None:
-                    gpu_lease.release()
-                raise
-            pool.lease = gpu_lease
-            started = self.stats.pools_started
-            sim = key.simulated
-            kind = (sim.size, sim.mode) if sim is not None else (key.world_size, "")
-            started[kind] = started.get(kind, 0) + 1
-            try:
-                pool.start(timeout, self.terminal)
-            except BaseException:
-                pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
-                raise
-        pool.uncharged = pool.start_seconds + fork_server_wait
-        self.stats.pools.append(
-            PoolStart(
-                world_size=key.world_size,
-                start_seconds=pool.start_seconds + fork_server_wait,
-                fork_seconds=pool.fork_seconds + fork_server_wait,
-                ready_seconds=pool.ready_seconds,
-                after_fault=key in self.killed_keys,
-            )
-        )
-        return pool
+        return pool_id, configs
 
     def debug_settings(self) -> DebugSettings:
         """What the ranks' debuggers do: ``--pdb``, ``--trace``, ``--distrank-debug-rank``."""
@@ -472,9 +539,10 @@ class PoolSet:
         """
         pools = list(self.live.values())
         self.live.clear()
-        for pool in pools:
+        templates = self.templates.take_all()  # after the pools forked from them
+        for pool in [*pools, *templates]:
             pool.request_stop()
-        self.stopping.extend(pools)
+        self.stopping.extend([*pools, *templates])
         errors = [*self.stop_errors, *self._collect_stopping()]
         self.stop_errors.clear()
         return errors
@@ -483,6 +551,7 @@ class PoolSet:
         """Last resort at unconfigure: nothing the plugin started outlives the session."""
         for pool in [*self.live.values(), *self.stopping]:
             pool.kill()
+        self.templates.kill_all()
         self.live.clear()
         self.stopping.clear()
 
