@@ -1,8 +1,9 @@
 """The controller's pools: start them (through the fork server), reuse, retire, stop, count.
 
 Runs in the controller. :class:`PoolSet` owns every :class:`~pool.Pool` of the session, the fork
-server they come from, the private working folder (stores, rank logs, shared folders) and the
-numbers the ``distrank`` summary and ``DISTRANK_STATS_FILE`` report. The controller asks it for
+server they come from (:class:`~forkserver.ForkServer`), the rank templates fresh pools are
+forked from (templates.py), the private working folder (stores, rank logs, shared folders) and
+the numbers the ``distrank`` summary and ``DISTRANK_STATS_FILE`` report. The controller asks it for
 the pool of a key and tells it when a pool is done or broken.
 
 What a pool start needs beyond its ranks fails as an error of the tests that needed it, never of
@@ -15,10 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,17 +35,14 @@ from ...settings import (
     Settings,
     Value,
 )
-from ...settings import PRELOAD as PRELOAD_OPTION
 from ..onetest.debugrelay import DebugTerminal
 from ..protocol import DebugSettings, RankConfig
 from ..workerinput import RankInputs
 from .cmdline import coverage_settings, rank_command_line
-from .forkserver import stop as stop_server
-from .forkserver import use_socket_folder
+from .forkserver import START_TIMEOUT_ENV, ForkServer, SessionStartError
 from .gpus import GpuFolderError, GpuLease, SessionLeases
-from .pool import Pool, PoolStartError
+from .pool import Pool
 from .poolkey import PoolKey
-from .preloads import PRELOAD, plugin_modules
 from .stats import PoolStart, Stats
 from .templates import Kind, Templates, fork_from
 
@@ -56,18 +52,8 @@ STOP_TIMEOUT = 10.0
 START_TIMEOUT = 120.0
 #: Seconds every pool start, the fork server's included, may take, instead of the controller's
 #: START_TIMEOUT (or the test's timeout if longer). A test seam, and a way out on slow machines.
-START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
 #: A pool with more ranks than this per CPU core gets a line in the summary: slow to start.
 RANKS_PER_CORE = 8
-
-
-class SessionStartError(PoolStartError):
-    """What a pool start needs from the session failed: a folder, the fork server.
-
-    Its message stands alone (it is not about the pool's ranks), and the controller does not keep
-    it per pool key: a folder is tried again by the next test, and the fork server keeps its own
-    failure here.
-    """
 
 
 def start_timeout_from_env() -> Value[float] | None:
@@ -103,20 +89,16 @@ class PoolSet:
         self.leases = SessionLeases(settings.gpu_lock_dir, settings.gpu_wait)
         self.stats = Stats()
         self.next_pool_id = 0
-        #: Modules of torch's distributed stack the first test files import (preloads.py).
-        self.file_preloads: list[str] = []
-        self._context: Any = None
         self._workdir: Path | None = None
         #: Where the ranks read the test modules the controller rewrote (controller.py).
         self.rewritten = ""
-        #: The fork server seen forking (a pid), or why it could not start (later pools fail).
-        self._ready_fork_server = 0
-        self._fork_server_failed: str | None = None
         #: Why the session's folder could not be made when the fork server started early (at
         #: collection): the first pool start reports it, once; the next one tries again.
         self._early_workdir_problem: str | None = None
         #: Overrides every pool's start limit (DISTRANK_START_TIMEOUT).
         self.start_timeout = start_timeout_from_env()
+        #: The fork server ranks are forked from (forkserver.py).
+        self.server = ForkServer(config, settings, self._live_workdir, self.start_timeout)
         #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
         self.notes: list[str] = []
         self._crowded: set[int] = set()
@@ -160,13 +142,8 @@ class PoolSet:
         the fork server's socket went with it, so a new server starts in the new folder."""
         if self._workdir is not None and not self._workdir.is_dir():
             self._workdir = None
-            self.stop_fork_server()  # (only a running fork server of this session)
-            self._ready_fork_server = 0
+            self.server.forget()  # (only a running fork server of this session)
         return self.workdir
-
-    @property
-    def fork_server_started(self) -> bool:
-        return self._context is not None
 
     def get(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:
         """The live pool of ``key``, started now if there is none (raises PoolStartError).
@@ -221,7 +198,7 @@ class PoolSet:
         with self.capture_suspended():
             try:
                 started_at = time.monotonic()
-                context, parent_pid = self.mp_context(timeout)
+                context, parent_pid = self.server.context_for(timeout)
                 fork = None
                 if self._forks_fresh_ranks(key, coverage, debug):
                     made = (nodeids, files, env, workdir, timeout, context, parent_pid)
@@ -379,124 +356,8 @@ class PoolSet:
         return gpu_lease
 
     def start_fork_server(self) -> None:
-        """Start the fork server now, not waiting for its imports (they run beside collection).
-        Never raises: the first pool start tries again and reports a failure."""
-        if self.settings.start_method.value == "forkserver" and self._fork_server_failed is None:
-            try:
-                self._ensure_fork_server()
-            except SessionStartError as exc:  # the session's folder: the first pool says so
-                self._early_workdir_problem = str(exc)
-            except Exception:
-                pass
-
-    def stop_fork_server(self) -> None:
-        """End the fork server with the session (forkserver.stop); never raises."""
-        if self._context is not None and self.settings.start_method.value == "forkserver":
-            with contextlib.suppress(Exception):
-                stop_server()
-
-    def _ensure_fork_server(self) -> int:
-        """Start the fork server unless it runs; its pid. Returns at once (the server imports
-        PRELOAD and the ``--distrank-preload`` modules before it forks); raises OSError, or
-        SessionStartError when the session's folder (its socket's) cannot be made."""
-        from multiprocessing import forkserver
-
-        if self._context is None:
-            self._context = multiprocessing.get_context("forkserver")
-            wanted = [
-                *plugin_modules(self.config),
-                *self.file_preloads,
-                *self.settings.preload.value,
-            ]
-            extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
-            # preload (the heap freeze) stays last.
-            self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
-        use_socket_folder(self._live_workdir())  # not in TMPDIR: see forkserver.py
-        forkserver.ensure_running()
-        return _compat.forkserver_pid()
-
-    def mp_context(self, timeout: float) -> tuple[Any, int]:
-        """The multiprocessing context ranks start from, and the pid that will be their parent.
-
-        Under forkserver the server must be ready, i.e. done with its imports, within
-        ``timeout`` seconds (0: no bound); else :class:`SessionStartError`. Ranks check their
-        parent's pid after setting PDEATHSIG.
-        """
-        if self.settings.start_method.value != "forkserver":
-            if self._context is None:
-                self._context = multiprocessing.get_context("spawn")
-            return self._context, os.getpid()
-        if self._fork_server_failed is not None:
-            raise SessionStartError(
-                f"{self._fork_server_failed}\n(from an earlier start; not retried)"
-            )
-        try:
-            pid = self._ensure_fork_server()
-        except OSError as exc:
-            folder = _compat.mp_process_config().get("tempdir")
-            raise SessionStartError(
-                f"pytest-distrank could not start the fork server that ranks come from: {exc}\n"
-                f"Its socket goes in multiprocessing's temp folder ({folder or 'not made'}, in "
-                f"TMPDIR or /tmp). Point TMPDIR at a writable folder with free space, or start "
-                "ranks with --distrank-start-method=spawn."
-            ) from None
-        if pid != self._ready_fork_server:
-            self._wait_until_forking(timeout)
-            self._ready_fork_server = pid
-        return self._context, pid
-
-    def _wait_until_forking(self, timeout: float) -> None:
-        """Fork a probe (it returns at once) from a thread and wait for it: the server forks
-        only after its imports. Past ``timeout``, or if the probe fails, the server is killed
-        and every later pool start fails at once with the reason."""
-        context = self._context
-        failure: list[BaseException] = []
-
-        def probe() -> None:
-            try:
-                process = context.Process(target=os.getpid, name="distrank-fork-server-probe")
-                process.start()
-                process.join()
-            except BaseException as exc:
-                failure.append(exc)
-
-        thread = threading.Thread(target=probe, name="distrank-fork-server-probe", daemon=True)
-        thread.start()
-        try:
-            thread.join(min(timeout, threading.TIMEOUT_MAX) if timeout > 0 else None)
-        except BaseException:
-            _kill_fork_server(thread)  # Ctrl-C: a server stuck in an import never exits
-            raise
-        timed_out = thread.is_alive()
-        if not timed_out and not failure:
-            return
-        _kill_fork_server(thread)
-        self._fork_server_failed = self._fork_server_problem(timeout, [] if timed_out else failure)
-        raise SessionStartError(self._fork_server_failed)
-
-    def _fork_server_problem(self, timeout: float, failure: list[BaseException]) -> str:
-        preload = self.settings.preload
-        if failure:
-            head = (
-                f"the fork server died before it forked a rank ({failure[0]!r}); its traceback, "
-                "if it printed one, is in the output above."
-            )
-            cause = "One of them fails at import with an error other than ImportError"
-        else:
-            limit = self.start_timeout
-            source = f"from {limit.source}" if limit else f"{START_TIMEOUT_ENV} sets it"
-            head = (
-                "the fork server did not finish importing its preload modules within "
-                f"{timeout:g} s (the pool start limit, {source}), so no rank could start; "
-                "it was killed."
-            )
-            cause = "One of them hangs at import, or this machine is very slow"
-        return (
-            f"pytest-distrank: {head}\nIt imports torch, pytest and pytest's plugins, then the "
-            f"modules of {PRELOAD_OPTION.flag}: {', '.join(preload.value) or 'none'}, from "
-            f'{preload.source}.\n{cause}: try each in a plain `python -c "import NAME"` '
-            f"and drop the culprit from {PRELOAD_OPTION.flag}."
-        )
+        """Start the fork server now, beside collection (earlystart.py); never raises."""
+        self._early_workdir_problem = self.server.start()
 
     @contextlib.contextmanager
     def capture_suspended(self) -> Iterator[None]:
@@ -554,11 +415,3 @@ class PoolSet:
         self.templates.kill_all()
         self.live.clear()
         self.stopping.clear()
-
-
-def _kill_fork_server(probe: threading.Thread) -> None:
-    """Kill a fork server that never got ready, and forget it (its socket, its pipe, its pid)."""
-    _compat.kill_fork_server()
-    probe.join(5)  # the probe's read of its pid ends
-    if not probe.is_alive():
-        _compat.stop_fork_server()
