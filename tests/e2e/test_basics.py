@@ -448,7 +448,7 @@ ISOLATE = {
         """,
     # Fresh ranks forked from templates (pool/worker/template.py): what each has anew.
     "test_fresh.py": """
-        import json, os, threading, pytest
+        import json, multiprocessing, os, threading, pytest
 
         @pytest.mark.world_size(2)
         @pytest.mark.parametrize("i", range(3))
@@ -461,6 +461,7 @@ ISOLATE = {
                 "tmp": str(tmp_path), "worker": request.config.workerinput["workerid"],
                 "env_worker": os.environ["PYTEST_XDIST_WORKER"], "own": own,
                 "threads": sorted(t.name for t in threading.enumerate()),
+                "name": multiprocessing.current_process().name,
             }
             with open(RECORD + "-fresh.txt", "a") as f:
                 f.write(json.dumps(fact) + "\\n")
@@ -525,6 +526,7 @@ def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
     assert len({f["tag"] for f in facts}) == 3  # a pool's tag, per test
     assert len({f["tmp"] for f in facts}) == 6
     assert len({f["worker"] for f in facts}) == 6
+    assert len({f["name"] for f in facts}) == 6  # distrank-pool<P>-rank<R>: its pool's
 
 
 def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import multiprocessing
 import os
 import pickle
 import signal
@@ -408,6 +409,7 @@ class WorkerPlugin:
         if hasattr(self.config, "workerinput"):
             self.config.workerinput = cfg.workerinput
         self.cfg, self.conn, self.pid = cfg, conn, os.getpid()
+        multiprocessing.current_process().name = f"distrank-pool{cfg.pool_id}-rank{cfg.rank}"
         self.phases = PhaseFile(cfg.phases_path)
         self.relay = Relay(conn, cfg.rank, cfg.world_size)
         install(self.relay)

@@ -34,7 +34,7 @@ NOT_INHERITED = (
     "stdout and stderr (the new rank's log) and pytest's fd capture (new temporary files)",
     "the rank's terminal report file, faulthandler's file and the flight-recorder thread",
     "the environment (the new pool's tag, the store's path)",
-    "pytest's basetemp (tmp_path) and config.workerinput",
+    "pytest's basetemp (tmp_path), config.workerinput and the process's name",
     "SIGCHLD handling and the template's other children's status pipes",
 )
 #: Bytes of one exit status in the status pipe (a signed int, as the fork server writes).
