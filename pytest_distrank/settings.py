@@ -258,6 +258,17 @@ LEFTOVERS = Option(
     "test fresh ranks either way.",
     one_of(("restore", "fail", "off"), lower=True),
 )
+FRESH_RANKS = Option(
+    "distrank_fresh_ranks",
+    "--distrank-fresh-ranks",
+    "DISTRANK_FRESH_RANKS",
+    "fork",
+    "How the ranks of a test that runs on fresh ranks start (--distrank-isolate, classes that "
+    "ask for fresh ranks, replays, a harness test's fresh retry): 'fork' (default) forks them "
+    "from template ranks of their kind that have pytest configured and the tests collected "
+    "(milliseconds); 'start' starts each from nothing (its own pytest start and collection).",
+    one_of(("fork", "start"), lower=True),
+)
 DEADLOCKS = Option(
     "distrank_deadlocks",
     "--distrank-deadlocks",
@@ -324,6 +335,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     DEBUG_RANK,
     SEED,
     LEFTOVERS,
+    FRESH_RANKS,
     DEADLOCKS,
     REPLAY,
     REPLAY_BUDGET,
@@ -444,6 +456,7 @@ class Settings:
     seed: Value[int | str | None] = Value(parse_seed(SEED.default), "default")
     leftovers: Value[str] = Value(LEFTOVERS.default, "default")
     deadlocks: Value[str] = Value(DEADLOCKS.default, "default")
+    fresh_ranks: Value[str] = Value(FRESH_RANKS.default, "default")
     replay: Value[bool] = Value(True, "default")
     replay_budget: Value[float] = Value(parse_seconds(REPLAY_BUDGET.default), "default")
     order: Value[tuple[str, int | None]] = Value(parse_order(ORDER.default), "default")

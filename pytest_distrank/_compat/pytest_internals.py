@@ -90,6 +90,15 @@ def getbasetemp(config: pytest.Config) -> Path | None:
     return factory.getbasetemp() if factory is not None else None
 
 
+def set_basetemp(config: pytest.Config, basetemp: str) -> None:
+    """A new basetemp for ``tmp_path`` from now on (``_given_basetemp``, the cached ``_basetemp``
+    forgotten): a rank forked from a template must not share the template's; if renamed,
+    AttributeError reaches the caller, which then starts the rank afresh."""
+    factory: Any = getattr(config, "_tmp_path_factory")  # noqa: B009
+    factory._given_basetemp = Path(basetemp)
+    factory._basetemp = None
+
+
 def rank_cache(config: pytest.Config) -> None:
     """``config.cache`` in a rank, where cacheprovider itself is blocked (its last-failed and
     stepwise writes are the controller's): the ``cache`` fixture reads and writes the project's

@@ -49,10 +49,11 @@ from .ownreports import (
     teardown_controller_side,
 )
 from .plan import Planned, make_plan
+from .pools.forkserver import SessionStartError
 from .pools.gpus import GpuUnavailable
 from .pools.pool import Pool, PoolStartError, PoolUnfit
 from .pools.poolkey import PoolKey
-from .pools.poolset import START_TIMEOUT, PoolSet, SessionStartError
+from .pools.poolset import START_TIMEOUT, PoolSet
 from .replay import Replays
 from .repro import Repro
 from .suites import fresh_notes
@@ -438,7 +439,7 @@ class Controller:
         for signum in self._taken_signals:
             signal.signal(signum, signal.SIG_DFL)
         # The fork server would take ~0.5-1 s of interpreter shutdown after pytest's exit.
-        self.pools.stop_fork_server()
+        self.pools.server.stop()
         if not self.nested:  # its start made this process the resource tracker's parent
             _compat.stop_resource_tracker()  # reaped here, not left an orphan (#40)
         if "torch" in sys.modules and not self.nested:

@@ -35,7 +35,7 @@ class EarlyStart:
         """Start the fork server now: its import of torch (~1.5 s of CPU) then runs beside the
         controller's own work (collection, which typically imports torch too) instead of after.
         """
-        if self.pools.fork_server_started or self.settings.start_method.value != "forkserver":
+        if self.pools.server.started or self.settings.start_method.value != "forkserver":
             return
         if self.config.option.collectonly or self.nested:
             return  # nested: a test's in-process session may start no rank at all
@@ -49,13 +49,13 @@ class EarlyStart:
         A cheap look at the text, before the import; a false positive costs only an idle
         process.
         """
-        if not self.pools.fork_server_started and file_path.suffix == ".py":
+        if not self.pools.server.started and file_path.suffix == ".py":
             try:
                 text = file_path.read_bytes()
             except OSError:
                 return
             if b"world_size" in text:
-                self.pools.file_preloads = file_preloads(text)
+                self.pools.server.file_preloads = file_preloads(text)
                 self._share_rewrites()
                 self.start()
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import mmap
+import os
 from typing import Any
 
 from ..outcome.records import Reports
@@ -95,6 +97,50 @@ class RankConfig:
     #: The ini lists of environment variables and thread names (fnmatch patterns) that are
     #: never leftovers: ``distrank_leftovers_ignore_env``, ``distrank_leftovers_ignore_threads``.
     leftovers_ignore: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    #: A rank template (pool/worker/template.py): after collection it sends Ready and forks the
+    #: fresh ranks of later pools of its kind instead of serving tests.
+    template: bool = False
+    #: A rank forked from a template: the file its pool's phase array lies in (else the array
+    #: comes with the process's arguments).
+    phases_path: str = ""
+
+
+class PhaseFile:
+    """A pool's phase array in a file that the controller and the ranks map (a pool of ranks
+    forked from a template: multiprocessing's shared array travels only with a process's start).
+    Indexed like the array it stands for: :func:`phase_slots`."""
+
+    def __init__(self, path: str, slots: int = 0) -> None:
+        if slots:  # the controller makes it, zeroed
+            with open(path, "wb") as out:
+                out.write(bytes(4 * slots))
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+        self._view = memoryview(self._map).cast("i")
+
+    def __getitem__(self, index: int) -> int:
+        return int(self._view[index])
+
+    def __setitem__(self, index: int, value: int) -> None:
+        self._view[index] = value
+
+
+@dataclasses.dataclass(frozen=True)
+class Fork:
+    """To a rank template: fork a fresh rank with ``cfg`` (its pipe to the controller and the
+    write end of its exit-status pipe follow as file descriptors)."""
+
+    cfg: RankConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Forked:
+    """A rank template's answer to :class:`Fork`: the new rank's pid."""
+
+    pid: int
 
 
 @dataclasses.dataclass(frozen=True)

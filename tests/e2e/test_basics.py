@@ -11,6 +11,7 @@ test below checks its own scenario's lines. Sessions that start no rank (ordinar
 
 from __future__ import annotations
 
+import json
 import subprocess
 import textwrap
 from collections.abc import Callable
@@ -445,6 +446,26 @@ ISOLATE = {
             with open(RECORD + "-isolate.txt", "a") as f:
                 f.write(f"{rank} {os.getpid()}\\n")
         """,
+    # Fresh ranks forked from templates (pool/worker/template.py): what each has anew.
+    "test_fresh.py": """
+        import json, multiprocessing, os, threading, pytest
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(3))
+        def test_fresh(rank, i, tmp_path, request, capfd):
+            print(f"own output {i} {rank}")
+            own = capfd.readouterr().out
+            fact = {
+                "i": i, "rank": rank, "pid": os.getpid(), "ppid": os.getppid(),
+                "pgid": os.getpgid(0), "tag": os.environ["DISTRANK_POOL_TAG"],
+                "tmp": str(tmp_path), "worker": request.config.workerinput["workerid"],
+                "env_worker": os.environ["PYTEST_XDIST_WORKER"], "own": own,
+                "threads": sorted(t.name for t in threading.enumerate()),
+                "name": multiprocessing.current_process().name,
+            }
+            with open(RECORD + "-fresh.txt", "a") as f:
+                f.write(json.dumps(fact) + "\\n")
+        """,
     # Ordinary tests run in the pytest process: the first and the last one count its open fds.
     "test_fds.py": """
         import os, pytest
@@ -461,9 +482,10 @@ ISOLATE = {
 
         def test_z_last():
             grown = len(os.listdir("/proc/self/fd")) - counts[0]
-            # The fork server and the last pool (still stopping) hold a few; 12 pools that
-            # leaked their pipes and sentinels would hold dozens.
-            assert grown <= 12, f"{grown} more fds open after 12 isolated pools"
+            # The fork server, the last pool (still stopping) and the rank templates of two
+            # kinds of pool (their pipes and sentinels) hold some; 12 pools that leaked
+            # theirs would hold dozens more.
+            assert grown <= 16, f"{grown} more fds open after 12 isolated pools"
         """,
 }
 
@@ -479,12 +501,36 @@ def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> No
     isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
     isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
     assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
-    # 12 + 4 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["16 distributed tests; pools started: 16 at world size 2"])
+    # 12 + 4 + 3 tests, each in a pool of its own.
+    isolate.stdout.fnmatch_lines(["19 distributed tests; pools started: 19 at world size 2"])
+
+
+def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
+    isolate: pytest.RunResult,
+) -> None:
+    """Each fresh rank is its own process, forked from its rank's template (a process that is
+    that rank before its group starts), with what template.NOT_INHERITED lists made anew."""
+    text = (_FOLDERS["isolate"] / "record-fresh.txt").read_text()
+    facts = [json.loads(line) for line in text.splitlines()]
+    assert sorted((f["i"], f["rank"]) for f in facts) == [(i, r) for i in range(3) for r in (0, 1)]
+    assert len({f["pid"] for f in facts}) == 6
+    for f in facts:
+        assert f["pgid"] == f["pid"], "a rank leads its own process group"
+        assert f["own"] == f"own output {f['i']} {f['rank']}\n", "capture of its own"
+        assert {"distrank-flight-recorder", "distrank-parent-death"} <= set(f["threads"])
+        assert f["worker"] == f["env_worker"]
+    # Forked by its rank's template, the same for every test; the fork server would be the
+    # parent of both ranks.
+    parents = [{f["ppid"] for f in facts if f["rank"] == rank} for rank in (0, 1)]
+    assert len(parents[0]) == len(parents[1]) == 1 and parents[0] != parents[1]
+    assert len({f["tag"] for f in facts}) == 3  # a pool's tag, per test
+    assert len({f["tmp"] for f in facts}) == 6
+    assert len({f["worker"] for f in facts}) == 6
+    assert len({f["name"] for f in facts}) == 6  # distrank-pool<P>-rank<R>: its pool's
 
 
 def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=18)
+    isolate.assert_outcomes(passed=21)
     isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
 
 

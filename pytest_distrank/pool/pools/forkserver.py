@@ -1,6 +1,8 @@
-"""Where the fork server's socket lies, and the fork server's end with the session.
+"""The session's fork server: its start (early, beside collection), readiness, socket and end.
 
-Runs in the controller (pool mode), for :class:`~poolset.PoolSet`, which starts the server.
+Runs in the controller (pool mode), for :class:`~poolset.PoolSet`. :class:`ForkServer` starts
+multiprocessing's fork server with what it preloads (preloads.py), waits once for it to fork
+(its imports done) within the pool start's bound, and remembers a failure for later pools.
 
 multiprocessing binds the fork server's socket in its per-process temp folder (the ``tempdir``
 setting, :func:`_compat.mp_process_config`; by default a ``pymp-*`` folder that it makes in
@@ -17,12 +19,23 @@ torch): it outlived pytest by that much.
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from ... import _compat
+from ...settings import PRELOAD as PRELOAD_OPTION
+from ...settings import START_TIMEOUT_ENV, Settings, Value
+from .pool import PoolStartError
+from .preloads import PRELOAD, plugin_modules
 
 #: The longest ``AF_UNIX`` socket path on Linux, in bytes (``sun_path`` is 108 with its NUL), and
 #: the name multiprocessing gives the fork server's socket in its folder.
@@ -57,3 +70,175 @@ def stop() -> None:
     Without one running, nothing happens."""
     _compat.kill_fork_server()
     _compat.stop_fork_server()  # reaps it (a SIGKILLed process: at once), unlinks its socket
+
+
+class SessionStartError(PoolStartError):
+    """What a pool start needs from the session failed: a folder, the fork server.
+
+    Its message stands alone (it is not about the pool's ranks), and the controller does not keep
+    it per pool key: a folder is tried again by the next test, and the fork server keeps its own
+    failure here.
+    """
+
+
+class ForkServer:
+    """The fork server of the session's pools."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: Settings,
+        workdir: Callable[[], Path],
+        start_timeout: Value[float] | None,
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self._workdir = workdir
+        self.start_timeout = start_timeout
+        #: The multiprocessing context ranks start from (None: not started).
+        self.context: Any = None
+        #: The fork server seen forking (a pid), or why it could not start (later pools fail).
+        self.ready_pid = 0
+        self.failed: str | None = None
+        #: Modules of torch's distributed stack the first test files import (preloads.py).
+        self.file_preloads: list[str] = []
+
+    @property
+    def started(self) -> bool:
+        return self.context is not None
+
+    def start(self) -> str | None:
+        """Start the fork server now, not waiting for its imports (they run beside collection).
+        Never raises: the first pool start tries again and reports a failure; returns why the
+        session's folder could not be made, for the first pool start to report."""
+        if self.settings.start_method.value == "forkserver" and self.failed is None:
+            try:
+                self._ensure()
+            except SessionStartError as exc:  # the session's folder: the first pool says so
+                return str(exc)
+            except Exception:
+                pass
+        return None
+
+    def stop(self) -> None:
+        """End the fork server with the session (:func:`stop`); never raises."""
+        if self.context is not None and self.settings.start_method.value == "forkserver":
+            with contextlib.suppress(Exception):
+                stop()
+
+    def forget(self) -> None:
+        """The session's folder vanished, and the server's socket with it: the next pool start
+        starts a new server in the new folder."""
+        self.stop()
+        self.ready_pid = 0
+
+    def _ensure(self) -> int:
+        """Start the fork server unless it runs; its pid. Returns at once (the server imports
+        PRELOAD and the ``--distrank-preload`` modules before it forks); raises OSError, or
+        SessionStartError when the session's folder (its socket's) cannot be made."""
+        from multiprocessing import forkserver
+
+        if self.context is None:
+            self.context = multiprocessing.get_context("forkserver")
+            wanted = [
+                *plugin_modules(self.config),
+                *self.file_preloads,
+                *self.settings.preload.value,
+            ]
+            extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
+            # preload (the heap freeze) stays last.
+            self.context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
+        use_socket_folder(self._workdir())  # not in TMPDIR: see forkserver.py
+        forkserver.ensure_running()
+        return _compat.forkserver_pid()
+
+    def context_for(self, timeout: float) -> tuple[Any, int]:
+        """The multiprocessing context ranks start from, and the pid that will be their parent.
+
+        Under forkserver the server must be ready, i.e. done with its imports, within
+        ``timeout`` seconds (0: no bound); else :class:`SessionStartError`. Ranks check their
+        parent's pid after setting PDEATHSIG.
+        """
+        if self.settings.start_method.value != "forkserver":
+            if self.context is None:
+                self.context = multiprocessing.get_context("spawn")
+            return self.context, os.getpid()
+        if self.failed is not None:
+            raise SessionStartError(
+                f"{self.failed}\n(from an earlier start; not retried)"
+            )
+        try:
+            pid = self._ensure()
+        except OSError as exc:
+            folder = _compat.mp_process_config().get("tempdir")
+            raise SessionStartError(
+                f"pytest-distrank could not start the fork server that ranks come from: {exc}\n"
+                f"Its socket goes in multiprocessing's temp folder ({folder or 'not made'}, in "
+                f"TMPDIR or /tmp). Point TMPDIR at a writable folder with free space, or start "
+                "ranks with --distrank-start-method=spawn."
+            ) from None
+        if pid != self.ready_pid:
+            self._wait_until_forking(timeout)
+            self.ready_pid = pid
+        return self.context, pid
+
+    def _wait_until_forking(self, timeout: float) -> None:
+        """Fork a probe (it returns at once) from a thread and wait for it: the server forks
+        only after its imports. Past ``timeout``, or if the probe fails, the server is killed
+        and every later pool start fails at once with the reason."""
+        context = self.context
+        failure: list[BaseException] = []
+
+        def probe() -> None:
+            try:
+                process = context.Process(target=os.getpid, name="distrank-fork-server-probe")
+                process.start()
+                process.join()
+            except BaseException as exc:
+                failure.append(exc)
+
+        thread = threading.Thread(target=probe, name="distrank-fork-server-probe", daemon=True)
+        thread.start()
+        try:
+            thread.join(min(timeout, threading.TIMEOUT_MAX) if timeout > 0 else None)
+        except BaseException:
+            _kill_fork_server(thread)  # Ctrl-C: a server stuck in an import never exits
+            raise
+        timed_out = thread.is_alive()
+        if not timed_out and not failure:
+            return
+        _kill_fork_server(thread)
+        self.failed = self._problem(timeout, [] if timed_out else failure)
+        raise SessionStartError(self.failed)
+
+    def _problem(self, timeout: float, failure: list[BaseException]) -> str:
+        preload = self.settings.preload
+        if failure:
+            head = (
+                f"the fork server died before it forked a rank ({failure[0]!r}); its traceback, "
+                "if it printed one, is in the output above."
+            )
+            cause = "One of them fails at import with an error other than ImportError"
+        else:
+            limit = self.start_timeout
+            source = f"from {limit.source}" if limit else f"{START_TIMEOUT_ENV} sets it"
+            head = (
+                "the fork server did not finish importing its preload modules within "
+                f"{timeout:g} s (the pool start limit, {source}), so no rank could start; "
+                "it was killed."
+            )
+            cause = "One of them hangs at import, or this machine is very slow"
+        return (
+            f"pytest-distrank: {head}\nIt imports torch, pytest and pytest's plugins, then the "
+            f"modules of {PRELOAD_OPTION.flag}: {', '.join(preload.value) or 'none'}, from "
+            f'{preload.source}.\n{cause}: try each in a plain `python -c "import NAME"` '
+            f"and drop the culprit from {PRELOAD_OPTION.flag}."
+        )
+
+
+def _kill_fork_server(probe: threading.Thread) -> None:
+    """Kill a fork server that never got ready, and forget it (its socket, its pipe, its pid)."""
+    _compat.kill_fork_server()
+    probe.join(5)  # the probe's read of its pid ends
+    if not probe.is_alive():
+        _compat.stop_fork_server()

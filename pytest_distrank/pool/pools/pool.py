@@ -17,8 +17,8 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Sequence
-from multiprocessing.connection import wait
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from ...outcome.endgame import (
@@ -53,6 +53,7 @@ from ..protocol import (
     Fatal,
     FromRank,
     Phase,
+    PhaseFile,
     RankConfig,
     Ready,
     Shutdown,
@@ -96,14 +97,21 @@ class Pool:
         context: Any,
         configs: Sequence[RankConfig],
         parent_pid: int,
+        fork: Callable[[RankConfig, Connection], Any] | None = None,
     ) -> None:
         self.key = key
         self.id = pool_id
         self.context = context
         self.configs = configs
         self.parent_pid = parent_pid
+        #: How its ranks start: forked from templates (templates.py), or by the fork server.
+        self.fork = fork
         #: Per rank: its phase and the index of the test it is in (protocol.phase_slots).
-        self.phases = context.RawArray("i", 2 * key.world_size)
+        self.phases: Any = (
+            context.RawArray("i", 2 * key.world_size)
+            if fork is None
+            else PhaseFile(configs[0].phases_path, 2 * key.world_size)
+        )
         self.ranks: list[Rank] = []
         self.ready: list[Ready] = []
         self.broken: str | None = None
@@ -162,6 +170,13 @@ class Pool:
         self.started_at = time.monotonic()
         for cfg in self.configs:
             parent_conn, child_conn = self.context.Pipe(duplex=True)
+            if self.fork is not None:
+                try:
+                    process = self.fork(cfg, child_conn)
+                finally:
+                    child_conn.close()
+                self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid))
+                continue
             process = self.context.Process(
                 target=rank_main,
                 args=(cfg, child_conn, self.phases, self.parent_pid),

@@ -1,8 +1,9 @@
 """The controller's pools: start them (through the fork server), reuse, retire, stop, count.
 
 Runs in the controller. :class:`PoolSet` owns every :class:`~pool.Pool` of the session, the fork
-server they come from, the private working folder (stores, rank logs, shared folders) and the
-numbers the ``distrank`` summary and ``DISTRANK_STATS_FILE`` report. The controller asks it for
+server they come from (:class:`~forkserver.ForkServer`), the rank templates fresh pools are
+forked from (templates.py), the private working folder (stores, rank logs, shared folders) and
+the numbers the ``distrank`` summary and ``DISTRANK_STATS_FILE`` report. The controller asks it for
 the pool of a key and tells it when a pool is done or broken.
 
 What a pool start needs beyond its ranks fails as an error of the tests that needed it, never of
@@ -15,12 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import multiprocessing
 import os
 import tempfile
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,18 +36,16 @@ from ...settings import (
     Settings,
     Value,
 )
-from ...settings import PRELOAD as PRELOAD_OPTION
 from ..onetest.debugrelay import DebugTerminal
 from ..protocol import DebugSettings, RankConfig
 from ..workerinput import RankInputs
 from .cmdline import coverage_settings, rank_command_line
-from .forkserver import stop as stop_server
-from .forkserver import use_socket_folder
+from .forkserver import ForkServer, SessionStartError
 from .gpus import GpuFolderError, GpuLease, SessionLeases
-from .pool import Pool, PoolStartError
+from .pool import Pool
 from .poolkey import PoolKey
-from .preloads import PRELOAD, plugin_modules
 from .stats import PoolStart, Stats
+from .templates import Kind, Templates, fork_from
 
 #: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
@@ -56,15 +53,6 @@ STOP_TIMEOUT = 10.0
 START_TIMEOUT = 120.0
 #: A pool with more ranks than this per CPU core gets a line in the summary: slow to start.
 RANKS_PER_CORE = 8
-
-
-class SessionStartError(PoolStartError):
-    """What a pool start needs from the session failed: a folder, the fork server.
-
-    Its message stands alone (it is not about the pool's ranks), and the controller does not keep
-    it per pool key: a folder is tried again by the next test, and the fork server keeps its own
-    failure here.
-    """
 
 
 def start_timeout_from_env() -> Value[float] | None:
@@ -89,6 +77,8 @@ class PoolSet:
         self.config = config
         self.settings = settings
         self.live: dict[PoolKey, Pool] = {}
+        #: Template ranks that fresh pools are forked from, by kind (templates.py).
+        self.templates = Templates()
         #: Pools asked to stop, collected at the next retirement or at the session's end.
         self.stopping: list[Pool] = []
         #: Teardown errors of pools collected before the session's end, shown at its end.
@@ -98,20 +88,16 @@ class PoolSet:
         self.leases = SessionLeases(settings.gpu_lock_dir, settings.gpu_wait)
         self.stats = Stats()
         self.next_pool_id = 0
-        #: Modules of torch's distributed stack the first test files import (preloads.py).
-        self.file_preloads: list[str] = []
-        self._context: Any = None
         self._workdir: Path | None = None
         #: Where the ranks read the test modules the controller rewrote (controller.py).
         self.rewritten = ""
-        #: The fork server seen forking (a pid), or why it could not start (later pools fail).
-        self._ready_fork_server = 0
-        self._fork_server_failed: str | None = None
         #: Why the session's folder could not be made when the fork server started early (at
         #: collection): the first pool start reports it, once; the next one tries again.
         self._early_workdir_problem: str | None = None
         #: Overrides every pool's start limit (DISTRANK_START_TIMEOUT).
         self.start_timeout = start_timeout_from_env()
+        #: The fork server ranks are forked from (forkserver.py).
+        self.server = ForkServer(config, settings, self._live_workdir, self.start_timeout)
         #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
         self.notes: list[str] = []
         self._crowded: set[int] = set()
@@ -155,13 +141,8 @@ class PoolSet:
         the fork server's socket went with it, so a new server starts in the new folder."""
         if self._workdir is not None and not self._workdir.is_dir():
             self._workdir = None
-            self.stop_fork_server()  # (only a running fork server of this session)
-            self._ready_fork_server = 0
+            self.server.forget()  # (only a running fork server of this session)
         return self.workdir
-
-    @property
-    def fork_server_started(self) -> bool:
-        return self._context is not None
 
     def get(self, key: PoolKey, nodeids: list[str], files: list[str], timeout: float) -> Pool:
         """The live pool of ``key``, started now if there is none (raises PoolStartError).
@@ -210,10 +191,104 @@ class PoolSet:
         if gpu_lease is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpu_lease.cuda_visible_devices
         env.update(share_env(key.gpu_share))  # several ranks per GPU: NCCL's switch
-        self.next_pool_id += 1
-        pool_id = self.next_pool_id
         coverage = coverage_settings(self.config)
         debug = self.debug_settings()
+        pool_id, configs = self._configs(key, nodeids, files, env, workdir, coverage, debug)
+        with self.capture_suspended():
+            try:
+                started_at = time.monotonic()
+                context, parent_pid = self.server.context_for(timeout)
+                fork = None
+                if self._forks_fresh_ranks(key, coverage, debug):
+                    made = (nodeids, files, env, workdir, timeout, context, parent_pid)
+                    fork = self._templates(key, *made)
+                    phases = str(workdir / f"pool{pool_id}.phases")
+                    configs = [dataclasses.replace(c, phases_path=phases) for c in configs]
+                fork_server_wait = time.monotonic() - started_at
+                pool = Pool(key, pool_id, context, configs, parent_pid, fork)
+            except BaseException:
+                if gpu_lease is not None:
+                    gpu_lease.release()
+                raise
+            pool.lease = gpu_lease
+            started = self.stats.pools_started
+            sim = key.simulated
+            kind = (sim.size, sim.mode) if sim is not None else (key.world_size, "")
+            started[kind] = started.get(kind, 0) + 1
+            try:
+                pool.start(timeout, self.terminal)
+            except BaseException:
+                pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
+                raise
+        pool.uncharged = pool.start_seconds + fork_server_wait
+        self.stats.pools.append(
+            PoolStart(
+                world_size=key.world_size,
+                start_seconds=pool.start_seconds + fork_server_wait,
+                fork_seconds=pool.fork_seconds + fork_server_wait,
+                ready_seconds=pool.ready_seconds,
+                after_fault=key in self.killed_keys,
+            )
+        )
+        return pool
+
+    def _forks_fresh_ranks(
+        self, key: PoolKey, coverage: dict[str, Any] | None, debug: DebugSettings
+    ) -> bool:
+        """Whether this pool's fresh ranks are forked from templates (see templates.py)."""
+        return (
+            key.isolated != 0
+            and self.settings.fresh_ranks.value == "fork"
+            and self.settings.start_method.value == "forkserver"
+            and coverage is None
+            and not (debug.post_mortem or debug.trace or debug.live_rank is not None)
+            and key.simulated is None
+            and key.gpus == 0
+        )
+
+    def _templates(
+        self,
+        key: PoolKey,
+        nodeids: list[str],
+        files: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        timeout: float,
+        context: Any,
+        parent_pid: int,
+    ) -> Callable[[RankConfig, Any], Any]:
+        """How the pool's ranks start: forked from the templates of its kind (started now, the
+        first time; a pool start's errors if they cannot start)."""
+        kind = Kind(dataclasses.replace(key, isolated=0), tuple(files))
+        template = self.templates.get(kind)
+        if template is None:
+            debug = DebugSettings()
+            tid, configs = self._configs(kind.key, nodeids, files, env, workdir, None, debug)
+            configs = [dataclasses.replace(c, template=True) for c in configs]
+            template = Pool(kind.key, tid, context, configs, parent_pid)
+            try:
+                template.start(timeout, self.terminal)
+            except BaseException:
+                template.kill()
+                raise
+            for old in self.templates.add(kind, template):
+                old.request_stop()  # after its children's pools: stopping is collected in order
+                self.stopping.append(old)
+        return fork_from(template)
+
+    def _configs(
+        self,
+        key: PoolKey,
+        nodeids: list[str],
+        files: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        coverage: dict[str, Any] | None,
+        debug: DebugSettings,
+    ) -> tuple[int, list[RankConfig]]:
+        """A new pool number and its ranks' configurations."""
+        self.next_pool_id += 1
+        pool_id = self.next_pool_id
         configs = [
             RankConfig(
                 rank=rank,
@@ -252,37 +327,7 @@ class PoolSet:
             )
             for rank in range(key.world_size)
         ]
-        with self.capture_suspended():
-            try:
-                started_at = time.monotonic()
-                context, parent_pid = self.mp_context(timeout)
-                fork_server_wait = time.monotonic() - started_at
-                pool = Pool(key, pool_id, context, configs, parent_pid)
-            except BaseException:
-                if gpu_lease is not None:
-                    gpu_lease.release()
-                raise
-            pool.lease = gpu_lease
-            started = self.stats.pools_started
-            sim = key.simulated
-            kind = (sim.size, sim.mode) if sim is not None else (key.world_size, "")
-            started[kind] = started.get(kind, 0) + 1
-            try:
-                pool.start(timeout, self.terminal)
-            except BaseException:
-                pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
-                raise
-        pool.uncharged = pool.start_seconds + fork_server_wait
-        self.stats.pools.append(
-            PoolStart(
-                world_size=key.world_size,
-                start_seconds=pool.start_seconds + fork_server_wait,
-                fork_seconds=pool.fork_seconds + fork_server_wait,
-                ready_seconds=pool.ready_seconds,
-                after_fault=key in self.killed_keys,
-            )
-        )
-        return pool
+        return pool_id, configs
 
     def debug_settings(self) -> DebugSettings:
         """What the ranks' debuggers do: ``--pdb``, ``--trace``, ``--distrank-debug-rank``."""
@@ -310,124 +355,8 @@ class PoolSet:
         return gpu_lease
 
     def start_fork_server(self) -> None:
-        """Start the fork server now, not waiting for its imports (they run beside collection).
-        Never raises: the first pool start tries again and reports a failure."""
-        if self.settings.start_method.value == "forkserver" and self._fork_server_failed is None:
-            try:
-                self._ensure_fork_server()
-            except SessionStartError as exc:  # the session's folder: the first pool says so
-                self._early_workdir_problem = str(exc)
-            except Exception:
-                pass
-
-    def stop_fork_server(self) -> None:
-        """End the fork server with the session (forkserver.stop); never raises."""
-        if self._context is not None and self.settings.start_method.value == "forkserver":
-            with contextlib.suppress(Exception):
-                stop_server()
-
-    def _ensure_fork_server(self) -> int:
-        """Start the fork server unless it runs; its pid. Returns at once (the server imports
-        PRELOAD and the ``--distrank-preload`` modules before it forks); raises OSError, or
-        SessionStartError when the session's folder (its socket's) cannot be made."""
-        from multiprocessing import forkserver
-
-        if self._context is None:
-            self._context = multiprocessing.get_context("forkserver")
-            wanted = [
-                *plugin_modules(self.config),
-                *self.file_preloads,
-                *self.settings.preload.value,
-            ]
-            extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
-            # preload (the heap freeze) stays last.
-            self._context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
-        use_socket_folder(self._live_workdir())  # not in TMPDIR: see forkserver.py
-        forkserver.ensure_running()
-        return _compat.forkserver_pid()
-
-    def mp_context(self, timeout: float) -> tuple[Any, int]:
-        """The multiprocessing context ranks start from, and the pid that will be their parent.
-
-        Under forkserver the server must be ready, i.e. done with its imports, within
-        ``timeout`` seconds (0: no bound); else :class:`SessionStartError`. Ranks check their
-        parent's pid after setting PDEATHSIG.
-        """
-        if self.settings.start_method.value != "forkserver":
-            if self._context is None:
-                self._context = multiprocessing.get_context("spawn")
-            return self._context, os.getpid()
-        if self._fork_server_failed is not None:
-            raise SessionStartError(
-                f"{self._fork_server_failed}\n(from an earlier start; not retried)"
-            )
-        try:
-            pid = self._ensure_fork_server()
-        except OSError as exc:
-            folder = _compat.mp_process_config().get("tempdir")
-            raise SessionStartError(
-                f"pytest-distrank could not start the fork server that ranks come from: {exc}\n"
-                f"Its socket goes in multiprocessing's temp folder ({folder or 'not made'}, in "
-                f"TMPDIR or /tmp). Point TMPDIR at a writable folder with free space, or start "
-                "ranks with --distrank-start-method=spawn."
-            ) from None
-        if pid != self._ready_fork_server:
-            self._wait_until_forking(timeout)
-            self._ready_fork_server = pid
-        return self._context, pid
-
-    def _wait_until_forking(self, timeout: float) -> None:
-        """Fork a probe (it returns at once) from a thread and wait for it: the server forks
-        only after its imports. Past ``timeout``, or if the probe fails, the server is killed
-        and every later pool start fails at once with the reason."""
-        context = self._context
-        failure: list[BaseException] = []
-
-        def probe() -> None:
-            try:
-                process = context.Process(target=os.getpid, name="distrank-fork-server-probe")
-                process.start()
-                process.join()
-            except BaseException as exc:
-                failure.append(exc)
-
-        thread = threading.Thread(target=probe, name="distrank-fork-server-probe", daemon=True)
-        thread.start()
-        try:
-            thread.join(min(timeout, threading.TIMEOUT_MAX) if timeout > 0 else None)
-        except BaseException:
-            _kill_fork_server(thread)  # Ctrl-C: a server stuck in an import never exits
-            raise
-        timed_out = thread.is_alive()
-        if not timed_out and not failure:
-            return
-        _kill_fork_server(thread)
-        self._fork_server_failed = self._fork_server_problem(timeout, [] if timed_out else failure)
-        raise SessionStartError(self._fork_server_failed)
-
-    def _fork_server_problem(self, timeout: float, failure: list[BaseException]) -> str:
-        preload = self.settings.preload
-        if failure:
-            head = (
-                f"the fork server died before it forked a rank ({failure[0]!r}); its traceback, "
-                "if it printed one, is in the output above."
-            )
-            cause = "One of them fails at import with an error other than ImportError"
-        else:
-            limit = self.start_timeout
-            source = f"from {limit.source}" if limit else f"{START_TIMEOUT_ENV} sets it"
-            head = (
-                "the fork server did not finish importing its preload modules within "
-                f"{timeout:g} s (the pool start limit, {source}), so no rank could start; "
-                "it was killed."
-            )
-            cause = "One of them hangs at import, or this machine is very slow"
-        return (
-            f"pytest-distrank: {head}\nIt imports torch, pytest and pytest's plugins, then the "
-            f"modules of {PRELOAD_OPTION.flag}: {', '.join(preload.value) or 'none'}, from "
-            f'{preload.source}.\n{cause}: try each in a plain `python -c "import NAME"` '
-            f"and drop the culprit from {PRELOAD_OPTION.flag}."
-        )
+        """Start the fork server now, beside collection (earlystart.py); never raises."""
+        self._early_workdir_problem = self.server.start()
 
     @contextlib.contextmanager
     def capture_suspended(self) -> Iterator[None]:
@@ -470,9 +399,10 @@ class PoolSet:
         """
         pools = list(self.live.values())
         self.live.clear()
-        for pool in pools:
+        templates = self.templates.take_all()  # after the pools forked from them
+        for pool in [*pools, *templates]:
             pool.request_stop()
-        self.stopping.extend(pools)
+        self.stopping.extend([*pools, *templates])
         errors = [*self.stop_errors, *self._collect_stopping()]
         self.stop_errors.clear()
         return errors
@@ -481,13 +411,6 @@ class PoolSet:
         """Last resort at unconfigure: nothing the plugin started outlives the session."""
         for pool in [*self.live.values(), *self.stopping]:
             pool.kill()
+        self.templates.kill_all()
         self.live.clear()
         self.stopping.clear()
-
-
-def _kill_fork_server(probe: threading.Thread) -> None:
-    """Kill a fork server that never got ready, and forget it (its socket, its pipe, its pid)."""
-    _compat.kill_fork_server()
-    probe.join(5)  # the probe's read of its pid ends
-    if not probe.is_alive():
-        _compat.stop_fork_server()

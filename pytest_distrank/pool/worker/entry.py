@@ -68,6 +68,7 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
             profiler.dump_stats(os.path.join(profile_dir, f"pool{cfg.pool_id}-rank{cfg.rank}.prof"))
         else:
             exit_code = pytest.main(list(cfg.cmdline.args), plugins=plugins)
+        cfg, conn = plugin.cfg, plugin.conn  # a rank forked from a template: its own (template.py)
         if not plugin.served:
             conn.send(Fatal(cfg.rank, _early_exit_message(cfg, exit_code)))
             code = 3

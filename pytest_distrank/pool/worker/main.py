@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import faulthandler
+import multiprocessing
 import os
 import pickle
 import signal
@@ -55,6 +56,7 @@ from ..protocol import (
     DebugSettings,
     Fatal,
     Phase,
+    PhaseFile,
     RankConfig,
     RankNote,
     Ready,
@@ -63,14 +65,17 @@ from ..protocol import (
     phase_slots,
 )
 from ..suites import CASE
-from . import ranklogs, rankreruns
+from ..workerinput import xdist_environ
+from . import harnessenv, ranklogs, rankreruns
 from .dsrank import DeepSpeedRunner
+from .rankfr import start_responder
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, meet_before_destroy, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
-from .rankproc import end_with_controller
+from .rankproc import detach_from_controller_tree, end_with_controller, rank_env
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
+from .template import fork_ranks
 
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
@@ -178,6 +183,9 @@ class WorkerPlugin:
         # The rank's own terminal report (progress letters, its session summary) goes to a file
         # beside the rank's log, so that the log holds only what the test itself wrote and
         # faulthandler's dumps: the excerpts shown for a crash stay readable.
+        self._redirect_terminal(config)
+
+    def _redirect_terminal(self, config: pytest.Config) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if _compat.can_redirect_terminal(reporter):
             path = self.cfg.log_path.removesuffix(".log") + ".pytest.log"
@@ -330,6 +338,10 @@ class WorkerPlugin:
         config = session.config
         self._arm_faulthandler()
         items = {item.nodeid: item for item in session.items}
+        if self.cfg.template:  # serve forks; return in each fork, as a fresh rank (template.py)
+            errors = tuple(self.collect_errors)
+            self.conn.send(Ready(self.cfg.rank, os.getpid(), (), errors, time.process_time()))
+            self.become(*fork_ranks(self.conn))
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
             self.ctx = start_rank(self.cfg)
@@ -372,6 +384,37 @@ class WorkerPlugin:
                 continue
             assert isinstance(message, RunTest)
             self._run(items, message)
+
+    def become(self, cfg: RankConfig, conn: Connection) -> None:
+        """A fork of a template becomes a fresh rank of ``cfg``'s pool: what it must not keep
+        of the template (template.NOT_INHERITED) it gets anew here."""
+        assert self.config is not None
+        detach_from_controller_tree(os.getppid())  # its group, parent-death signal, subreaper
+        capman = self.config.pluginmanager.getplugin("capturemanager")
+        if capman is not None:  # the template's capture files: give them back, take new ones
+            capman.stop_global_capturing()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.log_fd = os.open(cfg.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(self.log_fd, 1)
+        os.dup2(self.log_fd, 2)
+        if capman is not None:
+            capman.start_global_capturing()
+        os.environ.clear()
+        os.environ.update(rank_env(cfg))
+        os.environ.update(xdist_environ(cfg.workerinput))
+        harnessenv.remember(cfg.env)
+        start_responder(cfg.log_path)
+        _compat.set_basetemp(self.config, str(cfg.cmdline.options["basetemp"]))
+        if hasattr(self.config, "workerinput"):
+            self.config.workerinput = cfg.workerinput
+        self.cfg, self.conn, self.pid = cfg, conn, os.getpid()
+        multiprocessing.current_process().name = f"distrank-pool{cfg.pool_id}-rank{cfg.rank}"
+        self.phases = PhaseFile(cfg.phases_path)
+        self.relay = Relay(conn, cfg.rank, cfg.world_size)
+        install(self.relay)
+        self._redirect_terminal(self.config)
+        self._arm_faulthandler()
 
     def _run(self, items: dict[str, pytest.Item], message: RunTest) -> None:
         assert self.ctx is not None

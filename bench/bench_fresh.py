@@ -1,0 +1,101 @@
+"""What a test on fresh ranks costs: forked from rank templates against started from nothing.
+
+Runs in a plain Python process; every run is a whole pytest session in a subprocess, over one
+generated file of K world-size-4 tests (one ``all_reduce`` and one assert each), with
+``--distrank-isolate`` (every test on fresh ranks). Each mode runs with a small and a large K,
+and a test's cost is the difference of the two wall times over the difference of K (interpreter
+start, imports and the fork server cancel out). CPU is the whole tree's (``RUSAGE_CHILDREN``
+around each run: every process of the run is reaped by the end). The modes run in turn, A B A B,
+so that drifts of the machine's load hit both alike; medians over the rounds.
+
+    python bench/bench_fresh.py                      # K = 2 and 12, 5 rounds
+    python bench/bench_fresh.py --small 2 --large 22 --rounds 3
+
+Modes: ``--distrank-fresh-ranks=fork`` (templates, pool/pools/templates.py) and ``start`` (each
+fresh rank starts its own pytest session and collects, as before).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+MODES = ("fork", "start")
+
+
+def write_tests(folder: Path, count: int) -> Path:
+    lines = ["import pytest, torch, torch.distributed as dist", ""]
+    for index in range(count):
+        lines += [
+            "@pytest.mark.world_size(4)",
+            f"def test_{index}(rank):",
+            "    t = torch.ones(1)",
+            "    dist.all_reduce(t)",
+            "    assert t.item() == 4",
+            "",
+        ]
+    path = folder / f"test_fresh_{count}.py"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def run(path: Path, mode: str) -> tuple[float, float]:
+    """Wall and CPU seconds (the whole process tree) of one session."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "distrank", "-p", "no:cacheprovider", "-q",
+         "--distrank-isolate", f"--distrank-fresh-ranks={mode}", str(path)],
+        cwd=path.parent, capture_output=True, text=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode != 0:
+        sys.exit(f"{mode} {path.name} failed:\n{done.stdout[-3000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", type=int, default=2)
+    parser.add_argument("--large", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    per_test: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        small, large = write_tests(folder, args.small), write_tests(folder, args.large)
+        for round_ in range(args.rounds):
+            order = MODES if round_ % 2 == 0 else MODES[::-1]
+            for mode in order:
+                wall_s, cpu_s = run(small, mode)
+                wall_l, cpu_l = run(large, mode)
+                n = args.large - args.small
+                per_test[mode].append(((wall_l - wall_s) / n, (cpu_l - cpu_s) / n))
+                print(
+                    f"round {round_ + 1} {mode:5}: {args.small} tests {wall_s:.2f} s, "
+                    f"{args.large} tests {wall_l:.2f} s wall ({cpu_l:.2f} s CPU): "
+                    f"{per_test[mode][-1][0] * 1000:.0f} ms wall, "
+                    f"{per_test[mode][-1][1] * 1000:.0f} ms CPU per test",
+                    flush=True,
+                )
+    print(f"\nper fresh-rank ws4 test, medians of {args.rounds} rounds (A B A B):")
+    medians = {
+        mode: (statistics.median(w for w, _ in rows), statistics.median(c for _, c in rows))
+        for mode, rows in per_test.items()
+    }
+    for mode, (wall, cpu) in medians.items():
+        print(f"  {mode:5}  {wall * 1000:7.0f} ms wall  {cpu * 1000:7.0f} ms CPU")
+    ratios = [f[0] / s[0] for f, s in zip(per_test["fork"], per_test["start"], strict=True)]
+    print(f"  fork/start wall: median of per-round ratios {statistics.median(ratios):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

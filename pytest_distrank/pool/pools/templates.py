@@ -1,0 +1,148 @@
+"""Rank templates: fresh ranks forked in milliseconds instead of started from nothing (#40).
+
+Runs in the controller (pool mode), for :class:`~poolset.PoolSet`. A pool of fresh ranks (an
+isolated test, a class that asks for fresh ranks, a replay, a harness test's fresh retry) used
+to cost a pytest start and a collection in every rank. Here the first such pool of a kind (its
+key without the isolation number, and its files) starts a *template* per rank: a rank process
+that configures pytest and collects like any rank, sends Ready, and then only forks
+(pool/worker/template.py). Every fresh pool of that kind is forked from them: each new rank
+costs a fork, its process group's start and what :data:`template.NOT_INHERITED` lists.
+
+:class:`ForkedRank` is the controller's handle of such a rank (it is the template's child, not the
+fork server's): the template reaps it and writes its exit status into a pipe whose read end is
+the handle's sentinel, as multiprocessing's fork server does for the processes it forks.
+
+Templates are used only where a fork is the same as a start: the fork server's start method, no
+coverage measurement (a rank's coverage starts before its pytest session), no debugger
+settings, no simulated world, no GPU (a template must not have touched CUDA), and
+``--distrank-fresh-ranks=fork`` (``start``: every fresh rank starts from nothing, as before).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import select
+from collections.abc import Callable
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..protocol import Fork, Forked, RankConfig
+from .poolkey import PoolKey
+
+#: How long a template gets to answer a fork request.
+FORK_WAIT = 30.0
+#: Bytes of one exit status in the status pipe (template.STATUS_BYTES).
+STATUS_BYTES = 4
+#: Kinds of pool whose templates are kept at once (the oldest is stopped beyond that).
+KEEP = 2
+
+
+class ForkedRank:
+    """A rank forked from a template, as the pool handles its processes (``pid``, ``sentinel``,
+    ``exitcode``, ``join``, ``is_alive``, ``close``)."""
+
+    def __init__(self, pid: int, status_fd: int) -> None:
+        self.pid = pid
+        self.sentinel = status_fd
+        self._exitcode: int | None = None
+
+    @property
+    def exitcode(self) -> int | None:
+        if self._exitcode is None and self.sentinel >= 0:
+            self.join(0)
+        return self._exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._exitcode is not None or self.sentinel < 0:
+            return
+        ready, _, _ = select.select([self.sentinel], [], [], timeout)
+        if ready:
+            data = os.read(self.sentinel, STATUS_BYTES)
+            # No status: the template died first (its children then died by their parent-death
+            # signal, unreaped by it): a kill.
+            self._exitcode = int.from_bytes(data, "little", signed=True) if data else -9
+
+    def is_alive(self) -> bool:
+        return self.exitcode is None
+
+    def close(self) -> None:
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What makes two fresh pools forkable from the same templates."""
+
+    key: PoolKey
+    files: tuple[str, ...]
+
+
+class TemplateError(Exception):
+    """A template could not fork (it died, or did not answer in time); says which."""
+
+
+def fork_from(pool: Any) -> Callable[[RankConfig, Connection], ForkedRank]:
+    """The pool's way to start a rank: fork it from the template pool ``pool``'s rank."""
+
+    def fork(cfg: RankConfig, conn: Connection) -> ForkedRank:
+        template = pool.ranks[cfg.rank]
+        status_r, status_w = os.pipe()
+        try:
+            try:
+                template.conn.send(Fork(cfg))
+                reduction.send_handle(template.conn, conn.fileno(), template.pid)
+                reduction.send_handle(template.conn, status_w, template.pid)
+                answer = template.conn.recv() if template.conn.poll(FORK_WAIT) else None
+            except (OSError, EOFError) as exc:
+                answer = exc
+            if not isinstance(answer, Forked):
+                os.close(status_r)
+                raise TemplateError(
+                    f"the template of rank {cfg.rank} (pid {template.pid}) did not fork it: "
+                    f"{answer!r}"
+                )
+        finally:
+            os.close(status_w)
+        return ForkedRank(answer.pid, status_r)
+
+    return fork
+
+
+class Templates:
+    """The session's templates, by kind of pool; each kind is a pool that serves no test."""
+
+    def __init__(self) -> None:
+        self.live: dict[Kind, Any] = {}
+
+    def get(self, kind: Kind) -> Any | None:
+        pool = self.live.get(kind)
+        if pool is not None and any(r.process.exitcode is not None for r in pool.ranks):
+            self.drop(kind)  # a template died: the next pool of its kind makes new ones
+            return None
+        return pool
+
+    def add(self, kind: Kind, pool: Any) -> list[Any]:
+        """Keep ``pool`` for ``kind``; return the templates to stop (the oldest beyond KEEP)."""
+        self.live[kind] = pool
+        old = list(self.live)[:-KEEP]
+        return [self.live.pop(k) for k in old]
+
+    def drop(self, kind: Kind) -> None:
+        pool = self.live.pop(kind, None)
+        if pool is not None:
+            pool.kill()
+
+    def take_all(self) -> list[Any]:
+        pools = list(self.live.values())
+        self.live.clear()
+        return pools
+
+    def kill_all(self) -> None:
+        for pool in self.take_all():
+            with contextlib.suppress(Exception):
+                pool.kill()

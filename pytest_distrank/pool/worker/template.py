@@ -1,0 +1,95 @@
+"""A rank template: a rank that configured pytest and collected, and forks fresh ranks (#40).
+
+Runs in the template process (a rank of a pool that serves no test, started by the fork server
+like any rank) and, after each fork, in the new rank until it returns into its pytest session.
+A test that must run on fresh ranks (``--distrank-isolate``, a class that asks for fresh ranks,
+a replay, a harness test's fresh retry) costs a pytest start and a collection per rank when its
+ranks start from nothing; forked from a template that already has both, a fresh rank costs a
+fork and the process group's start.
+
+A template is exactly rank *r* of its kind of pool before its process group starts: its own
+environment, command line and collection. What a fork must not keep of it, and what this module
+(:func:`fork_ranks`) and :meth:`main.WorkerPlugin.become` give the child anew, is listed in
+:data:`NOT_INHERITED` (tests/e2e check each).
+
+The template reaps its children (SIGCHLD) and writes each one's exit status into a pipe whose
+read end the controller holds (pools/templates.py): the controller's sentinel, as
+multiprocessing's fork server does for its children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from multiprocessing import reduction
+from multiprocessing.connection import Connection
+
+from ..protocol import Fork, Forked, RankConfig, Shutdown
+
+#: What a rank forked from a template gets anew instead of inheriting it from the template.
+NOT_INHERITED = (
+    "pid, process group, parent-death signal and subreaper setting",
+    "the pipe to the controller and the pool's phase array",
+    "stdout and stderr (the new rank's log) and pytest's fd capture (new temporary files)",
+    "the rank's terminal report file, faulthandler's file and the flight-recorder thread",
+    "the environment (the new pool's tag, the store's path)",
+    "pytest's basetemp (tmp_path), config.workerinput and the process's name",
+    "SIGCHLD handling and the template's other children's status pipes",
+)
+#: Bytes of one exit status in the status pipe (a signed int, as the fork server writes).
+STATUS_BYTES = 4
+
+
+def fork_ranks(conn: Connection) -> tuple[RankConfig, Connection]:
+    """Serve :class:`Fork` requests; return only in a new child, as (its config, its pipe).
+
+    The template itself never returns: it exits on :class:`Shutdown` (once every child it
+    forked is gone) or when the controller's pipe closes.
+    """
+    children: dict[int, int] = {}  # pid -> write end of its status pipe
+
+    def reap(signum: int = 0, frame: object = None) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fd = children.pop(pid, None)
+            if fd is not None:
+                code = os.waitstatus_to_exitcode(status)
+                with contextlib.suppress(OSError):
+                    os.write(fd, code.to_bytes(STATUS_BYTES, "little", signed=True))
+                os.close(fd)
+
+    signal.signal(signal.SIGCHLD, reap)
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            os._exit(0)  # the controller is gone: so are the children (parent-death signal)
+        if isinstance(message, Shutdown):
+            while children:  # its children's pools stop first; their status must be written
+                signal.sigtimedwait({signal.SIGCHLD}, 1.0)
+                reap()
+            os._exit(0)
+        assert isinstance(message, Fork), message
+        rank_fd = reduction.recv_handle(conn)
+        status_fd = reduction.recv_handle(conn)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            conn.close()
+            os.close(status_fd)
+            for fd in children.values():
+                os.close(fd)
+            return message.cfg, Connection(rank_fd)
+        children[pid] = status_fd
+        os.close(rank_fd)
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        reap()  # a child that died at once
+        conn.send(Forked(pid))
