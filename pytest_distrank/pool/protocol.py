@@ -138,9 +138,11 @@ class Fork:
 
 @dataclasses.dataclass(frozen=True)
 class Forked:
-    """A rank template's answer to :class:`Fork`: the new rank's pid."""
+    """A rank template's answer to :class:`Fork`: the new rank's pid, or 0 and why it must not
+    fork (the controller then starts the pool's ranks from nothing)."""
 
     pid: int
+    why: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -466,6 +466,17 @@ ISOLATE = {
             with open(RECORD + "-fresh.txt", "a") as f:
                 f.write(json.dumps(fact) + "\\n")
         """,
+    # A parallel op at import starts OpenMP's threads in the template: it must not fork.
+    "test_omp.py": """
+        import pytest, torch
+
+        BIG = torch.ones(4_000_000).sum()
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(2))
+        def test_after_a_parallel_import(rank, i):
+            assert torch.ones(4_000_000).sum().item() == 4_000_000
+        """,
     # Ordinary tests run in the pytest process: the first and the last one count its open fds.
     "test_fds.py": """
         import os, pytest
@@ -501,8 +512,8 @@ def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> No
     isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
     isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
     assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
-    # 12 + 4 + 3 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["19 distributed tests; pools started: 19 at world size 2"])
+    # 12 + 4 + 3 + 2 tests, each in a pool of its own.
+    isolate.stdout.fnmatch_lines(["21 distributed tests; pools started: 21 at world size 2"])
 
 
 def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
@@ -529,8 +540,22 @@ def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
     assert len({f["name"] for f in facts}) == 6  # distrank-pool<P>-rank<R>: its pool's
 
 
+def test_a_template_that_collection_gave_threads_does_not_fork(
+    isolate: pytest.RunResult,
+) -> None:
+    """A fork keeps only the forking thread (OpenMP's pool would hang the child): its fresh ranks
+    start from nothing instead, said once, and the tests pass."""
+    isolate.stdout.fnmatch_lines_random(
+        [
+            "*::test_after_a_parallel_import[[]1[]] PASSED*",
+            "fresh ranks of world_size=2, backend=gloo start from nothing, not forked from "
+            "templates: the template of rank ? did not fork it: * more thread* after collection*",
+        ]
+    )
+
+
 def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=21)
+    isolate.assert_outcomes(passed=23)
     isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
 
 

@@ -45,7 +45,7 @@ from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .pool import Pool
 from .poolkey import PoolKey
 from .stats import PoolStart, Stats
-from .templates import Kind, Templates, fork_from
+from .templates import Kind, TemplateError, Templates, fork_from
 
 #: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
@@ -199,7 +199,7 @@ class PoolSet:
                 started_at = time.monotonic()
                 context, parent_pid = self.server.context_for(timeout)
                 fork = None
-                if self._forks_fresh_ranks(key, coverage, debug):
+                if self._forks_fresh_ranks(key, files, coverage, debug):
                     made = (nodeids, files, env, workdir, timeout, context, parent_pid)
                     fork = self._templates(key, *made)
                     phases = str(workdir / f"pool{pool_id}.phases")
@@ -217,6 +217,11 @@ class PoolSet:
             started[kind] = started.get(kind, 0) + 1
             try:
                 pool.start(timeout, self.terminal)
+            except TemplateError as exc:  # its fresh ranks start from nothing from now on
+                pool.kill()
+                started[kind] -= 1
+                self._refuse(Kind(dataclasses.replace(key, isolated=0), tuple(files)), str(exc))
+                return self._start(key, nodeids, files, timeout)
             except BaseException:
                 pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
                 raise
@@ -233,17 +238,33 @@ class PoolSet:
         return pool
 
     def _forks_fresh_ranks(
-        self, key: PoolKey, coverage: dict[str, Any] | None, debug: DebugSettings
+        self,
+        key: PoolKey,
+        files: list[str],
+        coverage: dict[str, Any] | None,
+        debug: DebugSettings,
     ) -> bool:
         """Whether this pool's fresh ranks are forked from templates (see templates.py)."""
+        kind = Kind(dataclasses.replace(key, isolated=0), tuple(files))
         return (
             key.isolated != 0
+            and kind not in self.templates.refused
             and self.settings.fresh_ranks.value == "fork"
             and self.settings.start_method.value == "forkserver"
             and coverage is None
             and not (debug.post_mortem or debug.trace or debug.live_rank is not None)
             and key.simulated is None
             and key.gpus == 0
+        )
+
+    def _refuse(self, kind: Kind, why: str) -> None:
+        """The templates of ``kind`` cannot fork: they go, and its fresh ranks start from
+        nothing, said once in the summary."""
+        self.templates.drop(kind)
+        self.templates.refused[kind] = why
+        self.notes.append(
+            f"fresh ranks of {kind.key.describe()} start from nothing, not forked from "
+            f"templates: {why}"
         )
 
     def _templates(

@@ -100,12 +100,10 @@ def fork_from(pool: Any) -> Callable[[RankConfig, Connection], ForkedRank]:
                 answer = template.conn.recv() if template.conn.poll(FORK_WAIT) else None
             except (OSError, EOFError) as exc:
                 answer = exc
-            if not isinstance(answer, Forked):
+            if not isinstance(answer, Forked) or answer.pid <= 0:
                 os.close(status_r)
-                raise TemplateError(
-                    f"the template of rank {cfg.rank} (pid {template.pid}) did not fork it: "
-                    f"{answer!r}"
-                )
+                why = answer.why if isinstance(answer, Forked) else f"no answer ({answer!r})"
+                raise TemplateError(f"the template of rank {cfg.rank} did not fork it: {why}")
         finally:
             os.close(status_w)
         return ForkedRank(answer.pid, status_r)
@@ -118,6 +116,8 @@ class Templates:
 
     def __init__(self) -> None:
         self.live: dict[Kind, Any] = {}
+        #: Kinds whose templates could not fork, and why: their fresh ranks start from nothing.
+        self.refused: dict[Kind, str] = {}
 
     def get(self, kind: Kind) -> Any | None:
         pool = self.live.get(kind)

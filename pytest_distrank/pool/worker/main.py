@@ -75,7 +75,7 @@ from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import detach_from_controller_tree, end_with_controller, rank_env
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
-from .template import fork_ranks
+from .template import fork_ranks, threads, unforkable
 
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
@@ -135,6 +135,9 @@ class WorkerPlugin:
         self.debug = cfg.debug or DebugSettings()
         #: The CUDA memory each test leaves allocated (rankgpu.py).
         self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
+        #: Its threads before its pytest session: a template with more after collection does
+        #: not fork (template.unforkable).
+        self.threads_at_start = threads()
 
     def _arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -340,8 +343,9 @@ class WorkerPlugin:
         items = {item.nodeid: item for item in session.items}
         if self.cfg.template:  # serve forks; return in each fork, as a fresh rank (template.py)
             errors = tuple(self.collect_errors)
+            refuse = unforkable(self.threads_at_start)
             self.conn.send(Ready(self.cfg.rank, os.getpid(), (), errors, time.process_time()))
-            self.become(*fork_ranks(self.conn))
+            self.become(*fork_ranks(self.conn, refuse))
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
             self.ctx = start_rank(self.cfg)

@@ -41,11 +41,32 @@ NOT_INHERITED = (
 STATUS_BYTES = 4
 
 
-def fork_ranks(conn: Connection) -> tuple[RankConfig, Connection]:
+def threads() -> int:
+    """The process's threads, native ones included (``/proc/self/task``)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def unforkable(baseline: int) -> str:
+    """Why this template must not fork ("" when it may): threads that collection started. A
+    fork keeps only the forking thread: a lock another thread held stays locked in the child,
+    and OpenMP's pool (a module-level parallel torch op starts it) hangs the child's first
+    parallel op."""
+    grown = threads() - baseline
+    if grown <= 0:
+        return ""
+    return (
+        f"{grown} more thread{'s' if grown > 1 else ''} after collection than at its start "
+        "(a parallel torch op or a thread started at import or collection): a fork would keep "
+        "none of them"
+    )
+
+
+def fork_ranks(conn: Connection, refuse: str = "") -> tuple[RankConfig, Connection]:
     """Serve :class:`Fork` requests; return only in a new child, as (its config, its pipe).
 
     The template itself never returns: it exits on :class:`Shutdown` (once every child it
-    forked is gone) or when the controller's pipe closes.
+    forked is gone) or when the controller's pipe closes. With ``refuse``, it forks nothing
+    and answers each request with why.
     """
     children: dict[int, int] = {}  # pid -> write end of its status pipe
 
@@ -78,6 +99,11 @@ def fork_ranks(conn: Connection) -> tuple[RankConfig, Connection]:
         assert isinstance(message, Fork), message
         rank_fd = reduction.recv_handle(conn)
         status_fd = reduction.recv_handle(conn)
+        if refuse:
+            os.close(rank_fd)
+            os.close(status_fd)
+            conn.send(Forked(0, refuse))
+            continue
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         pid = os.fork()
         if pid == 0:

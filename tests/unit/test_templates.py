@@ -1,0 +1,55 @@
+"""Unit: the controller's side of rank templates (pool/pools/templates.py), without processes:
+the forked rank's handle reads its exit status from the template's pipe, and the set keeps at
+most KEEP kinds, dropping a kind whose template died."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from pytest_distrank.pool.pools.poolkey import PoolKey
+from pytest_distrank.pool.pools.templates import KEEP, ForkedRank, Kind, Templates
+
+
+@pytest.mark.parametrize(("written", "code"), [(0, 0), (3, 3), (-11, -11), (None, -9)])
+def test_a_forked_ranks_exit_status_comes_from_its_templates_pipe(
+    written: int | None, code: int
+) -> None:
+    """The template writes the status when it reaps the rank; a pipe closed with nothing in it
+    (the template died first, and the rank with it by its parent-death signal) reads as a kill."""
+    read, write = os.pipe()
+    rank = ForkedRank(4242, read)
+    assert rank.exitcode is None and rank.is_alive()
+    if written is not None:
+        os.write(write, written.to_bytes(4, "little", signed=True))
+    os.close(write)
+    rank.join(1.0)
+    assert rank.exitcode == code and not rank.is_alive()
+    rank.close()
+    assert rank.sentinel == -1 and rank.exitcode == code
+
+
+def _pool(alive: bool = True) -> Any:
+    killed: list[bool] = []
+    process = SimpleNamespace(exitcode=None if alive else 1)
+    return SimpleNamespace(
+        ranks=[SimpleNamespace(process=process)], kill=lambda: killed.append(True), killed=killed
+    )
+
+
+def test_the_set_keeps_the_newest_kinds_and_drops_a_dead_template() -> None:
+    templates = Templates()
+    kinds = [Kind(PoolKey(2, "gloo", True), (f"t{i}.py",)) for i in range(KEEP + 1)]
+    pools = [_pool() for _ in kinds]
+    assert templates.add(kinds[0], pools[0]) == []
+    for kind, pool in zip(kinds[1:KEEP], pools[1:KEEP], strict=True):
+        assert templates.add(kind, pool) == []
+    assert templates.add(kinds[KEEP], pools[KEEP]) == [pools[0]]  # the oldest, to stop
+    assert templates.get(kinds[0]) is None and templates.get(kinds[KEEP]) is pools[KEEP]
+    dead = _pool(alive=False)
+    templates.add(kinds[0], dead)
+    assert templates.get(kinds[0]) is None and dead.killed == [True]
+    assert kinds[0] not in templates.live
