@@ -62,16 +62,7 @@ def synthesized_failure(
     lines = [line + "\n" for line in details.splitlines()] or [message + "\n"]
     crash = ReprFileLocation(location[0], (location[1] or 0) + 1, message)
     longrepr = ExceptionChainRepr([(ReprTracebackNative(lines), crash, None)])
-    report = TestReport(
-        nodeid,
-        location,
-        {},
-        "failed",
-        longrepr,
-        when,  # type: ignore[arg-type]
-        start=stop,
-        stop=stop,
-    )
+    report = TestReport(nodeid, location, {}, "failed", longrepr, when, start=stop, stop=stop)  # type: ignore[arg-type]
     setattr(report, NOTE_ATTR, note)
     setattr(report, COLLATERAL_ATTR, collateral)
     if in_test is not None:
@@ -93,18 +84,10 @@ def passed_report(
     stop: float = 0.0,
 ) -> TestReport:
     """A passed report of one phase (``keywords``: the names of the item's keywords)."""
-    return TestReport(
-        nodeid,
-        location,
-        dict.fromkeys(keywords, 1),
-        "passed",
-        None,
-        when,  # type: ignore[arg-type]
-        list(sections),
-        duration,
-        start,
-        stop,
-    )
+    report = TestReport(nodeid, location, {}, "passed", None, when, list(sections))  # type: ignore[arg-type]
+    report.keywords = dict.fromkeys(keywords, 1)
+    report.duration, report.start, report.stop = duration, start, stop
+    return report
 
 
 def fill_passed(reports: list[TestReport], nodeid: str, location: Location, when: str) -> None:
