@@ -54,10 +54,10 @@ class Forged(ChannelError):
     """A payload whose MAC does not verify: who wrote it is unknown.
 
     A rank that reads a forged verdict, plan or exit code leaves as one that lost the channel;
-    rank 0's gathering fails the test with it instead (:func:`report.forged_report`).
+    rank 0's gathering fails the test with it instead (:func:`reports.forged_report`).
     """
 
-    #: The failed report's first words (:func:`report.forged_report`), what it means, and what
+    #: The failed report's first words (:func:`reports.forged_report`), what it means, and what
     #: to do about it.
     headline = "control store tampered with"
     meaning = MEANING

@@ -8,9 +8,9 @@ polls while the main thread is in the test, and gathers when the main thread is 
 
 Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
 send time, test index, node id: :func:`keys.identity`); anything else fails the test as
-pool mode's :func:`checks.foreign_report` does. A payload whose MAC does not verify
+pool mode's does (:func:`reports.check_failure`). A payload whose MAC does not verify
 (:class:`channel.Forged`: someone else wrote the store) fails the test naming its key and rank
-(:func:`report.forged_report`), and so does a ``done/<test>`` counter that counts more last
+(:func:`reports.forged_report`), and so does a ``done/<test>`` counter that counts more last
 reports than were ever in the store (one was deleted, or the counter moved alone): a counter
 only says "go read". A rank whose session ended (``fatal/<rank>``) is
 lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
@@ -19,7 +19,7 @@ When to stop waiting is :class:`endgame.Endgame`'s rule, the same as pool mode's
 only when its last reports arrived; waiting ends at the deadline or when the failure grace is
 over (plus ``FINISH_WAIT`` when only ranks that failed themselves are left). Ranks still running
 then are asked for their stacks (the ``abort/<test>`` key, which their watchdogs watch) and
-reported by :func:`endgame.unfinished_report` as stuck (they are left running) or timed out.
+reported by :func:`reports.unfinished_report` as stuck (they are left running) or timed out.
 """
 
 from __future__ import annotations
@@ -41,18 +41,23 @@ from ..outcome.endgame import (
     Position,
     Unfinished,
     failed_itself,
-    fill_passed,
     grace_trigger,
     note_verdict,
-    unfinished_report,
 )
 from ..outcome.records import WarningRecord
+from ..outcome.reports import (
+    check_failure,
+    fill_passed,
+    silent_report,
+    stopped_report,
+    unfinished_report,
+)
 from ..outcome.warnings import warning_record
 from . import keys
 from .channel import POLL_MAX, Malformed
 from .current import Current
 from .frrecords import peer_records, rank0_left_waiting, verdict_story
-from .report import FRESH_GROUP, check_report, silent_report, stopped_report
+from .report import FRESH_GROUP, SESSION_ENDED
 from .session import RankSession
 from .tamper import check_done, forged_reports, noted
 
@@ -140,7 +145,7 @@ def foreign(rs: RankSession, cur: Current, rank: int, data: keys.Identity) -> Te
         )
     else:
         more = f"The rank's control messages are out of step with rank 0. {FRESH_GROUP}"
-    return check_report(item.nodeid, item.location, rank, rs.world_size, crash, more, time.time())
+    return check_failure(item.nodeid, item.location, rank, rs.world_size, crash, more, time.time())
 
 
 def _take_foreign(
@@ -285,9 +290,9 @@ def _stopped_reports(
         reports = [rs.deserialize(d) for d in data["reports"]]
         cur.peer_warnings[rank] = data["warnings"]
     fill_passed(reports, item.nodeid, item.location, pos.when)
-    wall = time.time()
+    wall, message = time.time(), data["message"]
     reports.append(
-        stopped_report(item.nodeid, item.location, pos.when, pos.at, data["message"], wall)
+        stopped_report(item.nodeid, item.location, pos.when, pos.at, message, wall, SESSION_ENDED)
     )
     return reports
 

@@ -25,13 +25,14 @@ from pytest import TestReport
 from .. import _compat
 from .. import fixtures as fixtures_module
 from ..outcome.checks import sequences_in_step, unmatched
+from ..outcome.reports import unmatched_report
 from ..rank.context import RANK_CONTEXT, RankContext
 from ..rank.groupstate import collective_counts, flight_mark, flight_records
 from ..rank.ownedgroups import twin_of_world
 from . import keys
 from .channel import ChannelError
 from .current import Current
-from .report import FRESH_GROUP, check_report
+from .report import FRESH_GROUP
 from .session import RankSession
 
 #: Bound on the other ranks' answers when rank 0 asks for their collective counts.
@@ -199,14 +200,9 @@ class GroupKeeper:
             )
             return False
         found = unmatched(counts)
-        more = (
-            "A collective that not every member of the group issues stays pending and would be "
-            f"matched by the next test's collective. {FRESH_GROUP}"
-        )
         for rank, _, crash in found:
-            report = check_report(
-                item.nodeid, item.location, rank, self.rs.world_size, crash, more, time.time()
-            )
+            ws, now = self.rs.world_size, time.time()
+            report = unmatched_report(item.nodeid, item.location, rank, ws, crash, FRESH_GROUP, now)
             per_rank.setdefault(rank, []).append(report)
         if found:
             return False

@@ -47,10 +47,10 @@ import pytest
 from pytest import CollectReport, TestReport
 
 from .. import __version__, _compat
-from ..outcome.merge import annotate, merge_test
+from ..outcome.finish import finish_test
 from ..outcome.records import RunTest
+from ..outcome.reports import forked_report, setup_error_report, skipped_reports
 from ..outcome.stacks import interruption_message
-from ..outcome.warnings import forward_warnings
 from ..parsing import MAX_SEED, file_safe
 from ..planning.order import order_seed, reorder, session_seed
 from ..rank import seeding
@@ -73,7 +73,7 @@ from .gather import (
 )
 from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
-from .report import forked_report, not_run_reports, setup_error_report
+from .report import FRESH_GROUP
 from .session import RankSession, park
 from .terminal import header_lines, summary_lines
 from .watchdog import Watchdog
@@ -275,9 +275,8 @@ class LaunchPlugin:
                 self.rs.leave_if_fork(cur.index, item.nodeid)
         forks = self.rs.end_forks()
         if forks:
-            report = forked_report(
-                item.nodeid, item.location, self.rank, self.world_size, forks, time.time()
-            )
+            after, ws, now = f"The rank killed it. {FRESH_GROUP}", self.world_size, time.time()
+            report = forked_report(item.nodeid, item.location, self.rank, ws, forks, after, now)
             cur.reports.append(report)
             publish_early(self.rs, cur, report)
         return not forks
@@ -305,8 +304,7 @@ class LaunchPlugin:
             healthy = group.check_collectives(cur, per_rank)
         if not (healthy and peers_healthy):
             group.gen += 1  # every rank re-initialises its group before the next test
-        merged = self.merge(cur, per_rank)
-        forward_warnings(item, warnings_of(cur), self.world_size)
+        merged = self.finish(cur, per_rank)
         self.current = None
         for report in merged:
             ihook.pytest_runtest_logreport(report=report)
@@ -344,22 +342,18 @@ class LaunchPlugin:
             if report.failed and rs.log_stream is not None:
                 report.toterminal(_compat.terminal_writer(cast(TextIO, rs.log_stream)))
 
-    def merge(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> list[TestReport]:
-        item = cur.item
-        merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
-            item=item, reports=per_rank
-        )
-        if merged is None:
-            merged = merge_test(per_rank, self.world_size)
+    def finish(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> list[TestReport]:
+        """The test's reports to log: :func:`finish.finish_test`, the tail pool mode's too."""
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && "
-        rerun += rerun_command(self.launch, item.nodeid, self.seed.value)
-        annotate(merged, per_rank, self.world_size, self.rs.pids, rerun)
-        return merged
+        rerun += rerun_command(self.launch, cur.item.nodeid, self.seed.value)
+        pids, ws = self.rs.pids, self.world_size
+        return finish_test(cur.item, per_rank, ws, pids, rerun, warnings_of(cur))
 
     def _log_not_run(self, item: pytest.Item, reason: str) -> None:
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        for report in not_run_reports(item.nodeid, item.location, reason):
+        path, reason = item.location[0], f"not run: {reason}"
+        for report in skipped_reports(item.nodeid, item.location, path, reason):
             ihook.pytest_runtest_logreport(report=report)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
@@ -470,8 +464,7 @@ class LaunchPlugin:
         the stuck group, and the main thread is still inside the test.
         """
         per_rank, stuck, _ = gather(self.rs, cur, own)
-        merged = self.merge(cur, per_rank)
-        forward_warnings(cur.item, warnings_of(cur), self.world_size)
+        merged = self.finish(cur, per_rank)
         self.aborted = True
         self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, [0, *stuck])
         self.current = None

@@ -5,7 +5,7 @@ thread). :class:`channel.Channel` raises :class:`channel.Forged` for a payload w
 verify (:mod:`auth`), or that does not read as its kind (:class:`channel.Malformed`, the key
 named by :mod:`keys`' reader); here it becomes a note on the running test
 (:attr:`current.Current.forged`), which starts the failure grace like a rank's failure and ends
-as a failed report under the rank the key speaks for (:func:`report.forged_report`). What it
+as a failed report under the rank the key speaks for (:func:`reports.forged_report`). What it
 cannot see: a genuine payload that someone deleted before rank 0 read it is only noticed through
 its counter (:func:`check_done`); for other keys (an early failure, a stack) its absence reads as
 the rank's silence.
@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 
 from pytest import TestReport
 
-from ..outcome.endgame import fill_passed
+from ..outcome.reports import fill_passed, forged_report
 from . import keys
 from .channel import Forged
-from .report import forged_report
 
 if TYPE_CHECKING:
     from .current import Current

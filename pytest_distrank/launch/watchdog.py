@@ -37,7 +37,8 @@ from collections.abc import Callable
 from pytest import TestReport
 
 from ..outcome.collectives import explain, load
-from ..outcome.endgame import Position, Unfinished, failed_itself, fill_passed, unfinished_report
+from ..outcome.endgame import Position, Unfinished, failed_itself
+from ..outcome.reports import fill_passed, unfinished_report
 from ..outcome.stacks import where_blocked
 from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads

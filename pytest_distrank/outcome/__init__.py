@@ -5,10 +5,12 @@ Runs where a test's outcome is decided: the controller (pool mode) and rank 0 of
 reports and text: no torch, no processes, so that it is unit-tested without ranks.
 
 - ``records``: what both modes pass around: a test to run, one rank's reports, a warning.
-- ``endgame``: when a test is over (the end-of-test rule), and the report of a rank that did not
-  finish.
-- ``merge``: N per-rank reports to one per phase; synthesized failures; the rerun line.
-- ``checks``: the checks after each test (unmatched collectives, forks) and their reports.
+- ``endgame``: when a test is over (the end-of-test rule), and where a rank that did not finish
+  was.
+- ``merge``: N per-rank reports to one per phase; the rerun line.
+- ``reports``: every report made up, for both modes (a crash, a hang, a failed check, an error).
+- ``finish``: the end-of-test tail both modes call (merge hook, warnings, rerun line).
+- ``checks``: the checks after each test (unmatched collectives, forks) and their crash lines.
 - ``collectives``: a hang explained: which collective each rank is in, who is out of step.
 - ``frcalls``: a rank's flight records read as its collectives, numbered per group identity.
 - ``stacks``: stack dumps, "blocked in ...", log tails, exit statuses and signals in words.

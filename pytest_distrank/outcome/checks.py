@@ -9,15 +9,11 @@ reason, so that the next, innocent test never inherits the damage.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 
-from pytest import TestReport
-
-from .merge import ranks_words, synthesized_failure
+from .merge import ranks_words
 from .records import Reports, RunTest
 
-Location = tuple[str, int | None, str]
 #: Per rank: group (in words) -> sequence number, as in ``Reports.sequence``.
 Sequences = Mapping[int, Mapping[str, int]]
 
@@ -37,37 +33,9 @@ def sequences_in_step(after: Sequences, base: Sequences) -> bool:
     return all(len(values) <= 1 for values in deltas.values())
 
 
-def unmatched_collectives(
-    counts: Mapping[int, Mapping[str, tuple[int, str]]],
-    world_size: int,
-    test: RunTest,
-    location: Location,
-) -> list[tuple[int, TestReport, str]]:
-    """A failure for each rank that issued more collectives on a group than its peers.
-
-    ``counts``: per rank, group -> (collectives issued, the last one's op), from the flight
-    recorder (``rank.groupstate.collective_counts``). Returns ``(rank, report, why the pool is
-    unfit)``.
-    """
-    out = []
-    for rank, group, crash in unmatched(counts):
-        text = (
-            f"rank {rank}/{world_size} {crash}\n"
-            "A collective that not every member of the group issues stays pending and would "
-            "be matched by the next test's collective. The pool was replaced; the next test "
-            "runs on fresh ranks."
-        )
-        report = synthesized_failure(
-            test.nodeid, location, "call", crash, text, note=crash, stop=time.time()
-        )
-        why = f"rank {rank} left an unmatched collective on {group} in {test.nodeid}"
-        out.append((rank, report, why))
-    return out
-
-
 def unmatched(counts: Mapping[int, Mapping[str, tuple[int, str]]]) -> list[tuple[int, str, str]]:
     """``(rank, group, crash line)`` for each rank that issued more collectives on a group than
-    its peers (:func:`unmatched_collectives`' rule, in plain values for launcher mode)."""
+    its peers; :func:`reports.unmatched_report` writes each one's failure."""
     by_group: dict[str, dict[int, tuple[int, str]]] = {}
     for rank, groups in counts.items():
         for group, count in groups.items():
@@ -93,26 +61,6 @@ def is_own(pid: int, message: Reports, test: RunTest) -> bool:
     return message.pid == pid and message.index == test.index and message.nodeid == test.nodeid
 
 
-def foreign_report(
-    rank: int, pid: int, world_size: int, message: Reports, test: RunTest, location: Location
-) -> TestReport:
-    """A failure for reports that do not belong to ``test`` from ``rank``'s own process."""
-    tag = f"rank {rank}/{world_size}"
-    crash = foreign_crash(pid, message.pid, message.index, message.nodeid, test.index)
-    if message.pid != pid:
-        more = (
-            "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
-            "into pytest runs the rest of the test again and sends its reports down the "
-            "rank's pipe. End such a child with os._exit() (or use subprocess or the "
-            "'spawn' start method); the rank's pool was replaced."
-        )
-    else:
-        more = "The rank's pipe is out of step with the controller; the pool was replaced."
-    return synthesized_failure(
-        test.nodeid, location, "call", crash, f"{tag} {crash}\n{more}", note=crash, stop=time.time()
-    )
-
-
 def foreign_crash(pid: int, sender: int, index: int, nodeid: str, running: int) -> str:
     """The crash line for reports of test #``index`` (``nodeid``) sent by pid ``sender`` to a
     rank whose pid is ``pid``, while test #``running`` runs."""
@@ -128,20 +76,6 @@ def forked_crash(pids: Sequence[int]) -> str:
         f"forked pid {listed} which still ran the rank's own code when the test ended: "
         "it returns into pytest and runs the rest of the test again"
     )
-
-
-def forked_report(
-    rank: int, world_size: int, pids: Sequence[int], nodeid: str, location: Location
-) -> TestReport:
-    """A failure for a test that left forks of the rank running the rank's own code."""
-    crash = forked_crash(pids)
-    text = (
-        f"rank {rank}/{world_size} {crash}.\n"
-        "End a child made with os.fork() with os._exit() (or use subprocess, or "
-        "multiprocessing, which manages its children). The child was killed with the pool, "
-        "and the pool was replaced."
-    )
-    return synthesized_failure(nodeid, location, "call", crash, text, note=crash, stop=time.time())
 
 
 #: Ends the words of what a rank named and did not restore (rank/processstate.py).

@@ -18,8 +18,8 @@ The rule:
   on them in a collective), they get :data:`FINISH_WAIT` once more to finish their teardown.
 - A failed *subtest* is not the end of a rank's test (its later subtests and collectives still
   run): it starts no grace period. Neither does an xfail.
-- Ranks still running then are reported from outside (:func:`unfinished_report`): as collateral
-  when a peer failed or skipped first, as timed out otherwise, saying where each one was.
+- Ranks still running then are reported from outside (:func:`reports.unfinished_report`): as
+  collateral when a peer failed or skipped first, as timed out otherwise, saying where each was.
 """
 
 from __future__ import annotations
@@ -32,17 +32,7 @@ from pytest import TestReport
 
 from ..settings import seam_wait
 from .collectives import Verdict
-from .interrupted import mark_interrupted
-from .merge import (
-    CAUSE_ATTR,
-    COLLATERAL_ATTR,
-    NOTE_ATTR,
-    UNFINISHED_ATTR,
-    VERDICT_ATTR,
-    label,
-    synthesized_failure,
-)
-from .stacks import format_stack, where_blocked
+from .merge import CAUSE_ATTR, COLLATERAL_ATTR, NOTE_ATTR, VERDICT_ATTR
 
 Location = tuple[str, int | None, str]
 
@@ -225,7 +215,7 @@ class Endgame:
         return self.failed_at is not None and rank not in self.failed
 
 
-# -- reports for ranks that did not finish ------------------------------------------------------
+# -- ranks that did not finish: where they were ----------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,73 +270,7 @@ class Unfinished:
     verdict: Verdict = dataclasses.field(default_factory=Verdict)
 
 
-def unfinished_report(
-    nodeid: str,
-    location: Location,
-    test_file: str,
-    rank: int,
-    world_size: int,
-    info: Unfinished,
-    wall: float,
-) -> TestReport:
-    """A failed report for a rank that did not finish the test (killed, stuck or timed out)."""
-    tag = label(rank, world_size)
-    pos, game = info.position, info.endgame
-    where = (
-        where_blocked(info.dump, test_file)
-        if info.dump
-        else (info.no_dump_reason or "no stack (the rank did not answer the dump signal)")
-    )
-    if info.collective:
-        where = f"{info.collective}; {where}"
-    waited = info.verdict.waited.get(rank, "")
-    ending = ""
-    if game.is_collateral(rank):
-        assert game.failed_at is not None
-        after = info.now - game.failed_at
-        note = f"{info.verb} {pos.at} {after:.1f} s after {game.trigger}; {where}"
-        crash = f"{info.verb} {pos.at}: {game.trigger} first"
-        collateral = True
-    elif pos is LATE:
-        timeout = game.timeout
-        note = f"finished, but only after its deadline of {timeout:g} s"
-        crash = f"Timeout: finished only after its deadline of {timeout:g} s "
-        crash += f"(timeout from {game.timeout_source})"
-        collateral = False
-    else:
-        ending, crash = _ending(game, pos)
-        # Left waiting for the ranks the verdict blames: collateral, not a failure of its own.
-        note = f"{waited}; {ending}" if waited else f"{ending}; {where}"
-        collateral = bool(waited)
-    if info.dump:
-        stack = format_stack(info.dump, test_file, info.log)
-    else:
-        stack = f"(no stack; its log: {info.log})"
-    text = f"{tag}: {crash}\n{where}\n{stack}"
-    report = synthesized_failure(
-        nodeid,
-        location,
-        pos.when,
-        crash,
-        text,
-        note=note,
-        collateral=collateral,
-        stop=wall,
-        verdict=info.verdict.text,
-        in_test=pos.when in ("setup", "call") and pos == Position.in_phase(pos.when),
-    )
-    setattr(report, UNFINISHED_ATTR, True)
-    if ending and not collateral:
-        setattr(report, ENDING_ATTR, ending)
-    if ending and game.interrupted_at is not None:
-        mark_interrupted(report, game.interrupt)  # no root cause of its own (interrupted.py)
-    if info.verdict.root:
-        verdict = info.verdict
-        setattr(report, CAUSE_ATTR, (verdict.root, verdict.subject, verdict.predicate))
-    return report
-
-
-#: On a rank's report that :func:`unfinished_report` wrote as timed out (or ended by a
+#: On a rank's report that :func:`reports.unfinished_report` wrote as timed out (or ended by a
 #: deadlock): how it ended, in the table's words, for :func:`note_verdict`.
 ENDING_ATTR = "distrank_ending"
 
@@ -368,49 +292,7 @@ def note_verdict(report: TestReport, rank: int, verdict: Verdict) -> None:
         setattr(report, COLLATERAL_ATTR, True)
 
 
-def _ending(game: Endgame, pos: Position) -> tuple[str, str]:
-    """How a rank that did not finish was stopped: the table's words and the crash line."""
-    source = f"timeout from {game.timeout_source}"
-    if game.interrupted_at is not None:
-        after = game.interrupted_at - game.started
-        return (
-            f"interrupted {pos.at} by {game.interrupt} after {after:.1f} s",
-            f"Interrupted: {pos.still} when {game.interrupt} came after {after:.1f} s",
-        )
-    if game.deadlock_at is None:
-        timeout = game.timeout
-        return (
-            f"timed out {pos.at} after {timeout:g} s",
-            f"Timeout: {pos.still} after {timeout:g} s ({source})",
-        )
-    after = game.deadlock_at - game.started
-    seconds = effective_timeout(game.timeout)
-    deadline = f"deadline was {seconds:g} s" if seconds is not None else "no deadline"
-    return (
-        f"ended {pos.at} after {after:.1f} s: a deadlock ({deadline})",
-        f"Deadlock: {pos.still} after {after:.1f} s, which can never finish: ended early "
-        f"({deadline}, {source})",
-    )
-
-
 def failed_itself(reports: Iterable[TestReport]) -> bool:
     """A rank's own failure is among ``reports`` (a failed subtest does not count): when it did
     not finish, it was cleaning up after that failure, which is the story to tell."""
     return any(r.failed and not is_subtest(r) for r in reports)
-
-
-def fill_passed(reports: list[TestReport], nodeid: str, location: Location, when: str) -> None:
-    """Passed reports for the phases before ``when`` that a rank finished but had not sent.
-
-    Passing reports travel in one batch at the end of a test, so a rank that died in call had
-    passed its setup: the merge shows a call phase only after a passed setup. ``when="end"``
-    fills every phase.
-    """
-    if any(not r.passed for r in reports if r.when == "setup" and not is_subtest(r)):
-        return  # no call phase after a failed or skipped setup
-    have = {r.when for r in reports if not is_subtest(r)}
-    for earlier in ("setup", "call", "teardown"):
-        if earlier == when:
-            break
-        if earlier not in have:
-            reports.append(TestReport(nodeid, location, {}, "passed", None, earlier))

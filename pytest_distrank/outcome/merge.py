@@ -62,49 +62,6 @@ IN_TEST_ATTR = "distrank_in_test"
 VERDICT_ATTR = "distrank_verdict"
 
 
-def synthesized_failure(
-    nodeid: str,
-    location: tuple[str, int | None, str],
-    when: str,
-    message: str,
-    details: str,
-    *,
-    note: str,
-    collateral: bool = False,
-    stop: float = 0.0,
-    verdict: str = "",
-    in_test: bool | None = None,
-) -> TestReport:
-    """A failed report for a rank that sent none (it crashed, hung or was killed).
-
-    ``in_test``: a killed rank was inside the test's setup or call (where it may have waited for
-    peers that skipped), or not (before its setup, in teardown); None where it is not known.
-
-    ``message`` is the one-line crash message; ``details`` the text shown as its traceback
-    (faulthandler output, last lines of the rank's log).
-    """
-    lines = [line + "\n" for line in details.splitlines()] or [message + "\n"]
-    crash = ReprFileLocation(location[0], (location[1] or 0) + 1, message)
-    longrepr = ExceptionChainRepr([(ReprTracebackNative(lines), crash, None)])
-    report = TestReport(
-        nodeid,
-        location,
-        {},
-        "failed",
-        longrepr,
-        when,  # type: ignore[arg-type]
-        start=stop,
-        stop=stop,
-    )
-    setattr(report, NOTE_ATTR, note)
-    setattr(report, COLLATERAL_ATTR, collateral)
-    if in_test is not None:
-        setattr(report, IN_TEST_ATTR, in_test)
-    if verdict:
-        setattr(report, VERDICT_ATTR, verdict)
-    return report
-
-
 def _short(report: TestReport) -> str:
     """One line saying why a report is not a pass."""
     longrepr = report.longrepr

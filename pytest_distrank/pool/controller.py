@@ -28,6 +28,7 @@ from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import item_expectations
 from ..outcome.finish import finish_test
 from ..outcome.records import RunTest
+from ..outcome.reports import error_reports, skipped_reports
 from ..parsing import file_safe
 from ..planning.capabilities import check_ordinary_test
 from ..planning.gpuplan import GpuPolicy
@@ -40,14 +41,7 @@ from .freshretry import FreshRetry
 from .onetest.debugrelay import DebugTerminal
 from .onetest.interrupts import session_capped, take_signals, with_teardown
 from .onetest.ranks import TestRun
-from .ownreports import (
-    charge_pool_start,
-    deserializer,
-    error_reports,
-    missing_message,
-    skip_reports,
-    teardown_controller_side,
-)
+from .ownreports import charge_pool_start, deserializer, missing_message, teardown_controller_side
 from .plan import Planned, make_plan
 from .pools.forkserver import SessionStartError
 from .pools.gpus import GpuUnavailable
@@ -328,27 +322,29 @@ class Controller:
         A pool whose rank died just before the test reached it (after the idle check) is
         replaced and the test sent once more: the test did nothing wrong.
         """
+        nodeid, where = item.nodeid, item.location
         prepared = self.crossize.prepare(item)  # its fixtures at another world size ran
         if prepared is not None:
             return prepared
         for attempt in (1, 2):
             failed_start = self.failed_starts.get(key)
             if failed_start is not None:
-                return error_reports(item, failed_start + "\n(from an earlier start; not retried)")
+                again = "\n(from an earlier start; not retried)"
+                return error_reports(nodeid, where, failed_start + again)
             try:
                 pool = self._pool_for(key, item, timeout.value)
             except GpuUnavailable as exc:
-                return skip_reports(item, f"GPU lease: {exc}")
+                return skipped_reports(nodeid, where, str(item.path), f"GPU lease: {exc}")
             except SessionStartError as exc:  # a folder, the fork server: not kept per key
-                return error_reports(item, str(exc))
+                return error_reports(nodeid, where, str(exc))
             except PoolStartError as exc:
                 message = f"could not start the ranks of pool {key.describe()}:\n{exc}"
                 self.failed_starts[key] = message
-                return error_reports(item, message)
+                return error_reports(nodeid, where, message)
             self.terminal.announce_debug_rank(pool, self.settings.debug_rank)
             missing = sorted({r.rank for r in pool.ready if item.nodeid in r.missing})
             if missing:
-                return error_reports(item, missing_message(item, pool, missing))
+                return error_reports(nodeid, where, missing_message(item, pool, missing))
             try:
                 run = pool.run(
                     self.new_test(item, next_nodeid),
@@ -365,7 +361,7 @@ class Controller:
             except PoolUnfit as exc:
                 self.pools.retire(key, pool, str(exc), graceful=False)
                 if attempt == 2:
-                    return error_reports(item, f"{item.nodeid}: {exc}")
+                    return error_reports(nodeid, where, f"{item.nodeid}: {exc}")
                 continue
             except BaseException:
                 self.pools.retire(key, pool, "interrupted", graceful=False)

@@ -30,12 +30,12 @@ from pytest import TestReport
 
 from .. import _compat
 from ..outcome.records import RunTest
+from ..outcome.reports import error_reports, skipped_reports
 from ..planning.capabilities import gpu_plan, too_many_ranks
 from ..planning.crossize import RUNNER, Producer, producer_item, producers_of
 from ..planning.gpuplan import GpuPolicy
 from ..planning.spec import DistSpec
 from ..settings import Value, item_timeout
-from .ownreports import error_reports, skip_reports
 from .pools.poolkey import PoolKey
 from .pools.poolset import START_TIMEOUT
 
@@ -98,9 +98,9 @@ class CrossSize:
         for producer in producers:
             outcome = self.ensure(producer, item)
             if outcome.kind == "failed":
-                return error_reports(item, f"{item.nodeid}: {outcome.text}")
+                return error_reports(item.nodeid, item.location, f"{item.nodeid}: {outcome.text}")
             if outcome.kind == "skipped":
-                return skip_reports(item, outcome.text)
+                return skipped_reports(item.nodeid, item.location, str(item.path), outcome.text)
             pairs.append((producer.key, outcome.folder))
         self.folders[item.nodeid] = tuple(pairs)
         return None

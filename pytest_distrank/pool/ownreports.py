@@ -1,24 +1,23 @@
-"""Reports the controller builds itself, beside the ones its ranks send.
+"""The controller's own share of a test's reports, beside what its ranks send.
 
 Runs in the controller (pool mode). A rank's plain passing phase travels as a tuple and is rebuilt
-here from the controller's own item; a test that could not reach its ranks (its pool did not
-start, its ranks did not collect it, its GPUs were not free) gets an error or a skip made here;
-and the controller's own fixtures (those of ordinary tests) are torn down here when a distributed
-test ends a module, as pytest's teardown phase would. A pool's start is charged to the setup of
-the first test it serves.
+here from the controller's own item; why a test's ranks did not collect it is worded here (the
+error report itself, like every made-up report, is :mod:`outcome.reports`'); the controller's own
+fixtures (those of ordinary tests) are torn down here when a distributed test ends a module, as
+pytest's teardown phase would. A pool's start is charged to the setup of the first test it serves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from pytest import CallInfo, TestReport
 
 from .. import _compat
-from ..outcome.merge import synthesized_failure
 from ..outcome.records import PassedPhase
+from ..outcome.reports import passed_report
 
 if TYPE_CHECKING:
     from .pools.pool import Pool
@@ -30,10 +29,14 @@ def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
     outcome, when, duration, start, stop = data
     if outcome != "passed" or when not in ("setup", "call", "teardown"):
         raise ValueError(f"not a passing phase: {data!r}")
-    keywords: dict[str, Literal[1]] = {name: 1 for name in item.keywords}
-    phase = cast(Literal["setup", "call", "teardown"], when)
-    return TestReport(
-        item.nodeid, item.location, keywords, "passed", None, phase, (), duration, start, stop, []
+    return passed_report(
+        item.nodeid,
+        item.location,
+        when,
+        keywords=item.keywords,
+        duration=duration,
+        start=start,
+        stop=stop,
     )
 
 
@@ -49,25 +52,6 @@ def deserializer(item: pytest.Item) -> Callable[[Any], TestReport]:
         return report
 
     return deserialize
-
-
-def error_reports(item: pytest.Item, message: str) -> list[TestReport]:
-    """The test errors in setup with ``message``, its first line as the summary."""
-    first_line = message.splitlines()[0]
-    setup = synthesized_failure(
-        item.nodeid, item.location, "setup", first_line, message, note="error in setup"
-    )
-    teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
-    return [setup, teardown]
-
-
-def skip_reports(item: pytest.Item, reason: str) -> list[TestReport]:
-    """The test is skipped in setup for ``reason``."""
-    lineno = item.location[1]
-    longrepr = (str(item.path), (lineno or 0) + 1, f"Skipped: {reason}")
-    setup = TestReport(item.nodeid, item.location, {}, "skipped", longrepr, "setup")
-    teardown = TestReport(item.nodeid, item.location, {}, "passed", None, "teardown")
-    return [setup, teardown]
 
 
 def missing_message(item: pytest.Item, pool: Pool, missing: list[int]) -> str:

@@ -15,7 +15,7 @@ from pytest import TestReport
 from pytest_distrank import _compat
 from pytest_distrank import fixture as distrank_fixture
 from pytest_distrank.launch.plan import Step
-from pytest_distrank.outcome.merge import synthesized_failure
+from pytest_distrank.outcome.reports import synthesized_failure
 from pytest_distrank.planning import crossize
 from pytest_distrank.planning.crossize import PRODUCER_ATTR, Producer, launcher_step
 from pytest_distrank.pool.crossize import CrossSize, Outcome, judge

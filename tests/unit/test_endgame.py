@@ -7,19 +7,14 @@ import math
 from pytest import TestReport
 
 from pytest_distrank.outcome.endgame import (
-    BEFORE_SETUP,
     FINISH_WAIT,
     FOREVER,
     MAX_WAIT,
     Endgame,
-    Position,
-    Unfinished,
     clamp_wait,
     effective_timeout,
     failed_itself,
-    fill_passed,
     grace_trigger,
-    unfinished_report,
 )
 
 LOC = ("t.py", 3, "test_x")
@@ -125,33 +120,6 @@ def test_huge_and_odd_timeouts_mean_no_deadline() -> None:
     assert clamp_wait(None) is None
 
 
-def test_unfinished_report_says_where_the_rank_was() -> None:
-    g = game(timeout=4.0)
-    info = Unfinished(BEFORE_SETUP, "", "rank1.log", "killed", g, 104.0, "it was stopped")
-    rep = unfinished_report("t.py::test_x", LOC, "t.py", 1, 3, info, 0.0)
-    assert rep.failed and rep.when == "setup"
-    assert rep.distrank_note == "timed out before its setup began after 4 s; it was stopped"
-    assert "Timeout: its setup had not begun after 4 s (timeout from marker)" in str(rep.longrepr)
-
-
-def test_unfinished_report_of_a_collateral_rank() -> None:
-    g = game(timeout=100.0)
-    g.note_reports(0, [report("failed")], 101.0)
-    info = Unfinished(Position.in_phase("call"), "", "r.log", "stuck", g, 103.5)
-    rep = unfinished_report("t.py::test_x", LOC, "t.py", 2, 3, info, 0.0)
-    assert rep.distrank_collateral
-    assert rep.distrank_note.startswith("stuck in call 2.5 s after rank 0 failed; ")
-
-
-def test_fill_passed_adds_the_phases_before() -> None:
-    reports: list[TestReport] = []
-    fill_passed(reports, "t.py::test_x", LOC, "teardown")
-    assert [(r.when, r.outcome) for r in reports] == [("setup", "passed"), ("call", "passed")]
-    skipped = [report("skipped", "setup")]
-    fill_passed(skipped, "t.py::test_x", LOC, "teardown")
-    assert len(skipped) == 1
-
-
 def test_sequences_compared_as_increments_since_the_last_test() -> None:
     from pytest_distrank.outcome.checks import sequences_in_step
 
@@ -160,21 +128,3 @@ def test_sequences_compared_as_increments_since_the_last_test() -> None:
     assert not sequences_in_step({0: {"the default group": 8}, 1: {"the default group": 5}}, base)
     # A group created during the test, on its members only.
     assert sequences_in_step({0: {"g": 2}, 1: {"g": 2}, 2: {}}, {})
-
-
-def test_unmatched_collectives_name_the_rank_with_more() -> None:
-    from pytest_distrank.outcome.checks import unmatched_collectives
-    from pytest_distrank.outcome.records import RunTest
-
-    counts = {0: {"the default group": (3, "gloo:all_reduce")}, 1: {"the default group": (2, "")}}
-    test = RunTest(1, "t.py::test_x", None, "")
-    found = unmatched_collectives(counts, 2, test, LOC)
-    assert [(rank, why) for rank, _, why in found] == [
-        (0, "rank 0 left an unmatched collective on the default group in t.py::test_x")
-    ]
-    assert found[0][1].distrank_note == (
-        "issued 1 more collective than its peers on the default group: an unmatched "
-        "collective (its last: gloo:all_reduce)"
-    )
-    same = {0: {"the default group": (2, "x")}, 1: {"the default group": (2, "x")}}
-    assert unmatched_collectives(same, 2, test, LOC) == []

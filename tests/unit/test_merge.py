@@ -7,7 +7,8 @@ from collections.abc import Sequence
 from pytest import TestReport
 
 from pytest_distrank._compat import ExceptionChainRepr
-from pytest_distrank.outcome.merge import merge_test, rank_story, synthesized_failure
+from pytest_distrank.outcome.merge import merge_test, rank_story
+from pytest_distrank.outcome.reports import synthesized_failure
 
 LOCATION = ("test_x.py", 3, "test_x")
 

@@ -198,7 +198,7 @@ def test_annotate_gives_a_property_per_rank_and_the_rerun_command() -> None:
 def test_the_collective_verdict_decides_the_root_cause_of_a_hang() -> None:
     """Issue 28: rank 2 finished without entering the all_reduce ranks 0 and 1 wait in; the
     head, the arrow and the crash line (``-ra``, junit's message=) blame rank 2, not rank 0."""
-    from pytest_distrank.outcome.merge import synthesized_failure
+    from pytest_distrank.outcome.reports import synthesized_failure
     from pytest_distrank.outcome.rootcause import CAUSE_ATTR, UNFINISHED_ATTR
 
     cause = (

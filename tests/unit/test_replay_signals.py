@@ -9,8 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytest import TestReport
 
-from pytest_distrank.outcome.endgame import Endgame, Position, Unfinished, unfinished_report
+from pytest_distrank.outcome.endgame import Endgame, Position, Unfinished
 from pytest_distrank.outcome.merge import merge_test
+from pytest_distrank.outcome.reports import unfinished_report
 from pytest_distrank.pool.onetest.interrupts import signal_interrupt, with_teardown
 
 NODEID = "t.py::test_x"

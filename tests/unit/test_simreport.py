@@ -5,7 +5,8 @@ from __future__ import annotations
 from pytest import TestReport
 
 from pytest_distrank._compat import ExceptionChainRepr
-from pytest_distrank.outcome.merge import merge_test, synthesized_failure
+from pytest_distrank.outcome.merge import merge_test
+from pytest_distrank.outcome.reports import synthesized_failure
 from pytest_distrank.planning.meshes import Simulated
 from pytest_distrank.pool.simreport import explain, relabel, who
 

@@ -19,27 +19,20 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from ...outcome.checks import (
-    foreign_report,
-    forked_report,
-    is_own,
-    leftover_lines,
-    sequences_in_step,
-    unmatched_collectives,
-)
+from ...outcome.checks import foreign_crash, is_own, leftover_lines, sequences_in_step, unmatched
 from ...outcome.collectives import Verdict, crash_verdict, explain, load
-from ...outcome.endgame import (
-    FOREVER,
-    LATE,
-    LATE_REASON,
-    Endgame,
-    Unfinished,
-    failed_itself,
-    fill_passed,
-    unfinished_report,
-)
-from ...outcome.merge import NOTE_ATTR, VERDICT_ATTR, synthesized_failure
+from ...outcome.endgame import FOREVER, LATE, LATE_REASON, Endgame, Unfinished, failed_itself
+from ...outcome.merge import NOTE_ATTR, VERDICT_ATTR
 from ...outcome.records import Reports, RunTest
+from ...outcome.reports import (
+    check_failure,
+    crashed_report,
+    fill_passed,
+    forked_report,
+    stopped_report,
+    unfinished_report,
+    unmatched_report,
+)
 from ...outcome.stacks import (
     collective_entered,
     read_from,
@@ -218,10 +211,9 @@ class Attempt:
                 f"during {test.nodeid}: a process forked by that test?"
             )
             return
-        ws = self.pool.world_size
         if isinstance(message, Reports) and not is_own(rank.pid, message, test):
             self.unfit(f"rank {rank.rank} sent foreign reports in {test.nodeid}")
-            report = foreign_report(rank.rank, rank.pid, ws, message, test, self.location)
+            report = self._foreign(rank, message)
             result.reports[rank.rank].append(report)
             game.note_reports(rank.rank, [report], now)
             return  # the rank's own reports may still come; its peers get the grace period
@@ -299,8 +291,9 @@ class Attempt:
         self.result.warnings[rank.rank] = message.warnings
         self.result.started[rank.rank] = message.started
         if message.forks:
-            ws = self.pool.world_size
-            report = forked_report(rank.rank, ws, message.forks, self.test.nodeid, self.location)
+            ws, nodeid, now = self.pool.world_size, self.test.nodeid, time.time()
+            after = "The child was killed with the pool, and the pool was replaced."
+            report = forked_report(nodeid, self.location, rank.rank, ws, message.forks, after, now)
             self.result.reports[rank.rank].append(report)
             self.unfit(f"{self.test.nodeid} left forked processes")
         if message.pg_problem:
@@ -315,34 +308,40 @@ class Attempt:
 
     def crash_report(self, rank: Rank, message: object) -> TestReport:
         """A rank that died or stopped serving during the test: what it was doing, its output."""
-        test = self.test
-        pos = self.pool.position(rank, test)
-        fill_passed(self.result.reports[rank.rank], test.nodeid, self.location, pos.when)
+        nodeid, where, now, ws = self.test.nodeid, self.location, time.time(), self.pool.world_size
+        pos = self.pool.position(rank, self.test)
+        fill_passed(self.result.reports[rank.rank], nodeid, where, pos.when)
         if isinstance(message, Fatal):
-            text = message.message
-            first = next((line for line in text.splitlines() if line.strip()), "")
-            crash = f"stopped serving {pos.at}: {first.strip() or 'its pytest session ended'}"
-        else:
-            rank.process.join(5)
-            status = signal_name(rank.process.exitcode)
-            output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), self.test_file)
-            crash = f"crashed {pos.at} with {status}"
-            entered = collective_entered(output, self.test_file)
-            if entered:
-                crash += f" inside {entered.split(',')[0]}"
-                self.crashes[rank.rank] = (status, entered)
-            text = f"rank {rank.rank}/{self.pool.world_size} {crash}.\n"
-            if output.strip():
-                text += f"Its last output (with faulthandler's traceback, if any):\n{output}\n"
-            else:
-                text += "It wrote nothing since the test started.\n"
-            text += f"Its whole log: {rank.log_path}"
-        report = synthesized_failure(
-            test.nodeid, self.location, pos.when, crash, text, note=crash, stop=time.time()
-        )
+            return stopped_report(nodeid, where, pos.when, pos.at, message.message, now)
+        rank.process.join(5)
+        status = signal_name(rank.process.exitcode)
+        output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), self.test_file)
+        crash = f"crashed {pos.at} with {status}"
+        entered = collective_entered(output, self.test_file)
+        if entered:
+            crash += f" inside {entered.split(',')[0]}"
+            self.crashes[rank.rank] = (status, entered)
+        log = str(rank.log_path)
+        report = crashed_report(nodeid, where, pos.when, rank.rank, ws, crash, output, log, now)
         if rank.rank in self.crashes:
             self.crash_reports[rank.rank] = report
         return report
+
+    def _foreign(self, rank: Rank, message: Reports) -> TestReport:
+        """Reports that are not ``rank``'s own process's for this test (checks.is_own)."""
+        test = self.test
+        crash = foreign_crash(rank.pid, message.pid, message.index, message.nodeid, test.index)
+        if message.pid != rank.pid:
+            more = (
+                "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
+                "into pytest runs the rest of the test again and sends its reports down the "
+                "rank's pipe. End such a child with os._exit() (or use subprocess or the "
+                "'spawn' start method); the rank's pool was replaced."
+            )
+        else:
+            more = "The rank's pipe is out of step with the controller; the pool was replaced."
+        ws, now = self.pool.world_size, time.time()
+        return check_failure(test.nodeid, self.location, rank.rank, ws, crash, more, now)
 
     def _records(self, ranks: list[Rank]) -> dict[int, dict[str, Any] | None]:
         """The flight records of ``ranks`` (None for a rank that did not answer in time)."""
@@ -462,8 +461,7 @@ class Attempt:
         pool, test = self.pool, self.test
         for rank, message in pool.wait_for(pool.ranks, 0.0):
             if isinstance(message, Reports) and not is_own(rank.pid, message, test):
-                ws = pool.world_size
-                report = foreign_report(rank.rank, rank.pid, ws, message, test, self.location)
+                report = self._foreign(rank, message)
                 self.result.reports[rank.rank].append(report)
                 self.unfit(f"rank {rank.rank} sent foreign reports")
             elif message is None:
@@ -488,9 +486,11 @@ class Attempt:
                 "replaced to be safe"
             )
             return
-        ws = pool.world_size
-        for rank, report, why in unmatched_collectives(counts, ws, self.test, self.location):
+        ws, nodeid = pool.world_size, self.test.nodeid
+        after = "The pool was replaced; the next test runs on fresh ranks."
+        for rank, group, crash in unmatched(counts):
+            report = unmatched_report(nodeid, self.location, rank, ws, crash, after, time.time())
             result.reports[rank].append(report)
-            self.unfit(why)
+            self.unfit(f"rank {rank} left an unmatched collective on {group} in {nodeid}")
         if result.broken is None:
             result.next_base = dict(result.sequence)

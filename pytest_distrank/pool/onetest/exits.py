@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ...outcome.expectations import ExpectedExit, met_note, survived, unmet_death
-from ...outcome.merge import NOTE_ATTR, synthesized_failure
+from ...outcome.merge import NOTE_ATTR
+from ...outcome.reports import not_exited_report
 
 if TYPE_CHECKING:
     from pytest import TestReport
@@ -112,16 +113,7 @@ class Exits:
                 continue
             how = "finished the test" if rank in game.finished else "did not end"
             why = survived(expected, how)
-            crash = f"rank {rank}/{world_size} {why}"
-            report = synthesized_failure(
-                nodeid,
-                location,
-                "call",
-                crash,
-                f"{crash}\n(in {nodeid})",
-                note=f"did not exit: it {why}",
-                stop=time.time(),
-            )
+            report = not_exited_report(nodeid, location, rank, world_size, why, time.time())
             reports[rank].append(report)
         for rank, lines in self.injected.items():
             rank_reports = reports.get(rank, [])

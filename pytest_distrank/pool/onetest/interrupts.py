@@ -29,6 +29,7 @@ import pytest
 from pytest import TestReport
 
 from ...outcome.endgame import effective_timeout
+from ...outcome.reports import passed_report
 from ...settings import Value
 
 #: The shortest deadline a test gets when the session's time is (nearly) up.
@@ -60,13 +61,11 @@ def with_teardown(reports: list[TestReport], exc: BaseException) -> list[TestRep
     why = (
         f"teardown not run: {interrupt_signal(exc)} interrupted the session, its ranks were killed"
     )
-    teardown = TestReport(
+    teardown = passed_report(
         last.nodeid,
         last.location,
-        dict(last.keywords),
-        "passed",
-        None,
         "teardown",
+        keywords=last.keywords,
         sections=[("distrank", why)],
         start=last.stop,
         stop=last.stop,
