@@ -262,11 +262,12 @@ FRESH_RANKS = Option(
     "distrank_fresh_ranks",
     "--distrank-fresh-ranks",
     "DISTRANK_FRESH_RANKS",
-    "fork",
+    "start",
     "How the ranks of a test that runs on fresh ranks start (--distrank-isolate, classes that "
-    "ask for fresh ranks, replays, a harness test's fresh retry): 'fork' (default) forks them "
-    "from template ranks of their kind that have pytest configured and the tests collected "
-    "(milliseconds); 'start' starts each from nothing (its own pytest start and collection).",
+    "ask for fresh ranks, replays, a harness test's fresh retry): 'start' (default) starts each "
+    "from nothing (its own pytest start and collection); 'fork' forks them from template ranks "
+    "of their kind that have pytest configured and the tests collected (much cheaper, but what "
+    "imports and session-start hooks did is shared: see docs/performance.md).",
     one_of(("fork", "start"), lower=True),
 )
 DEADLOCKS = Option(

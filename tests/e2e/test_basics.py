@@ -448,7 +448,15 @@ ISOLATE = {
         """,
     # Fresh ranks forked from templates (pool/worker/template.py): what each has anew.
     "test_fresh.py": """
-        import json, multiprocessing, os, threading, pytest
+        import json, multiprocessing, os, signal, threading, pytest
+
+        # What an import does in a rank stays in a fork of it (the template imported it).
+        os.environ["SET_AT_IMPORT"] = "yes"
+
+        def on_child(signum, frame):
+            pass
+
+        signal.signal(signal.SIGCHLD, on_child)
 
         @pytest.mark.world_size(2)
         @pytest.mark.parametrize("i", range(3))
@@ -462,6 +470,8 @@ ISOLATE = {
                 "env_worker": os.environ["PYTEST_XDIST_WORKER"], "own": own,
                 "threads": sorted(t.name for t in threading.enumerate()),
                 "name": multiprocessing.current_process().name,
+                "imported_env": os.environ.get("SET_AT_IMPORT"),
+                "sigchld_kept": signal.getsignal(signal.SIGCHLD) is on_child,
             }
             with open(RECORD + "-fresh.txt", "a") as f:
                 f.write(json.dumps(fact) + "\\n")
@@ -504,7 +514,15 @@ ISOLATE = {
 @pytest.fixture
 def isolate(shared_session: SharedSession) -> pytest.RunResult:
     return shared_session(
-        "isolate", _writer("isolate", ISOLATE), "-v", "--distrank-isolate", "-p", "no:randomly"
+        "isolate",
+        _writer("isolate", ISOLATE),
+        "-v",
+        "--distrank-isolate",
+        "--distrank-fresh-ranks=fork",
+        "-W",
+        "error",  # a fork's leftovers of its template (an unclosed file) would fail its tests
+        "-p",
+        "no:randomly",
     )
 
 
@@ -530,6 +548,7 @@ def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
         assert f["own"] == f"own output {f['i']} {f['rank']}\n", "capture of its own"
         assert {"distrank-flight-recorder", "distrank-parent-death"} <= set(f["threads"])
         assert f["worker"] == f["env_worker"]
+        assert f["imported_env"] == "yes" and f["sigchld_kept"], "what the import set stays"
     # Forked by its rank's template, the same for every test; the fork server would be the
     # parent of both ranks.
     parents = [{f["ppid"] for f in facts if f["rank"] == rank} for rank in (0, 1)]

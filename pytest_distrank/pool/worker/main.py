@@ -38,7 +38,7 @@ import traceback
 import warnings
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import pytest
 
@@ -138,6 +138,8 @@ class WorkerPlugin:
         #: Its threads before its pytest session: a template with more after collection does
         #: not fork (template.unforkable).
         self.threads_at_start = threads()
+        #: The file the rank's terminal report goes to (its .pytest.log).
+        self.terminal_file: TextIO | None = None
 
     def _arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -191,9 +193,11 @@ class WorkerPlugin:
     def _redirect_terminal(self, config: pytest.Config) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if _compat.can_redirect_terminal(reporter):
+            if self.terminal_file is not None:  # a fork's template's: closed, not left to GC
+                self.terminal_file.close()
             path = self.cfg.log_path.removesuffix(".log") + ".pytest.log"
-            stream = open(path, "a", encoding="utf-8", buffering=1)
-            _compat.redirect_terminal(reporter, stream)
+            self.terminal_file = open(path, "a", encoding="utf-8", buffering=1)
+            _compat.redirect_terminal(reporter, self.terminal_file)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_ignore_collect(self, collection_path: Path) -> bool | None:
@@ -404,9 +408,13 @@ class WorkerPlugin:
         os.dup2(self.log_fd, 2)
         if capman is not None:
             capman.start_global_capturing()
-        os.environ.clear()
-        os.environ.update(rank_env(cfg))
-        os.environ.update(xdist_environ(cfg.workerinput))
+        # What the pool's variables change, and nothing else: what the rank's own imports and
+        # conftest set stays, as it would in a rank started afresh.
+        old = {**rank_env(self.cfg), **xdist_environ(self.cfg.workerinput)}
+        new = {**rank_env(cfg), **xdist_environ(cfg.workerinput)}
+        for name in old.keys() - new.keys():
+            os.environ.pop(name, None)
+        os.environ.update({k: v for k, v in new.items() if old.get(k) != v})
         harnessenv.remember(cfg.env)
         start_responder(cfg.log_path)
         _compat.set_basetemp(self.config, str(cfg.cmdline.options["basetemp"]))

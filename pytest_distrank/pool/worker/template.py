@@ -33,9 +33,9 @@ NOT_INHERITED = (
     "the pipe to the controller and the pool's phase array",
     "stdout and stderr (the new rank's log) and pytest's fd capture (new temporary files)",
     "the rank's terminal report file, faulthandler's file and the flight-recorder thread",
-    "the environment (the new pool's tag, the store's path)",
+    "the pool's environment variables (its tag, its store; what imports set stays)",
     "pytest's basetemp (tmp_path), config.workerinput and the process's name",
-    "SIGCHLD handling and the template's other children's status pipes",
+    "SIGCHLD handling (the rank's own handler again) and its siblings' status pipes",
 )
 #: Bytes of one exit status in the status pipe (a signed int, as the fork server writes).
 STATUS_BYTES = 4
@@ -85,7 +85,7 @@ def fork_ranks(conn: Connection, refuse: str = "") -> tuple[RankConfig, Connecti
                     os.write(fd, code.to_bytes(STATUS_BYTES, "little", signed=True))
                 os.close(fd)
 
-    signal.signal(signal.SIGCHLD, reap)
+    theirs = signal.signal(signal.SIGCHLD, reap)  # a conftest's handler: its forks get it back
     while True:
         try:
             message = conn.recv()
@@ -107,7 +107,7 @@ def fork_ranks(conn: Connection, refuse: str = "") -> tuple[RankConfig, Connecti
         blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
         pid = os.fork()
         if pid == 0:
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGCHLD, theirs if theirs is not None else signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             conn.close()
             os.close(status_fd)
