@@ -105,6 +105,10 @@ class RankConfig:
     phases_path: str = ""
 
 
+#: Bytes of one exit status in a rank template's status pipe (a signed int, little-endian).
+STATUS_BYTES = 4
+
+
 class PhaseFile:
     """A pool's phase array in a file that the controller and the ranks map (a pool of ranks
     forked from a template: multiprocessing's shared array travels only with a process's start).

@@ -220,7 +220,7 @@ class PoolSet:
             except TemplateError as exc:  # its fresh ranks start from nothing from now on
                 pool.kill()
                 started[kind] -= 1
-                self._refuse(Kind(dataclasses.replace(key, isolated=0), tuple(files)), str(exc))
+                self._refuse(Kind.of(key, files), str(exc))
                 return self._start(key, nodeids, files, timeout)
             except BaseException:
                 pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
@@ -245,7 +245,7 @@ class PoolSet:
         debug: DebugSettings,
     ) -> bool:
         """Whether this pool's fresh ranks are forked from templates (see templates.py)."""
-        kind = Kind(dataclasses.replace(key, isolated=0), tuple(files))
+        kind = Kind.of(key, files)
         return (
             key.isolated != 0
             and kind not in self.templates.refused
@@ -280,7 +280,7 @@ class PoolSet:
     ) -> Callable[[RankConfig, Any], Any]:
         """How the pool's ranks start: forked from the templates of its kind (started now, the
         first time; a pool start's errors if they cannot start)."""
-        kind = Kind(dataclasses.replace(key, isolated=0), tuple(files))
+        kind = Kind.of(key, files)
         template = self.templates.get(kind)
         if template is None:
             debug = DebugSettings()

@@ -29,13 +29,11 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..protocol import Fork, Forked, RankConfig
+from ..protocol import STATUS_BYTES, Fork, Forked, RankConfig
 from .poolkey import PoolKey
 
 #: How long a template gets to answer a fork request.
 FORK_WAIT = 30.0
-#: Bytes of one exit status in the status pipe (template.STATUS_BYTES).
-STATUS_BYTES = 4
 #: Kinds of pool whose templates are kept at once (the oldest is stopped beyond that).
 KEEP = 2
 
@@ -80,6 +78,11 @@ class Kind:
 
     key: PoolKey
     files: tuple[str, ...]
+
+    @classmethod
+    def of(cls, key: PoolKey, files: list[str]) -> Kind:
+        """The kind of a fresh pool: its key without its isolation number, and its files."""
+        return cls(dataclasses.replace(key, isolated=0), tuple(files))
 
 
 class TemplateError(Exception):

@@ -25,7 +25,7 @@ import signal
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 
-from ..protocol import Fork, Forked, RankConfig, Shutdown
+from ..protocol import STATUS_BYTES, Fork, Forked, RankConfig, Shutdown
 
 #: What a rank forked from a template gets anew instead of inheriting it from the template.
 NOT_INHERITED = (
@@ -37,8 +37,6 @@ NOT_INHERITED = (
     "pytest's basetemp (tmp_path), config.workerinput and the process's name",
     "SIGCHLD handling (the rank's own handler again) and its siblings' status pipes",
 )
-#: Bytes of one exit status in the status pipe (a signed int, as the fork server writes).
-STATUS_BYTES = 4
 
 
 def threads() -> int:
