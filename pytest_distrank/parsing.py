@@ -14,7 +14,9 @@ import secrets
 from collections.abc import Callable
 
 BACKENDS = ("gloo", "nccl", "mpi", "ucc", "xccl")
-START_METHODS = ("forkserver", "spawn")
+START_METHODS = ("forkserver", "forkserver-late", "spawn")
+#: The start methods whose ranks fork from a fork server.
+FORKSERVERS = START_METHODS[:2]
 
 
 def parse_positive_int(text: str) -> int:

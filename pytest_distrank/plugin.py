@@ -22,6 +22,7 @@ from .settings import (
     LEFTOVERS_IGNORE_THREADS,
     OPTIONS,
     RANK_ENV,
+    START_METHOD,
     SUITES,
     WORLD_SIZE,
     Settings,
@@ -79,6 +80,24 @@ def _in_rank(config: pytest.Config) -> bool:
     from .pool.worker.main import WorkerPlugin
 
     return any(isinstance(p, WorkerPlugin) for p in config.pluginmanager.get_plugins())
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> object:
+    """Pool mode: fork the fork server from this process now, before conftest.py files,
+    pytest's capture and every plugin's configure (pool/pools/earlyfork.py)."""
+    from .launch.env import launch_of
+    from .pool.pools import earlyfork
+    from .pool.pools.preloads import PRELOAD
+
+    try:
+        method = resolve(early_config, START_METHOD, early=True).value
+        launched = launch_of(early_config, early=True) is not None
+    except pytest.UsageError:
+        method, launched = "", False  # configure says what is wrong
+    if earlyfork.wanted(early_config, method, launched):
+        earlyfork.fork_early(PRELOAD[:-1])
+    return (yield)
 
 
 @pytest.hookimpl(tryfirst=True)

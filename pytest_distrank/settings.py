@@ -77,7 +77,9 @@ START_METHOD = Option(
     "DISTRANK_START_METHOD",
     "forkserver",
     "How rank processes start: 'forkserver' (default: forked from a server that has torch "
-    "imported, milliseconds per rank) or 'spawn' (a fresh interpreter per rank).",
+    "imported, milliseconds per rank; with -p distrank that server is forked from pytest as it "
+    "starts, before conftest.py files), 'forkserver-late' (the server starts beside collection, "
+    "after conftest.py files, and imports torch again) or 'spawn' (a fresh interpreter per rank).",
     parse_start_method,
 )
 ISOLATE = Option(
@@ -408,9 +410,14 @@ def seam_wait(default: float) -> float:
     return seconds
 
 
-def resolve(config: pytest.Config, option: Option[T]) -> Value[T]:
-    """Resolve one option: default < ini < environment < command line."""
-    raw: Any = config.getoption(option.dest)
+def resolve(config: pytest.Config, option: Option[T], early: bool = False) -> Value[T]:
+    """Resolve one option: default < ini < environment < command line (``early``: before
+    pytest parsed the command line, from what its first pass knew)."""
+    raw: Any = (
+        getattr(config.known_args_namespace, option.dest, None)
+        if early
+        else config.getoption(option.dest)
+    )
     if raw is not None and raw is not False:
         text = "true" if raw is True else str(raw)
         source = option.flag if raw is True else f"{option.flag}={raw}"

@@ -29,6 +29,38 @@ def forkserver_pid() -> int:
     return int(forkserver._forkserver._forkserver_pid)  # type: ignore[attr-defined]
 
 
+def adopt_fork_server(address: str, alive_fd: int, pid: int) -> None:
+    """Make a server this process forked multiprocessing's fork server (earlyfork.py): the
+    fields ``ensure_running`` fills when it spawns one; ``ensure_running`` then finds it alive.
+    If renamed, AttributeError reaches the caller and every pool start fails, as with
+    :func:`forkserver_pid`."""
+    from multiprocessing import forkserver
+
+    server: Any = forkserver._forkserver
+    with server._lock:
+        server._forkserver_address = address
+        server._forkserver_alive_fd = alive_fd
+        server._forkserver_pid = pid
+
+
+def new_socket_address() -> str:
+    """A fresh ``AF_UNIX`` path in multiprocessing's temp folder (``arbitrary_address``, as
+    ``ensure_running`` makes one); if renamed, AttributeError fails the pool start."""
+    from multiprocessing import connection
+
+    return str(connection.arbitrary_address("AF_UNIX"))  # type: ignore[attr-defined]
+
+
+def reap_if_exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited (reaped now if so); a pid that is not a child counts
+    as exited."""
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return done != 0
+
+
 def kill_fork_server() -> None:
     """SIGKILL a fork server that never got ready (its private pid); if the attribute goes,
     AttributeError reaches the caller, as it always did."""

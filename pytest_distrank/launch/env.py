@@ -295,11 +295,12 @@ def detect(
     return _build(env, scheme, chosen)
 
 
-def launch_of(config: pytest.Config) -> Launch | None:
-    """:func:`detect` for this process, with ``--distrank-launcher`` resolved (UsageError)."""
+def launch_of(config: pytest.Config, early: bool = False) -> Launch | None:
+    """:func:`detect` for this process, with ``--distrank-launcher`` resolved (UsageError;
+    ``early``: see :func:`settings.resolve`)."""
     from ..settings import LAUNCHER, resolve
 
-    choice = resolve(config, LAUNCHER)
+    choice = resolve(config, LAUNCHER, early)
     try:
         return detect(os.environ, choice.value, choice.source)
     except LaunchError as exc:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from .. import _compat
+from ..parsing import FORKSERVERS
 from ..settings import Settings
 from .pools.poolset import PoolSet
 from .pools.preloads import file_preloads
@@ -35,7 +36,7 @@ class EarlyStart:
         """Start the fork server now: its import of torch (~1.5 s of CPU) then runs beside the
         controller's own work (collection, which typically imports torch too) instead of after.
         """
-        if self.pools.server.started or self.settings.start_method.value != "forkserver":
+        if self.pools.server.started or self.settings.start_method.value not in FORKSERVERS:
             return
         if self.config.option.collectonly or self.nested:
             return  # nested: a test's in-process session may start no rank at all

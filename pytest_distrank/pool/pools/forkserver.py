@@ -32,8 +32,10 @@ from typing import Any
 import pytest
 
 from ... import _compat
+from ...parsing import FORKSERVERS
 from ...settings import PRELOAD as PRELOAD_OPTION
 from ...settings import START_TIMEOUT_ENV, Settings, Value
+from . import earlyfork
 from .pool import PoolStartError
 from .preloads import PRELOAD, plugin_modules
 
@@ -102,6 +104,8 @@ class ForkServer:
         self.failed: str | None = None
         #: Modules of torch's distributed stack the first test files import (preloads.py).
         self.file_preloads: list[str] = []
+        #: What the server imports before it forks (set with the context).
+        self._preload: list[str] = []
 
     @property
     def started(self) -> bool:
@@ -111,7 +115,7 @@ class ForkServer:
         """Start the fork server now, not waiting for its imports (they run beside collection).
         Never raises: the first pool start tries again and reports a failure; returns why the
         session's folder could not be made, for the first pool start to report."""
-        if self.settings.start_method.value == "forkserver" and self.failed is None:
+        if self.settings.start_method.value in FORKSERVERS and self.failed is None:
             try:
                 self._ensure()
             except SessionStartError as exc:  # the session's folder: the first pool says so
@@ -122,7 +126,8 @@ class ForkServer:
 
     def stop(self) -> None:
         """End the fork server with the session (:func:`stop`); never raises."""
-        if self.context is not None and self.settings.start_method.value == "forkserver":
+        earlyfork.discard()  # forked at pytest's start and never used
+        if self.context is not None and self.settings.start_method.value in FORKSERVERS:
             with contextlib.suppress(Exception):
                 stop()
 
@@ -147,8 +152,10 @@ class ForkServer:
             ]
             extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
             # preload (the heap freeze) stays last.
-            self.context.set_forkserver_preload([*PRELOAD[:-1], *extra, PRELOAD[-1]])
+            self._preload = [*PRELOAD[:-1], *extra, PRELOAD[-1]]
+            self.context.set_forkserver_preload(self._preload)
         use_socket_folder(self._workdir())  # not in TMPDIR: see forkserver.py
+        earlyfork.adopt(self._preload)  # the server forked at pytest's start, if there is one
         forkserver.ensure_running()
         return _compat.forkserver_pid()
 
@@ -159,7 +166,7 @@ class ForkServer:
         ``timeout`` seconds (0: no bound); else :class:`SessionStartError`. Ranks check their
         parent's pid after setting PDEATHSIG.
         """
-        if self.settings.start_method.value != "forkserver":
+        if self.settings.start_method.value not in FORKSERVERS:
             if self.context is None:
                 self.context = multiprocessing.get_context("spawn")
             return self.context, os.getpid()

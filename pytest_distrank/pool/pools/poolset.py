@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from ... import _compat
-from ...parsing import parse_seconds
+from ...parsing import FORKSERVERS, parse_seconds
 from ...planning.gpuplan import share_env
 from ...settings import (
     LEFTOVERS_IGNORE_ENV,
@@ -250,7 +250,7 @@ class PoolSet:
             key.isolated != 0
             and kind not in self.templates.refused
             and self.settings.fresh_ranks.value == "fork"
-            and self.settings.start_method.value == "forkserver"
+            and self.settings.start_method.value in FORKSERVERS
             and coverage is None
             and not (debug.post_mortem or debug.trace or debug.live_rank is not None)
             and key.simulated is None

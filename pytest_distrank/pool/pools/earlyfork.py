@@ -1,0 +1,211 @@
+"""The fork server forked from pytest as it starts: torch imported once, for pytest and ranks.
+
+Runs in the controller (pool mode): :func:`fork_early` from plugin.py's
+``pytest_load_initial_conftests``, :func:`adopt` at the fork server's start (forkserver.py),
+:func:`discard` at the session's end. :func:`_serve` runs in the process it forks, which becomes
+multiprocessing's fork server and ends with ``os._exit``.
+
+Why: the fork server multiprocessing starts is a fresh interpreter that imports torch, pytest and
+its plugins (~1.7 s of CPU in every session), while pytest imports torch too when it collects the
+test files. Forked from pytest before conftest.py files, pytest's capture, coverage and every
+plugin's configure, the server holds what a fresh one would (pytest, its plugins, torch) without
+importing it again; the ranks fork from it as before.
+
+When: the plugin is named on the command line (``-p distrank``, also through ``addopts`` or
+``PYTEST_ADDOPTS``: a plugin merely installed does not import torch into every pytest run), the
+start method is ``forkserver``, and this process will run pool ranks itself: not a launched rank,
+not pytest-xdist's controller (its workers fork their own), not ``--collect-only`` or ``--help``,
+not an in-process pytest run inside a test. Otherwise, or if the fork fails, the server starts as
+before (``forkserver-late``), beside collection.
+
+What the fork gets anew before it waits (:func:`_fresh_state`): no Python signal handler (SIGINT
+ignored, as in multiprocessing's server), no timer, no trace or profile function, and every
+inherited descriptor but its own pointed at /dev/null (an xdist worker's channel, a log file:
+the fork must hold none of them open). It then waits for :func:`adopt`, which binds its socket
+in the session's folder and sends the modules still to import (the first test file's harness
+modules, ``--distrank-preload``, the heap freeze); EOF instead (the session ended first) ends it.
+
+What it keeps from pytest: the modules imported so far (pytest, its plugins, torch) and the
+environment as pytest started, before conftest.py files ran: a variable torch reads when it is
+imported (``OMP_NUM_THREADS``, ``TORCH_CPP_LOG_LEVEL``) set in conftest.py comes too late for
+the ranks and for pytest; set it in the environment, or use ``--distrank-start-method=
+forkserver-late``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import traceback
+import warnings
+from typing import NoReturn
+
+import pytest
+
+from ... import _compat
+
+#: Options that make a session run no test (pytest's own dests).
+NO_TESTS = ("collectonly", "help", "version", "markers", "showfixtures", "show_fixtures_per_test")
+
+
+@dataclasses.dataclass
+class _Early:
+    """The forked server, until :func:`adopt` hands it to multiprocessing."""
+
+    pid: int
+    go: int  # write end: the modules to import, then EOF
+    alive: int  # write end of the server's "alive" pipe (multiprocessing's)
+    listener: socket.socket  # bound and listening in adopt()
+
+
+_early: list[_Early] = []
+
+
+def wanted(config: pytest.Config, start_method: str, launched: bool) -> bool:
+    """Whether this session forks its fork server from pytest now (see the module)."""
+    if start_method != "forkserver" or launched or config.invocation_params.plugins:
+        return False  # plugins handed to pytest.main: a rank's session, or one inside a test
+    ns = config.known_args_namespace
+    if not any(p in ("distrank", "pytest_distrank.plugin") for p in getattr(ns, "plugins", [])):
+        return False
+    if any(getattr(ns, dest, False) for dest in NO_TESTS):
+        return False
+    xdist_controller = bool(getattr(ns, "numprocesses", None) or getattr(ns, "tx", None))
+    return not (xdist_controller and "PYTEST_XDIST_WORKER" not in os.environ)
+
+
+def fork_early(modules: list[str]) -> None:
+    """Import ``modules`` (torch ...) here, then fork the server; never raises. A failed import
+    or fork leaves nothing: the server then starts as multiprocessing starts it."""
+    if _early:
+        return
+    try:
+        for name in modules:
+            importlib.import_module(name)
+    except Exception:
+        return  # the late server meets the same import error and reports it
+    from multiprocessing import forkserver  # noqa: F401  (imported here, not in the fork)
+
+    listener = socket.socket(socket.AF_UNIX)
+    go_r, go_w = os.pipe()
+    alive_r, alive_w = os.pipe()
+    try:
+        with warnings.catch_warnings():  # 3.12+: "multi-threaded, fork() may deadlock" (xdist)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        for fd in (go_r, go_w, alive_r, alive_w):
+            os.close(fd)
+        listener.close()
+        return
+    if pid == 0:
+        _serve(go_r, listener.fileno(), alive_r)
+    os.close(go_r)
+    os.close(alive_r)
+    _early.append(_Early(pid, go_w, alive_w, listener))
+    atexit.register(discard)  # however the session ends, the fork is reaped by pytest
+
+
+def adopt(modules: list[str]) -> bool:
+    """Make the early server multiprocessing's fork server: bind its socket (in the folder
+    ``use_socket_folder`` chose), send ``modules`` to import before it forks. False when there
+    is none, or it died: multiprocessing then starts one."""
+    if not _early:
+        return False
+    early = _early.pop()
+    try:
+        if _compat.reap_if_exited(early.pid):
+            raise OSError(f"the early fork server (pid {early.pid}) exited")
+        address = _compat.new_socket_address()
+        early.listener.bind(address)
+        os.chmod(address, 0o600)
+        early.listener.listen()
+        _write_all(early.go, json.dumps(modules).encode())
+    except OSError:
+        _end(early)
+        return False
+    os.close(early.go)
+    early.listener.close()  # the server's copy serves
+    _compat.adopt_fork_server(str(address), early.alive, early.pid)
+    return True
+
+
+def discard() -> None:
+    """The session ends without having used the early server: it reads EOF and exits; reaped."""
+    while _early:
+        _end(_early.pop())
+
+
+def _end(early: _Early) -> None:
+    for fd in (early.go, early.alive):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    early.listener.close()
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(early.pid, 0)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _serve(go: int, listener: int, alive: int) -> NoReturn:
+    """The forked server: fresh state, wait for :func:`adopt`, import, serve forks; never
+    returns (``os._exit``: pytest's atexit handlers and buffers are the controller's)."""
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+        _fresh_state(keep={go, listener, alive})
+        chunks = []
+        while chunk := os.read(go, 65536):
+            chunks.append(chunk)
+        if not chunks:
+            _exit(0)  # the session ended first
+        os.close(go)
+        for name in json.loads(b"".join(chunks)):
+            with contextlib.suppress(ImportError):  # as multiprocessing's server does
+                importlib.import_module(name)
+        from multiprocessing import forkserver
+
+        forkserver.main(listener, alive, [])
+    except SystemExit:
+        pass
+    except BaseException:
+        code = 1
+        with contextlib.suppress(Exception):
+            os.write(2, f"pytest-distrank's fork server failed:\n{traceback.format_exc()}".encode())
+    _exit(code)
+
+
+def _exit(code: int) -> NoReturn:
+    os._exit(code)
+
+
+def _fresh_state(keep: set[int]) -> None:
+    """What the fork must not keep from pytest (see the module)."""
+    for sig in signal.valid_signals():  # a handler of pytest's (or a plugin's) goes; an
+        with contextlib.suppress(OSError, ValueError, RuntimeError):  # inherited SIG_IGN stays
+            if callable(signal.getsignal(sig)):
+                signal.signal(sig, signal.SIG_DFL)
+    for timer in (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF):
+        signal.setitimer(timer, 0)
+    signal.set_wakeup_fd(-1)
+    sys.settrace(None)
+    sys.setprofile(None)
+    threading.settrace(None)
+    threading.setprofile(None)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+        if fd > 2 and fd not in keep and fd != devnull:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, closed by now
+                os.dup2(devnull, fd)
+    os.close(devnull)
