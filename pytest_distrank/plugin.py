@@ -88,7 +88,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> object:
     pytest's capture and every plugin's configure (pool/pools/earlyfork.py)."""
     from .launch.env import launch_of
     from .pool.pools import earlyfork
-    from .pool.pools.preloads import PRELOAD
+    from .pool.pools.preloads import SHARED_WITH_PYTEST
 
     try:
         method = resolve(early_config, START_METHOD, early=True).value
@@ -96,7 +96,7 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> object:
     except pytest.UsageError:
         method, launched = "", False  # configure says what is wrong
     if earlyfork.wanted(early_config, method, launched):
-        earlyfork.fork_early(PRELOAD[:-1])
+        earlyfork.fork_early(SHARED_WITH_PYTEST)
     return (yield)
 
 
