@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from .stacks import signal_name, trim_fault_dump, where_blocked
+from .stacks import signal_name, where_blocked
 
 #: What the child's result file may say of the function.
 OUTCOMES = ("passed", "failed", "skipped", "xfailed")
@@ -127,7 +127,7 @@ def _hang(end: ChildEnd, left: str) -> str:
     if end.stack.strip():
         lines.append(f"It was {where_blocked(end.stack, end.test_file)}.")
         lines += ["Its stack when stopped (every thread, most recent call first):"]
-        lines.append(trim_fault_dump(end.stack, end.test_file) if end.test_file else end.stack)
+        lines.append(trim_below_test(end.stack, end.test_file))
     else:
         lines.append("(no stack: it did not answer the dump signal before it was killed)")
     lines.append(
@@ -135,6 +135,30 @@ def _hang(end: ChildEnd, left: str) -> str:
         "deadline less 10% and 1 s."
     )
     return _lines("\n".join(lines), left)
+
+
+def trim_below_test(dump: str, test_file: str, most: int = 20) -> str:
+    """A faulthandler dump with each thread's frames below its outermost frame in the test's
+    file left out (the child's own machinery, pytest's); a thread with none keeps ``most``."""
+    out: list[str] = []
+    block: list[str] = []
+
+    def flush() -> None:
+        own = [i for i, line in enumerate(block) if f'File "{test_file}"' in line]
+        out.extend(block[: own[-1] + 1] if own and test_file else block[:most])
+        block.clear()
+
+    for line in dump.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            flush()
+            out.append(line)
+        elif line.startswith("  File "):
+            block.append(line)
+        elif line.strip() and not line.startswith("Extension modules:"):
+            flush()
+            out.append(line)
+    flush()
+    return "\n".join(out)
 
 
 def _left_words(end: ChildEnd, result: ChildResult | str | None) -> str:

@@ -24,6 +24,7 @@ from pytest_distrank.outcome.childverdict import (
     ChildResult,
     judge,
     parse_result,
+    trim_below_test,
 )
 
 lines = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
@@ -35,20 +36,17 @@ results = st.builds(
     left=st.tuples() | st.tuples(lines) | st.tuples(lines, lines),
 )
 #: What a result file may hold: a result, nothing, bytes that are no JSON, JSON of a wrong shape.
-garbled = (
-    st.binary(max_size=40).filter(lambda b: not _is_result(b))
-    | st.sampled_from(
-        [
-            b"",
-            b"{",
-            b"null",
-            b"[]",
-            b'{"outcome": "passed"}',
-            json.dumps({"outcome": "won", "text": "", "crash": "", "left": []}).encode(),
-            json.dumps({"outcome": "passed", "text": 1, "crash": "", "left": []}).encode(),
-            json.dumps({"outcome": "passed", "text": "", "crash": "", "left": [3]}).encode(),
-        ]
-    )
+garbled = st.binary(max_size=40).filter(lambda b: not _is_result(b)) | st.sampled_from(
+    [
+        b"",
+        b"{",
+        b"null",
+        b"[]",
+        b'{"outcome": "passed"}',
+        json.dumps({"outcome": "won", "text": "", "crash": "", "left": []}).encode(),
+        json.dumps({"outcome": "passed", "text": 1, "crash": "", "left": []}).encode(),
+        json.dumps({"outcome": "passed", "text": "", "crash": "", "left": [3]}).encode(),
+    ]
 )
 raws = st.none() | results.map(ChildResult.to_json) | garbled
 statuses = st.none() | st.integers(-64, -1) | st.just(0) | st.integers(1, 255)
@@ -209,3 +207,25 @@ def test_the_wrapper_asks_pytest_for_request_where_the_function_does_not() -> No
 
 def test_the_default_timeout_ends_before_the_deadline() -> None:
     assert default_timeout(None) == pytest.approx(269.0)  # no test: the plugin's 300 s
+
+
+def test_a_hangs_stack_keeps_each_thread_down_to_the_test_function() -> None:
+    dump = "\n".join(
+        [
+            "Current thread 0x1 (most recent call first):",
+            '  File "t.py", line 3 in wait',
+            '  File "t.py", line 9 in test_x',
+            '  File "childmain.py", line 98 in run',
+            "Thread 0x2 (most recent call first):",
+            '  File "threading.py", line 1 in wait',
+            "",
+            "Extension modules: numpy (total: 1)",
+        ]
+    )
+    assert trim_below_test(dump, "t.py").splitlines() == [
+        "Current thread 0x1 (most recent call first):",
+        '  File "t.py", line 3 in wait',
+        '  File "t.py", line 9 in test_x',
+        "Thread 0x2 (most recent call first):",
+        '  File "threading.py", line 1 in wait',
+    ]
