@@ -27,7 +27,7 @@ from pytest_distrank.outcome.childverdict import (
     trim_below_test,
 )
 
-lines = st.text(st.characters(blacklist_categories=("Cs",)), max_size=30)
+lines = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 results = st.builds(
     ChildResult,
     outcome=st.sampled_from(OUTCOMES),
