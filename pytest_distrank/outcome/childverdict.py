@@ -113,7 +113,8 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
             body += ["The function's failure:", result.text]
         return Verdict("failed", _lines("\n".join(body), left), left)
     if result.outcome == "failed":
-        first = f"{result.crash or 'failed'} (in {end.who})"
+        crash = (result.crash.splitlines() or [""])[0].strip() or "failed"
+        first = f"{crash} (in {end.who})"
         return Verdict("failed", _lines(f"{first}\n{result.text}", left), left)
     if result.outcome == "passed" and left and leftovers == "fail":
         first = f"{end.who} passed, but left processes running (in_child(leftovers='fail'))"
