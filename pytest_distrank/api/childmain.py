@@ -25,6 +25,7 @@ import os
 import pickle
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -189,4 +190,20 @@ def end_tree(roots: list[int], include_roots: bool) -> list[str]:
                 os.kill(pid, signal.SIGSTOP)
         stopped |= new
     reaper.kill_all(stopped | (set(roots) if include_roots else set()))
+    _wait_gone(stopped)
     return named
+
+
+def _wait_gone(pids: set[int], bound: float = 2.0) -> None:
+    """Reap the killed processes that are this one's children; wait (``bound``) until the others
+    are gone or zombies, so that nobody names them again as running."""
+    end = time.monotonic() + bound
+    for pid in sorted(pids):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # SIGKILLed: at once
+            continue
+        while time.monotonic() < end:
+            state = reaper.proc_stat(pid)
+            if state is None or state[0] in ("Z", "X"):
+                break
+            time.sleep(0.01)

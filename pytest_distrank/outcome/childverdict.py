@@ -165,7 +165,8 @@ def trim_below_test(dump: str, test_file: str, most: int = 20) -> str:
 def _left_words(end: ChildEnd, result: ChildResult | str | None) -> str:
     """The processes of the child's tree that were still running, killed, in one block."""
     lines = list(result.left) if isinstance(result, ChildResult) else []
-    lines += [line for line in end.killed if line not in lines]
+    named = {line.split(":", 1)[0] for line in lines}  # "pid 4711"
+    lines += [line for line in end.killed if line.split(":", 1)[0] not in named]
     if not lines:
         return ""
     plural = "es" if len(lines) != 1 else ""
