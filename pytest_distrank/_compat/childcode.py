@@ -15,13 +15,14 @@ import ast
 import importlib.util
 import sys
 import types
+from pathlib import Path
 
 
 def import_rewritten(name: str, path: str) -> types.ModuleType:
     """Import the module ``name`` from the file ``path``, its asserts rewritten as pytest
     rewrites a test module's, and register it in ``sys.modules`` (pickles of its classes
     resolve to it)."""
-    source = open(path, "rb").read()
+    source = Path(path).read_bytes()
     tree = ast.parse(source, filename=path)
     try:
         from _pytest.assertion.rewrite import rewrite_asserts

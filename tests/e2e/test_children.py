@@ -90,6 +90,12 @@ def test_leak_fails_when_asked():
 @in_child()
 def test_deadline_sets_the_timeout():
     wait_forever()
+
+
+class TestInAClass:
+    @in_child(start="spawn")
+    def test_method_spawned(self, tmp_path):
+        assert tmp_path.is_dir() and isinstance(self, TestInAClass)
 """
 
 NEVER_RAN = """
@@ -133,6 +139,12 @@ def test_rank_spawn(rank, world_size):
 def test_rank_hang(rank):
     if rank == 1:
         time.sleep(100)
+
+
+@pytest.mark.world_size(2)
+@in_child(start="spawn")
+def test_rank_spawn_refuses_pg(pg):
+    pass
 """
 
 CHILDREN = Session(
@@ -149,8 +161,13 @@ def kids(shared_session: SharedSession) -> Shared:
 
 def test_each_outcome_of_a_child_is_the_tests(kids: Shared) -> None:
     assert kids.outcomes(
-        "test_passes", "test_fails_fork", "test_fails_spawn", "test_skips", "test_xfails"
-    ) == ["passed", "failed", "failed", "skipped", "skipped"]
+        "test_passes",
+        "test_fails_fork",
+        "test_fails_spawn",
+        "test_skips",
+        "test_xfails",
+        "test_method_spawned",
+    ) == ["passed", "failed", "failed", "skipped", "skipped", "passed"]
     kids.result.stdout.fnmatch_lines(
         [
             "SKIPPED [1] test_kids.py:32: no engine here",
@@ -277,5 +294,16 @@ def test_a_ranks_test_forks_or_spawns_its_own_child(kids: Shared) -> None:
             "  rank 1/2  failed in call: Failed: test_rank_hang's child (fork, pid *) did not "
             "finish within 2.6 s: stopped and killed.  <- root cause",
             "It was blocked in test_rank_hang at test_kids_ranks.py:25.",
+        ]
+    )
+
+
+def test_spawn_refuses_an_argument_that_does_not_pickle(kids: Shared) -> None:
+    assert kids.outcome("test_rank_spawn_refuses_pg") == "failed"
+    kids.section("test_rank_spawn_refuses_pg").fnmatch_lines(
+        [
+            "in_child(start='spawn') on test_rank_spawn_refuses_pg: its argument pg (*) cannot be "
+            "sent to a spawned child: *. Use start='fork', or leave that fixture out of the "
+            "test's arguments.",
         ]
     )
