@@ -6,6 +6,7 @@ Imported in the controller and in every rank process. Re-exports only; the plugi
 
 from __future__ import annotations
 
+from .api.children import in_child
 from .api.parity import (
     assert_close_across_ranks,
     assert_differs_across_ranks,
@@ -27,6 +28,7 @@ __all__ = [
     "assert_differs_across_ranks",
     "assert_equal_across_ranks",
     "fixture",
+    "in_child",
     "rank_inputs",
     "reference",
 ]

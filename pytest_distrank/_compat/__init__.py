@@ -21,6 +21,8 @@ docstring says why the private access is needed and what breaks if it changes; t
 - ``oneworld``: a one-rank world swapped in for the test's while ``reference()`` runs;
 - ``harness``: PyTorch's ``MultiProcessTestCase`` / ``MultiProcContinuousTest`` harness;
 - ``deepspeed``: DeepSpeed's ``DistributedTest`` harness (its test tree's ``unit/common.py``);
+- ``childcode``: a test module imported with its asserts rewritten, in ``in_child``'s spawned
+  child;
 - ``plugins``: pytest-rerunfailures' decision functions, pytest-cov's controller and
   pytest-json-report's data on reports.
 """
@@ -38,6 +40,7 @@ from _pytest._code.code import (
     ReprTracebackNative,
 )
 
+from .childcode import import_rewritten
 from .deepspeed import (
     DS_CHILD,
     DS_EXEC,
@@ -217,6 +220,7 @@ __all__ = [
     "harness_run_spawned",
     "harness_skip_message",
     "harness_world_size",
+    "import_rewritten",
     "json_report_data",
     "keep_rerun_counts_out_of_ranks",
     "kill_fork_server",

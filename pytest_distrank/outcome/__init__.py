@@ -15,6 +15,7 @@ reports and text: no torch, no processes, so that it is unit-tested without rank
 - ``frcalls``: a rank's flight records read as its collectives, numbered per group identity.
 - ``stacks``: stack dumps, "blocked in ...", log tails, exit statuses and signals in words.
 - ``warnings``: the ranks' warnings, each shown once.
+- ``childverdict``: ``in_child``'s verdict: what a test's child process came back with.
 
 Import rules (checked by ``tests/unit/test_imports.py``): the standard library, pytest,
 :mod:`~pytest_distrank._compat` and this folder; never torch, never a mode.

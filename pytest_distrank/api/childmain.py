@@ -1,0 +1,209 @@
+"""The child of ``in_child``: it runs the test's function and writes what came of it.
+
+Runs in the child process :mod:`api.children` starts: a fork of the test's process (the pytest
+process, or a rank of a distributed test) entered through :func:`child_main`, or a fresh
+interpreter (``start="spawn"``) entered through :func:`spawned`, which imports the test's module
+as pytest does (asserts rewritten) and unpickles the arguments. Everything it reports goes
+through files of the parent's private folder, named below: no pipe to hold open, nothing lost
+when the parent reads after a kill.
+
+Before the function: its own process group (the parent ends the group), death with its parent
+(``PR_SET_PDEATHSIG``), a child subreaper (the function's double-forked processes stay below
+it), a stack dump on :data:`DUMP_SIGNAL` into the stack file, and its output into the output
+files. After it: the processes the function left running are named and killed, the result is
+written (atomically), and the child ends with ``os._exit(0)``: no atexit (multiprocessing's
+joins a leaked worker forever), no pytest teardown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import faulthandler
+import os
+import pickle
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .. import _compat
+from ..outcome.childverdict import ChildResult
+from ..rank import reaper
+
+#: The signal the parent sends for the child's stack (a real-time one: no library uses it).
+DUMP_SIGNAL = signal.SIGRTMIN + 7
+#: The files of the parent's folder, by what they hold.
+RESULT, STACK, STDOUT, STDERR, SPEC = "result.json", "stack.txt", "out.txt", "err.txt", "spec"
+#: The attribute of an ``in_child`` wrapper that holds the function it wraps.
+WRAPPED = "__distrank_in_child__"
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclasses.dataclass
+class ChildSpec:
+    """What the child needs to know; pickled into the folder for a spawned one."""
+
+    folder: str
+    start: str
+    parent: int
+    #: Send fds 1 and 2 to the folder's output files (off under ``-s``: the terminal).
+    redirect: bool
+    #: ``--tb`` and ``--showlocals``, for the failure's traceback.
+    tbstyle: str = "long"
+    showlocals: bool = False
+    #: spawn: where the function is, and its arguments (pickled ``(args, kwargs)``).
+    module: str = ""
+    file: str = ""
+    qualname: str = ""
+    sys_path: list[str] = dataclasses.field(default_factory=list)
+    arguments: bytes = b""
+
+
+def child_main(spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    """A forked child, from fork to exit."""
+    _prepare(spec)
+    _finish(spec, run(fn, args, kwargs, spec))
+
+
+def spawned(spec_path: str) -> None:
+    """A spawned child (``python -c``), from start to exit."""
+    spec: ChildSpec = pickle.loads(Path(spec_path).read_bytes())
+    sys.path[:] = spec.sys_path
+    _prepare(spec)
+    try:
+        module = _compat.import_rewritten(spec.module, spec.file)
+        target: Any = module
+        for part in spec.qualname.split("."):
+            target = getattr(target, part)
+        fn = getattr(target, WRAPPED, target)
+        args, kwargs = pickle.loads(spec.arguments)
+    except BaseException as exc:  # the module's import, as pytest would show it
+        result = ChildResult(
+            "failed", "".join(traceback.format_exception(exc)), f"{type(exc).__name__}: {exc}"
+        )
+    else:
+        result = run(fn, args, kwargs, spec)
+    _finish(spec, result)
+
+
+def run(fn: Callable[..., Any], args: Any, kwargs: Any, spec: ChildSpec) -> ChildResult:
+    """Call the function; its outcome as the child reports it."""
+    try:
+        fn(*args, **kwargs)
+    except pytest.skip.Exception as exc:
+        return ChildResult("skipped", str(exc.msg or "skipped in the child"))
+    except pytest.xfail.Exception as exc:  # before Failed: XFailed is one
+        return ChildResult("xfailed", str(exc.msg or "xfailed in the child"))
+    except BaseException as exc:
+        return _failure(exc, fn, spec)
+    return ChildResult("passed")
+
+
+def _failure(exc: BaseException, fn: Callable[..., Any], spec: ChildSpec) -> ChildResult:
+    """The traceback as pytest prints a test's, from the function's frame down."""
+    excinfo = pytest.ExceptionInfo.from_exception(exc)
+    if isinstance(exc, pytest.fail.Exception) and not exc.pytrace:
+        message = exc.msg or ""
+        return ChildResult("failed", message, f"Failed: {(message.splitlines() or [''])[0]}")
+    code = getattr(fn, "__code__", None)
+    tb = excinfo.traceback
+    if code is not None:
+        tb = tb.cut(path=Path(code.co_filename), firstlineno=code.co_firstlineno - 1) or tb
+    excinfo.traceback = tb.filter(excinfo)
+    style = spec.tbstyle if spec.tbstyle in ("long", "short", "line", "native") else "long"
+    text = str(excinfo.getrepr(style=style, showlocals=spec.showlocals, truncate_locals=True))  # type: ignore[arg-type]
+    crash = excinfo.exconly().splitlines()[0] if excinfo.exconly() else type(exc).__name__
+    return ChildResult("failed", text, crash)
+
+
+def _prepare(spec: ChildSpec) -> None:
+    """Group, parent death, subreaper, stack dumps, output (the module's docstring)."""
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != spec.parent:  # the parent died before the death signal was armed
+        os._exit(1)
+    reaper.become_subreaper()
+    stack = os.open(os.path.join(spec.folder, STACK), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    faulthandler.register(DUMP_SIGNAL, file=stack, all_threads=True, chain=False)
+    if spec.redirect and spec.start == "fork":  # a spawned child's were given by Popen
+        for fd, name in ((1, STDOUT), (2, STDERR)):
+            target = os.open(os.path.join(spec.folder, name), os.O_WRONLY | os.O_APPEND)
+            os.dup2(target, fd)
+            os.close(target)
+        sys.stdout = open(1, "w", buffering=1, errors="replace", closefd=False)
+        sys.stderr = open(2, "w", buffering=1, errors="replace", closefd=False)
+    if faulthandler.is_enabled() or spec.start == "spawn":  # a crash's stack: to its stderr
+        faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def _finish(spec: ChildSpec, result: ChildResult) -> None:
+    """End what the function left running, write the result, exit without atexit."""
+    left = tuple(end_tree([os.getpid()], include_roots=False))
+    reaper.reap_children()
+    if left:
+        result = dataclasses.replace(result, left=left)
+    path = os.path.join(spec.folder, RESULT)
+    with open(path + ".part", "wb") as f:
+        f.write(result.to_json())
+    os.replace(path + ".part", path)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
+
+
+def command_line(pid: int) -> str:
+    """``pid 4711: python -m worker`` (the command cut at 120 characters)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        words = "?"
+    return f"pid {pid}: {words[:117] + '...' if len(words) > 120 else words}"
+
+
+def end_tree(roots: list[int], include_roots: bool) -> list[str]:
+    """Stop every descendant of ``roots`` (again, until no new one appears: a process that
+    forks while being listed is stopped before its child can fork), then kill them all; the
+    roots too if ``include_roots``. Their command lines, roots left out."""
+    stopped: set[int] = set()
+    for pid in roots if include_roots else ():
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGSTOP)
+    named: list[str] = []
+    while True:
+        new = reaper.descendants(roots) - stopped
+        if not new:
+            break
+        for pid in sorted(new):
+            named.append(command_line(pid))
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGSTOP)
+        stopped |= new
+    reaper.kill_all(stopped | (set(roots) if include_roots else set()))
+    _wait_gone(stopped)
+    return named
+
+
+def _wait_gone(pids: set[int], bound: float = 2.0) -> None:
+    """Reap the killed processes that are this one's children; wait (``bound``) until the others
+    are gone or zombies, so that nobody names them again as running."""
+    end = time.monotonic() + bound
+    for pid in sorted(pids):
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)  # SIGKILLed: at once
+            continue
+        while time.monotonic() < end:
+            state = reaper.proc_stat(pid)
+            if state is None or state[0] in ("Z", "X"):
+                break
+            time.sleep(0.01)

@@ -1,0 +1,309 @@
+"""End-to-end: ``@pytest_distrank.in_child`` carries a child's outcome into the test's report
+(issue 41 item 4): failure (asserts rewritten), skip, xfail, output, a hang's stack, a death's
+signal; fork and spawn; ordinary tests and a rank's test (world_size).
+
+One inner session (``CHILDREN``) holds every case; the leak check of ``run_pytest`` proves that
+no child, and nothing a child started (a worker it leaked, a grandchild of a hung child),
+outlives it. The verdict's rule is property-tested in tests/unit/test_children.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ..helpers import SharedSession
+from .test_faults import Session, Shared
+
+ORDINARY = """
+import os, signal, subprocess, sys, time
+import pytest
+from pytest_distrank import in_child
+
+
+def value():
+    return 1
+
+
+def wait_forever():
+    time.sleep(100)
+
+
+@in_child()
+def test_passes():
+    print("hello from the child")
+
+
+@in_child()
+def test_fails_fork():
+    print("child says hi")
+    assert value() == 2
+
+
+@in_child(start="spawn")
+def test_fails_spawn(tmp_path):
+    print("spawned child says hi")
+    assert value() == 3
+
+
+@in_child()
+def test_skips():
+    pytest.skip("no engine here")
+
+
+@in_child(start="spawn")
+def test_xfails():
+    pytest.xfail("known engine bug")
+
+
+@in_child(timeout=1)
+def test_hangs_fork():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    wait_forever()
+
+
+@in_child(start="spawn", timeout=1.5)
+def test_hangs_spawn():
+    wait_forever()
+
+
+@in_child()
+def test_segfaults():
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+@in_child()
+def test_exits_0():
+    os._exit(0)
+
+
+@in_child()
+def test_leaks_a_worker():
+    subprocess.Popen(["sleep", "60"])
+
+
+@in_child(leftovers="fail")
+def test_leak_fails_when_asked():
+    subprocess.Popen(["sleep", "61"])
+
+
+@pytest.mark.timeout(2)
+@in_child()
+def test_deadline_sets_the_timeout():
+    wait_forever()
+
+
+class TestInAClass:
+    @in_child(start="spawn")
+    def test_method_spawned(self, tmp_path):
+        assert tmp_path.is_dir() and isinstance(self, TestInAClass)
+"""
+
+NEVER_RAN = """
+from pytest_distrank import in_child
+from pytest_distrank.api import childmain
+
+
+def test_a_runner_that_never_runs_the_function_cannot_pass(monkeypatch):
+    # vLLM #41415: its child runner exited 0 without calling the test, which "always passed".
+    monkeypatch.setattr(childmain, "child_main", lambda *args: None)  # inherited by the fork
+
+    @in_child()
+    def body():
+        pass
+
+    body()
+"""
+
+RANKS = """
+import time
+import pytest
+from pytest_distrank import in_child
+
+
+@pytest.mark.world_size(2)
+@in_child()
+def test_rank_fork(rank, world_size):
+    print(f"child of rank {rank}")
+    assert rank == 0, f"rank {rank} of {world_size} fails"
+
+
+@pytest.mark.world_size(2)
+@in_child(start="spawn")
+def test_rank_spawn(rank, world_size):
+    assert world_size == 2 and rank in (0, 1)
+
+
+@pytest.mark.timeout(4)
+@pytest.mark.world_size(2)
+@in_child()
+def test_rank_hang(rank):
+    if rank == 1:
+        time.sleep(100)
+
+
+@pytest.mark.world_size(2)
+@in_child(start="spawn")
+def test_rank_spawn_refuses_pg(pg):
+    pass
+"""
+
+CHILDREN = Session(
+    "children",
+    {"test_kids.py": ORDINARY, "test_never_ran.py": NEVER_RAN, "test_kids_ranks.py": RANKS},
+    ("-ra", "-p", "no:randomly"),
+)
+
+
+@pytest.fixture
+def kids(shared_session: SharedSession) -> Shared:
+    return CHILDREN.run(shared_session)
+
+
+def test_each_outcome_of_a_child_is_the_tests(kids: Shared) -> None:
+    assert kids.outcomes(
+        "test_passes",
+        "test_fails_fork",
+        "test_fails_spawn",
+        "test_skips",
+        "test_xfails",
+        "test_method_spawned",
+    ) == ["passed", "failed", "failed", "skipped", "skipped", "passed"]
+    kids.result.stdout.fnmatch_lines(
+        [
+            "SKIPPED [1] test_kids.py:32: no engine here",
+            "XFAIL test_kids.py::test_xfails - known engine bug",
+        ],
+        consecutive=False,
+    )
+
+
+@pytest.mark.parametrize(("test", "start", "right"), [("fork", "fork", 2), ("spawn", "spawn", 3)])
+def test_a_childs_failure_is_reported_as_pytest_prints_it(
+    kids: Shared, test: str, start: str, right: int
+) -> None:
+    kids.section(f"test_fails_{test}").fnmatch_lines(
+        [
+            f"AssertionError: assert 1 == {right} (in test_fails_{test}'s child ({start}, pid *))",
+            f">       assert value() == {right}",
+            f"E       assert 1 == {right}",
+            "E        +  where 1 = value()",
+            "test_kids.py:*: AssertionError",
+            "*- Captured stdout call -*",
+            "*child says hi",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("test", "start", "limit"), [("fork", "fork", "1"), ("spawn", "spawn", "1.5")]
+)
+def test_a_hung_child_shows_its_stack_and_is_killed_with_its_tree(
+    kids: Shared, test: str, start: str, limit: str
+) -> None:
+    assert kids.outcome(f"test_hangs_{test}") == "failed"
+    lines = [
+        f"test_hangs_{test}'s child ({start}, pid *) did not finish within {limit} s: "
+        "stopped and killed.",
+        "It was blocked in wait_forever at test_kids.py:12.",
+        "Its stack when stopped (every thread, most recent call first):",
+        '*File "*test_kids.py", line 12 in wait_forever',
+        f'*File "*test_kids.py", line * in test_hangs_{test}',
+    ]
+    if test == "fork":  # the grandchild it started, named and killed (the leak check: gone)
+        lines += [
+            "test_hangs_fork's child (fork, pid *) left 1 process running, killed:",
+            "  pid *: *python -c import time; time.sleep(60)",
+        ]
+    kids.section(f"test_hangs_{test}").fnmatch_lines(lines)
+
+
+def test_a_child_that_died_without_a_result_fails_naming_how(kids: Shared) -> None:
+    assert kids.outcomes("test_segfaults", "test_exits_0") == ["failed", "failed"]
+    kids.section("test_segfaults").fnmatch_lines(
+        [
+            "test_segfaults's child (fork, pid *) ended with signal SIGSEGV(-11) and wrote no "
+            "result: its function never returned *",
+            "*- Captured stderr call -*",
+            "Fatal Python error: Segmentation fault",
+        ]
+    )
+    kids.section("test_exits_0").fnmatch_lines(
+        ["test_exits_0's child (fork, pid *) ended with exit code 0 and wrote no result: *"]
+    )
+
+
+def test_a_runner_that_never_ran_the_function_cannot_pass(kids: Shared) -> None:
+    test = "test_a_runner_that_never_runs_the_function_cannot_pass"
+    assert kids.outcome(test) == "failed"
+    kids.section(test).fnmatch_lines(
+        [f"{test}.<locals>.body's child (fork, pid *) ended with exit code 0 and wrote no result*"]
+    )
+
+
+def test_what_a_child_left_running_is_killed_and_named(kids: Shared) -> None:
+    assert kids.outcomes("test_leaks_a_worker", "test_leak_fails_when_asked") == [
+        "passed",
+        "failed",
+    ]
+    kids.result.stdout.fnmatch_lines(
+        [
+            "test_kids.py::test_leaks_a_worker",
+            "  *test_kids.py:*: PytestWarning: in_child: test_leaks_a_worker's child (fork, pid *) "
+            "left 1 process running, killed:",
+            "    pid *: sleep 60",
+        ]
+    )
+    kids.section("test_leak_fails_when_asked").fnmatch_lines(
+        [
+            "test_leak_fails_when_asked's child (fork, pid *) passed, but left processes running "
+            "(in_child(leftovers='fail'))",
+            "*  pid *: sleep 61",
+        ]
+    )
+
+
+def test_the_tests_deadline_sets_the_childs_timeout(kids: Shared) -> None:
+    """``@pytest.mark.timeout(2)``: the child is stopped at 2 * 0.9 - 1 -> 1 s (at least half),
+    before pytest-timeout's own timer would end the test without the child's stack."""
+    kids.section("test_deadline_sets_the_timeout").fnmatch_lines(
+        [
+            "test_deadline_sets_the_timeout's child (fork, pid *) did not finish within 1 s: *",
+            "It was blocked in wait_forever at test_kids.py:12.",
+        ]
+    )
+
+
+def test_a_ranks_test_forks_or_spawns_its_own_child(kids: Shared) -> None:
+    assert kids.outcomes("test_rank_fork", "test_rank_spawn", "test_rank_hang") == [
+        "failed",
+        "passed",
+        "failed",
+    ]
+    kids.section("test_rank_fork").fnmatch_lines(
+        [
+            "distrank: 1 of 2 ranks failed; root cause: rank 1/2",
+            "  rank 1/2  failed in call: Failed: AssertionError: rank 1 of 2 fails (in "
+            "test_rank_fork's child (fork, pid *))  <- root cause",
+            "E       AssertionError: rank 1 of 2 fails",
+            "*- Captured stdout call (rank 1/2) -*",
+            "child of rank 1",
+        ]
+    )
+    kids.section("test_rank_hang").fnmatch_lines(
+        [
+            "  rank 1/2  failed in call: Failed: test_rank_hang's child (fork, pid *) did not "
+            "finish within 2.6 s: stopped and killed.  <- root cause",
+            "It was blocked in test_rank_hang at test_kids_ranks.py:25.",
+        ]
+    )
+
+
+def test_spawn_refuses_an_argument_that_does_not_pickle(kids: Shared) -> None:
+    assert kids.outcome("test_rank_spawn_refuses_pg") == "failed"
+    kids.section("test_rank_spawn_refuses_pg").fnmatch_lines(
+        [
+            "in_child(start='spawn') on test_rank_spawn_refuses_pg: its argument pg (*) cannot be "
+            "sent to a spawned child: *. Use start='fork', or leave that fixture out of the "
+            "test's arguments.",
+        ]
+    )
