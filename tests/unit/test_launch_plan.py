@@ -179,8 +179,8 @@ def test_rank_0_applies_a_decision_for_a_test_the_others_do_not_run() -> None:
 def test_next_shared_is_the_next_test_every_rank_runs() -> None:
     items = [cast(pytest.Item, _Item()) for _ in range(4)]
     steps = (Step("all"), Step("rank0"), Step("skip", "no"), Step("all"))
-    assert next_shared(steps, items, 0) is items[3]
-    assert next_shared(steps, items, 3) is None
+    assert next_shared(steps, items, 0, 0) is items[3]
+    assert next_shared(steps, items, 3, 0) is None
 
 
 # -- the exchange: every rank's collection to rank 0, the plan back ------------------------------
