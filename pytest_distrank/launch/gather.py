@@ -115,7 +115,9 @@ def poll_early(rs: RankSession, cur: Current) -> None:
         return
     cur.early_seen, cur.fatal_at = count, now + FATAL_EVERY
     for rank in range(1, rs.world_size):
-        fatal = keys.fatal(rs.launched_rank(rank))  # a session ends for the launched rank
+        # A session ends for the launched rank: a sub-world's view (RankSession.view) maps it.
+        members: tuple[int, ...] = getattr(rs, "members", ())
+        fatal = keys.fatal(members[rank] if members else rank)
         if rank not in cur.stopped and channel.has(fatal):
             with noted(cur):
                 cur.stopped[rank] = channel.get(fatal, keys.read_fatal)

@@ -243,7 +243,7 @@ class LaunchPlugin:
         self.group.gen = verdict["gen"]
         return True
 
-    def _start(self, item: pytest.Item, index: int) -> Current:
+    def start_test(self, item: pytest.Item, index: int) -> Current:
         try:
             timeout = item_timeout(item, self.settings.timeout)
         except ValueError:
@@ -259,7 +259,7 @@ class LaunchPlugin:
         self.distributed_tests += 1
         return cur
 
-    def _run_here(self, cur: Current) -> bool:
+    def run_here(self, cur: Current) -> bool:
         """This rank's part: the process group for the test's backend, then pytest's protocol
         (reports reach ``cur.reports`` through the makereport wrapper, not the terminal; its
         warnings ``cur.caught``, not this rank's own summary: rank 0 shows every rank's, once).
@@ -306,10 +306,10 @@ class LaunchPlugin:
     def _run_rank0(self, item: pytest.Item, index: int) -> None:
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        cur = self._start(item, index)
+        cur = self.start_test(item, index)
         group = self.group
         inits = group.inits
-        fine = self._run_here(cur)
+        fine = self.run_here(cur)
         with self.rs.lock:
             cur.done = True
             taken = cur.taken_over
@@ -342,8 +342,8 @@ class LaunchPlugin:
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:
         rs = self.rs
-        cur = self._start(item, index)
-        fine = self._run_here(cur)
+        cur = self.start_test(item, index)
+        fine = self.run_here(cur)
         with rs.lock:
             cur.done = True
             taken = cur.taken_over

@@ -9,10 +9,10 @@ A batch of sub-world tests runs at once, one test per sub-world. Every member wa
 the launched rank 0 gathers a test of every rank (:func:`gather.gather` on the rank's
 :meth:`session.RankSession.view`: failure grace, deadline, stacks, proven deadlocks), and sends
 them to the launched rank 0 (``world/<test>``, sealed like every payload); the launched rank 0
-runs the first sub-world of each batch itself, then merges and logs each other test of the batch
-as its result comes (:func:`replay`), naming its ranks in both numberings. A sub-world that
-fails ends only its own test; one that leaves a rank stuck ends the run after its batch (a rank
-stuck in a collective cannot be interrupted).
+runs the first sub-world of each batch itself (when it is in one), then merges and logs each
+other test of the batch as its result comes (:func:`replay`), naming its ranks in both
+numberings. A sub-world that fails ends only its own test; one that leaves a rank stuck ends the
+run after its batch (a rank stuck in a collective cannot be interrupted).
 
 Ranks in no sub-world of a batch wait for the verdict before their next test: running the next
 batch's test early would need its sub-world's other members, which are still in this batch.
@@ -21,7 +21,7 @@ batch's test early would need its sub-world's other members, which are still in 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pytest
 from pytest import TestReport
@@ -31,17 +31,43 @@ from ..outcome.endgame import DUMP_WAIT
 from ..outcome.records import WarningRecord
 from ..outcome.reports import check_failure, silent_report
 from ..rank.groupstate import sequence_numbers
-from ..settings import item_timeout
+from ..settings import Settings, item_timeout
 from . import keys
 from .channel import ChannelError, Forged
 from .current import Current
 from .deadwatch import Judge
 from .gather import gather, left_stuck, stopped_serving, warnings_of
+from .group import GroupKeeper
 from .plan import Step
-from .session import park
+from .session import RankSession, park
 
-if TYPE_CHECKING:
-    from .plugin import LaunchPlugin
+
+class LaunchPlugin(Protocol):
+    """What this module uses of :class:`plugin.LaunchPlugin` (a protocol: no import cycle)."""
+
+    rs: RankSession
+    settings: Settings
+    group: GroupKeeper
+    steps: tuple[Step, ...]
+    items: list[pytest.Item]
+    current: Current | None
+    ended: str | None
+    ended_batch: int
+    aborted: bool
+    index: int
+    distributed_tests: int
+
+    def start_test(self, item: pytest.Item, index: int) -> Current: ...
+
+    def run_here(self, cur: Current) -> bool: ...
+
+    def finish(
+        self,
+        item: pytest.Item,
+        per_rank: dict[int, list[TestReport]],
+        warned: dict[int, list[WarningRecord]],
+    ) -> list[TestReport]: ...
+
 
 #: Rank 0 waits for a sub-world's result this long past the test's deadline and failure grace
 #: (the sub-world's rank 0 asks for stacks and sends what it has within ``DUMP_WAIT``).
@@ -115,9 +141,9 @@ def run_leader(plugin: LaunchPlugin, item: pytest.Item, index: int) -> None:
     """A sub-world's rank 0 (not the launched rank 0): run the test, gather its peers' reports
     and send them to the launched rank 0."""
     rs = plugin.rs
-    cur = plugin._start(item, index)
+    cur = plugin.start_test(item, index)
     assert cur.view is not None
-    fine = plugin._run_here(cur)
+    fine = plugin.run_here(cur)
     with rs.lock:
         cur.done = True
         taken = cur.taken_over

@@ -10,7 +10,9 @@ every rank reads the :class:`World` of its tests from the plan.
   takes down fewer sub-worlds, and a test of 2 on a node of 8 GPUs sees what it sees on one
   machine. Ranks a node cannot fill a sub-world with (the rest of ``local_size // k``) make
   cross-node sub-worlds, used last. A sub-world larger than a node spans as few nodes as it can.
-  Inside a sub-world the ranks keep their launched order, so rank 0 is rank 0 of the first one.
+  Inside a sub-world the ranks keep their launched order; the launched rank 0's sub-world comes
+  first (it runs a batch's first test, then reports the others), when it is in one (not when its
+  node has fewer than k ranks and the rest cannot make k).
 - **Schedule**: tests of one size (and backend) are packed together, in their collected order,
   into batches of up to ``W // k`` tests that run at once, one per sub-world; the run of
   batches of one size starts where its first test was collected, so the group of each sub-world
@@ -75,7 +77,10 @@ def placement(nodes: Sequence[int], k: int) -> list[tuple[int, ...]]:
         full = len(ranks) - len(ranks) % k
         local.extend(_chunks(ranks[:full], k))
         rest.extend(ranks[full:])
-    return sorted(local) + _chunks(rest, k)
+    slots = sorted(local) + _chunks(rest, k)
+    # The launched rank 0 runs its batch's first test itself, then logs the others as they
+    # come: its sub-world goes first, or the batch would wait for it.
+    return sorted(slots, key=lambda slot: 0 not in slot)
 
 
 def _chunks(ranks: Sequence[int], k: int) -> list[tuple[int, ...]]:
