@@ -7,9 +7,11 @@ world. The plugin starts no rank processes of its own. Every rank:
 1. connects to the control store at MASTER_ADDR:MASTER_PORT (:mod:`channel`), agrees on a
    run id, and (ranks other than 0) sends its terminal report to a per-rank log file;
 2. collects as pytest always does, sends its ordered node ids to rank 0, and gets back rank 0's
-   plan: for every test, run on all ranks / rank 0 only / skip / error (or, when the ranks
-   collected different tests, an error naming the ranks and node ids, and no test runs);
-3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode,
+   plan: for every test, run on all ranks / on a sub-world / rank 0 only / skip / error (or,
+   when the ranks collected different tests, an error naming the ranks and node ids, and no test
+   runs), and the order they run in;
+3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode
+   (those of a smaller size in batches on sub-worlds, :mod:`subrun`),
    and sends its phase reports to rank 0 (with the test's warnings, its groups' sequence numbers
    and its pid), which merges them (:func:`merge.merge_test`) and replays one report per phase,
    each distinct warning once (:mod:`outcome.warnings`); ranks other than 0 wait for rank 0's
@@ -101,7 +103,9 @@ class LaunchPlugin:
         self.rank = rs.rank
         self.world_size = rs.world_size
         self.group = GroupKeeper(rs)
-        self.watchdog = Watchdog(rs, lambda: self.current, self._finish_from_watchdog)
+        self.watchdog = Watchdog(
+            rs, lambda: self.current, functools.partial(subrun.end_stuck, self)
+        )
         self.session: pytest.Session | None = None
         self.steps: tuple[Step, ...] = ()
         self.index_of: dict[int, int] = {}
@@ -488,39 +492,3 @@ class LaunchPlugin:
         self.rs.adopt_exit_code(session, exitstatus, self.group.wait)
         if self.aborted:
             _compat.forget_setup_stack(session)
-
-    # -- rank 0's watchdog ends the run --------------------------------------------------------
-
-    def _finish_from_watchdog(self, cur: Current, own: list[TestReport]) -> int:
-        """The main thread of the test's rank 0 is stuck in ``cur`` (the watchdog thread calls
-        this). A sub-world's rank 0 that is not the launched rank 0 sends its sub-world's result
-        (:func:`subrun.leader_stuck`). The launched rank 0 reports the test with its ``own``
-        reports, the other tests of its batch as their sub-worlds send them, the remaining tests
-        as not run, and ends the session as pytest does after its test loop (summary, junitxml,
-        unconfigure). Returns the exit code.
-
-        Fixture teardown is skipped: fixtures set up for the stuck test may themselves wait on
-        the stuck group, and the main thread is still inside the test.
-        """
-        if self.rank != 0:
-            return subrun.leader_stuck(self, cur, own)
-        per_rank, stuck, _ = gather(cur.view or self.rs, cur, own)
-        merged = self.finish(cur.item, per_rank, warnings_of(cur))
-        self.aborted = True
-        self.ended = subrun.why_ended(cur, [0, *stuck]) or "rank 0 was left stuck"
-        self.current = None
-        ihook = cur.item.ihook
-        for report in merged:
-            ihook.pytest_runtest_logreport(report=report)
-        ihook.pytest_runtest_logfinish(nodeid=cur.item.nodeid, location=cur.item.location)
-        last = subrun.replay_batch_rest(self, cur.index)
-        self.log_not_run_after(last, self.ended)
-        session = self.session
-        assert session is not None
-        code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
-        session.exitstatus = code
-        _compat.forget_setup_stack(session)
-        self.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
-        with contextlib.suppress(Exception):
-            _compat.ensure_unconfigure(self.config)
-        return int(session.exitstatus)

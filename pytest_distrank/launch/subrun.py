@@ -1,7 +1,8 @@
 """Launcher mode: running the tests of sub-worlds, several at once (see :mod:`subworld`).
 
 Runs in every rank of a launched world, in the main thread of :class:`plugin.LaunchPlugin` (and
-:func:`leader_stuck` in the watchdog thread, when a sub-world's rank 0 is stuck in its test).
+:func:`end_stuck` in the watchdog thread, when the rank 0 of a test, of the launched world or of
+a sub-world, is stuck in it: it ends the run from there).
 
 A batch of sub-world tests runs at once, one test per sub-world. Every member waits for rank
 0's verdict on the test before the batch, then runs its test in its sub-world's process group
@@ -20,12 +21,14 @@ batch's test early would need its sub-world's other members, which are still in 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Protocol
 
 import pytest
 from pytest import TestReport
 
+from .. import _compat
 from ..outcome.checks import sequences_in_step
 from ..outcome.endgame import DUMP_WAIT
 from ..outcome.records import WarningRecord
@@ -56,6 +59,8 @@ class LaunchPlugin(Protocol):
     aborted: bool
     index: int
     distributed_tests: int
+    config: pytest.Config
+    session: pytest.Session | None
 
     def start_test(self, item: pytest.Item, index: int) -> Current: ...
 
@@ -67,6 +72,8 @@ class LaunchPlugin(Protocol):
         per_rank: dict[int, list[TestReport]],
         warned: dict[int, list[WarningRecord]],
     ) -> list[TestReport]: ...
+
+    def log_not_run_after(self, index: int, reason: str) -> None: ...
 
 
 #: Rank 0 waits for a sub-world's result this long past the test's deadline and failure grace
@@ -271,3 +278,37 @@ def replay_batch_rest(plugin: LaunchPlugin, index: int) -> int:
         plugin.index = last
         replay(plugin, items[last], last)
     return last
+
+
+def end_stuck(plugin: LaunchPlugin, cur: Current, own: list[TestReport]) -> int:
+    """The main thread of the test's rank 0 is stuck in ``cur`` (the watchdog thread calls
+    this). A sub-world's rank 0 that is not the launched rank 0 sends its sub-world's result
+    (:func:`leader_stuck`). The launched rank 0 reports the test with its ``own`` reports, the
+    other tests of its batch as their sub-worlds send them, the remaining tests as not run, and
+    ends the session as pytest does after its test loop (summary, junitxml, unconfigure).
+    Returns the exit code.
+
+    Fixture teardown is skipped: fixtures set up for the stuck test may themselves wait on
+    the stuck group, and the main thread is still inside the test.
+    """
+    if plugin.rs.rank != 0:
+        return leader_stuck(plugin, cur, own)
+    per_rank, stuck, _ = gather(cur.view or plugin.rs, cur, own)
+    merged = plugin.finish(cur.item, per_rank, warnings_of(cur))
+    plugin.aborted = True
+    plugin.ended = why_ended(cur, [0, *stuck]) or "rank 0 was left stuck"
+    plugin.current = None
+    ihook = cur.item.ihook
+    for report in merged:
+        ihook.pytest_runtest_logreport(report=report)
+    ihook.pytest_runtest_logfinish(nodeid=cur.item.nodeid, location=cur.item.location)
+    plugin.log_not_run_after(replay_batch_rest(plugin, cur.index), plugin.ended)
+    session = plugin.session
+    assert session is not None
+    code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
+    session.exitstatus = code
+    _compat.forget_setup_stack(session)
+    plugin.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
+    with contextlib.suppress(Exception):
+        _compat.ensure_unconfigure(plugin.config)
+    return int(session.exitstatus)
