@@ -11,6 +11,7 @@ their properties in ``tests/unit/test_subworld.py``.
 
 from __future__ import annotations
 
+import re
 import sys
 import uuid
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from ..helpers import RunPytest
 from .test_launch import HEADER, Run, free_port, launch_env, pytest_args, start, write
 
 __all__ = ["launch_env"]  # the fixture, used by the tests here
@@ -212,3 +214,28 @@ def test_a_sub_world_that_deadlocks_ends_early_and_only_its_own_test(
             "rank(s) 1 stuck (a proven deadlock); *",
         ],
     )
+
+
+@pytest.mark.timeout(300)
+def test_the_deadlock_has_the_root_cause_pool_mode_gives(
+    world: Callable[[], Run], run_pytest: RunPytest, pytester: pytest.Pytester
+) -> None:
+    """Issue 42 item 3: the early verdict in a launched world's sub-world names the root cause
+    that pool mode names for the same test, in the same words (and the launched numbering)."""
+    launched = _root_cause(world().outputs[_reporting(world())], "test_z_deadlock")
+    (pytester.path / "test_pool_hang.py").write_text(HANG)
+    result = run_pytest("test_pool_hang.py::test_z_deadlock", "-p", "no:cacheprovider")
+    result.assert_outcomes(failed=1)
+    pooled = _root_cause("\n".join(result.outlines), "test_z_deadlock")
+    assert re.sub(r" \(launched rank \d+, node \d+\)", "", launched) == pooled
+    assert pooled == (
+        "distrank: 1 of 2 ranks failed; root cause: rank 0/2 never entered barrier #1 on the "
+        "default group (rank 1 waits in it)"
+    )
+
+
+def _root_cause(output: str, test: str) -> str:
+    """The head line of ``test``'s failure in a report."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("_") and f" {test} " in line)
+    return next(line for line in lines[start:] if line.startswith("distrank: ") and "root" in line)
