@@ -1,7 +1,8 @@
 """Launcher mode: under torchrun, srun or mpirun, each pytest process is one rank.
 
-Every rank collects the same tests and runs them in the same order; rank 0 gathers each test's
-reports from its peers through a control store, merges them and is the only one to print.
+Every rank collects the same tests and runs them in the same order (tests of a smaller world size
+on sub-worlds, several at once); rank 0 gathers each test's reports from its peers through a
+control store, merges them and is the only one to print.
 
 - ``plugin``: :class:`~plugin.LaunchPlugin`, the pytest hooks, delegating to the objects below.
 - ``env``: the launcher's environment read into a :class:`~env.Launch`; the rerun command.
@@ -13,6 +14,9 @@ reports from its peers through a control store, merges them and is the only one 
 - ``session``: :class:`~session.RankSession`, the rank's own state: channel, run id, folders,
   log, forks, the exit together, a lost channel; and which thread owns which field.
 - ``plan``: the collection exchange and rank 0's step for each test.
+- ``subworld``: sub-worlds of a smaller world size: placement, packing into batches that run at
+  once, a rank named in both numberings (pure); ``subrun``: running a batch, and rank 0
+  reporting each of its tests.
 - ``group``: :class:`~group.GroupKeeper`, the rank's process group, re-created when needed, and
   the collective counts that say whether the ranks stayed in step.
 - ``current``: the running test (:class:`~current.Current`), which every module below reads.

@@ -173,11 +173,12 @@ class Channel:
         """
         return Channel(self.launch, connect_timeout, self.auth, client_only=True)
 
-    def pg_store(self, generation: int) -> Any:
-        """A fresh key space for the ``generation``-th ``init_process_group`` of this run."""
+    def pg_store(self, name: str) -> Any:
+        """A key space of its own for one ``init_process_group`` of this run, ``name`` alike on
+        every member of the group and unique in the run (:meth:`group.GroupKeeper.ensure`)."""
         import torch.distributed as dist
 
-        return dist.PrefixStore(f"{self._base}pg{generation}/", self._raw_data)
+        return dist.PrefixStore(f"{self._base}pg/{name}/", self._raw_data)
 
     # -- short operations ----------------------------------------------------------------------
 

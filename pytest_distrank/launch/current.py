@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import pytest
 from pytest import TestReport
@@ -21,6 +22,9 @@ from ..outcome.records import WarningRecord
 from ..settings import Value
 from . import keys
 from .channel import Forged
+
+if TYPE_CHECKING:
+    from .session import RankSession
 
 
 @dataclasses.dataclass
@@ -66,6 +70,8 @@ class Current:
     #: Rank 0: the records of the ranks that finished while others were still in the test
     #: (:func:`frrecords.peer_records`: each rank answers once).
     peer_records: dict[int, keys.Records] = dataclasses.field(default_factory=dict)
+    #: A sub-world's test: the rank's session as a member of it (:meth:`RankSession.view`).
+    view: RankSession | None = None
 
     @classmethod
     def begin(

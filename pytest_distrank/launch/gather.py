@@ -115,9 +115,12 @@ def poll_early(rs: RankSession, cur: Current) -> None:
         return
     cur.early_seen, cur.fatal_at = count, now + FATAL_EVERY
     for rank in range(1, rs.world_size):
-        if rank not in cur.stopped and channel.has(keys.fatal(rank)):
+        # A session ends for the launched rank: a sub-world's view (RankSession.view) maps it.
+        members: tuple[int, ...] = getattr(rs, "members", ())
+        fatal = keys.fatal(members[rank] if members else rank)
+        if rank not in cur.stopped and channel.has(fatal):
             with noted(cur):
-                cur.stopped[rank] = channel.get(keys.fatal(rank), keys.read_fatal)
+                cur.stopped[rank] = channel.get(fatal, keys.read_fatal)
                 cur.game.note_lost(rank, "stopped serving", now)
         key = keys.early(cur.index, rank)
         if rank not in cur.early_ranks and channel.has(key):

@@ -16,6 +16,7 @@ fails the test on the ranks that issued collectives their peers did not.
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 
@@ -34,6 +35,11 @@ from .channel import ChannelError
 from .current import Current
 from .report import FRESH_GROUP
 from .session import RankSession
+from .subworld import World
+
+#: Where a test runs (:meth:`GroupKeeper.ensure`): a sub-world, or for the launched world's tests
+#: the index of the latest sub-world test before it (None: none).
+Where = World | int | None
 
 #: Bound on the other ranks' answers when rank 0 asks for their collective counts.
 COUNT_WAIT = 10.0
@@ -50,7 +56,7 @@ class GroupKeeper:
         self.gen = 0
         #: How many times this rank initialised a group (each in a key space of its own).
         self.inits = 0
-        self.key: tuple[str, int] | None = None
+        self.key: tuple[str, int, str] | None = None
         #: The flight recorder's last record when this rank's group was created.
         self.flight_mark = -1
         #: Rank 0: the groups' sequence numbers per rank after the last test found in step.
@@ -59,6 +65,8 @@ class GroupKeeper:
         #: and this rank's wall clock (ns) when it began it.
         self.last_index = -1
         self.last_started_ns = 0
+        #: Its rank in that test's world (a sub-world's rank: the keys of the answers name it).
+        self.last_rank = rank_session.rank
         #: Rank 0: what the distrank summary says besides the numbers (a group re-created...).
         self.notes: list[str] = []
 
@@ -69,15 +77,28 @@ class GroupKeeper:
         ctx = self.ctx
         return ctx is not None and dist.is_initialized() and dist.group.WORLD is ctx.pg
 
-    def ensure(self, backend: str, session: pytest.Session) -> None:
-        """Initialise the default group for this backend and generation, unless it is up."""
+    def ensure(
+        self, backend: str, session: pytest.Session, index: int, world: Where = None
+    ) -> None:
+        """Initialise the default group for test ``index``: of the launched world, or of the
+        sub-world ``world`` (its members' ranks and size); unless it is up already.
+
+        ``world`` for a sub-world's test; for the launched world's, the latest sub-world test
+        before it (its group replaced the world's on some ranks: every rank re-creates it).
+        Every group gets a key space of its own in the store, named after the test that creates
+        it (every member creates it in the same test) and the sub-world's id from rank 0's plan.
+        """
         import torch.distributed as dist
 
         rs = self.rs
-        key = (backend, self.gen)
+        if isinstance(world, World):
+            rank, size, name = world.members.index(rs.rank), world.size, world.group_id()
+        else:
+            rank, size, name = rs.rank, rs.world_size, f"pg.after{-1 if world is None else world}"
+        key = (backend, self.gen, name)
         if self.key == key and self.healthy():
             return
-        first = self.ctx is None
+        old = self.ctx
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
@@ -92,28 +113,33 @@ class GroupKeeper:
         self.key = None
         dist.init_process_group(
             backend,
-            store=rs.channel.pg_store(self.inits),
-            rank=rs.rank,
-            world_size=rs.world_size,
+            store=rs.channel.pg_store(f"{name}.t{index}"),
+            rank=rank,
+            world_size=size,
             device_id=device_id,
         )
         twin_of_world()  # every rank is here: a rank that skips a check is named at once
+        # Code under test that reads the environment sees the group's world; LOCAL_RANK stays
+        # the node-local GPU (DeviceMesh picks its device from it).
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
         self.ctx = RankContext(
-            rs.rank, rs.world_size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
+            rank, size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
         )
         self.flight_mark = flight_mark()
         rs.config.stash[RANK_CONTEXT] = self.ctx
-        if not first:
-            self._reset_group_fixtures(session)
-        rs.config.hook.pytest_distrank_rank_setup(
-            config=rs.config, rank=rs.rank, world_size=rs.world_size
-        )
+        if old is not None:
+            moved = (old.rank, old.world_size) != (rank, size)
+            self._reset_group_fixtures(session, moved)
+        rs.config.hook.pytest_distrank_rank_setup(config=rs.config, rank=rank, world_size=size)
         self.key = key
 
-    def _reset_group_fixtures(self, session: pytest.Session) -> None:
-        """The session-scoped ``pg``, ``backend`` and ``device`` hold the old group: finish them
-        (and the user's fixtures that depend on them), so that the next test gets the new one."""
-        for name in ("pg", "backend", "device"):
+    def _reset_group_fixtures(self, session: pytest.Session, moved: bool) -> None:
+        """The session-scoped ``pg``, ``backend`` and ``device`` hold the old group (and, when
+        the rank ``moved`` to another world, ``rank`` and ``world_size`` its old place): finish
+        them (and the user's fixtures that depend on them), so that the next test gets the new
+        one."""
+        names = ("pg", "backend", "device", *(("rank", "world_size") if moved else ()))
+        for name in names:
             for fixturedef in _compat.session_fixturedefs(session, name):
                 if getattr(fixturedef.func, "__module__", None) != fixtures_module.__name__:
                     continue
@@ -150,11 +176,11 @@ class GroupKeeper:
                     "records": raw.decode("utf-8") if raw else "",
                     "since_ns": self.last_started_ns,
                 }
-                channel.put(keys.records(index, self.rs.rank), data)
+                channel.put(keys.records(index, self.last_rank), data)
                 sent_records = True
                 continue
             answer: keys.Counts = {"counts": collective_counts(self.flight_mark)}
-            channel.put(keys.counts(index, self.rs.rank), answer)
+            channel.put(keys.counts(index, self.last_rank), answer)
             self.last_index = -1
 
     # -- rank 0: the verdict on a test, and are the groups in step after it? -------------------

@@ -31,6 +31,8 @@ key                                writer    meaning
 ``records/<test>/<rank>``          N main    :class:`Records`: the rank's flight records
 ``still/<test>`` (counter)         N wdog    how many stillness payloads were written
 ``still/<test>/<rank>``            N wdog    :class:`Still`: the rank stands still (or moved)
+``world/<test>``                   N main    :class:`SubResult`: a sub-world's reports, from its
+                                             rank 0 (a sub-world's keys above use its own ranks)
 ``heartbeat`` (counter)            0 wdog    bumped every second while rank 0 lives
 ``exit``                           0         rank 0's exit code (an int)
 ``bye`` (counter)                  all       ranks that reached the end (they leave together)
@@ -142,6 +144,11 @@ def still(index: int, rank: int) -> str:
     return f"still/{index}/{rank}"
 
 
+def world(index: int) -> str:
+    """A sub-world's result of test ``index``, which its rank 0 sends to the launched rank 0."""
+    return f"world/{index}"
+
+
 #: Keys whose one number is the rank that writes them (in the others it is the test index).
 _RANK_KEYS = ("collect", "fatal")
 
@@ -181,6 +188,9 @@ class Collected(TypedDict):
     pid: int
     host: str
     log: str
+    #: The rank's node: the launcher's node number (torchrun's ``GROUP_RANK``, Slurm's
+    #: ``SLURM_NODEID``) with the host name, else the host name.
+    node: str
 
 
 class StepData(TypedDict):
@@ -189,12 +199,21 @@ class StepData(TypedDict):
     kind: str
     reason: str
     backend: str
+    #: A sub-world's test (kind ``sub``): its launched ranks, batch, slot and group id.
+    members: list[int]
+    batch: int
+    slot: int
+    init: int
 
 
 class PlanData(TypedDict):
     #: Why no test runs (the ranks collected different tests), or None.
     error: str | None
     steps: list[StepData]
+    #: The order the tests run in (indices of the collected order: sub-worlds' batches packed).
+    order: list[int]
+    #: Each rank's node, numbered from rank 0's (:func:`subworld.nodes_of`).
+    nodes: list[int]
     pids: list[int]
     #: rank (as a string: JSON) -> ``host:path`` of its log.
     logs: dict[str, str]
@@ -267,6 +286,18 @@ class Still(Identity):
     #: "" when none) and where it is blocked (:func:`stacks.where_blocked`).
     inside: str
     where: str
+
+
+class SubResult(Identity):
+    """A sub-world's test as its rank 0 gathered it (:mod:`subrun`); ranks are the sub-world's."""
+
+    #: Sub-world rank (as a string: JSON) -> its serialized reports.
+    reports: dict[str, list[dict[str, Any]]]
+    warnings: dict[str, list[WarningRecord]]
+    #: Why the launched world cannot go on after it (a rank left stuck...), or "".
+    ended: str
+    #: Whether every member's process group survived the test, in step.
+    healthy: bool
 
 
 class Counts(TypedDict):
@@ -376,3 +407,4 @@ read_records = _reader(Records)
 read_still = _reader(Still)
 read_counts = _reader(Counts)
 read_identity = _reader(Identity)
+read_sub_result = _reader(SubResult)

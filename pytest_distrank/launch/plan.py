@@ -33,6 +33,7 @@ from . import keys
 from .channel import ChannelError
 from .report import collection_mismatch, missing_collection
 from .session import RankSession
+from .subworld import World, nodes_of, placement, schedule
 
 #: Bound on the other ranks' collection, counted from rank 0's.
 COLLECT_TIMEOUT = 120.0
@@ -40,11 +41,21 @@ COLLECT_TIMEOUT = 120.0
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """Rank 0's decision for one test: ``all`` ranks run it, ``rank0`` only, ``skip``, ``error``."""
+    """Rank 0's decision for one test: ``all`` ranks run it, a sub-world of them (``sub``, with
+    its :class:`subworld.World`), ``rank0`` only, ``skip``, ``error``."""
 
     kind: str
     reason: str = ""
     backend: str = ""
+    #: ``sub``: the test's world size (before the plan places it), then where it runs.
+    size: int = 0
+    world: World | None = None
+
+    def runs_on(self, rank: int) -> bool:
+        """Does launched rank ``rank`` run this test (with its peers)?"""
+        if self.kind == "all":
+            return True
+        return self.kind == "sub" and self.world is not None and rank in self.world.members
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +68,10 @@ class Plan:
     pids: tuple[int, ...]
     #: Where each rank logs, ``host:path``, by rank.
     logs: dict[int, str]
+    #: The order the tests run in (indices into the collected order).
+    order: tuple[int, ...] = ()
+    #: Each rank's node number (:func:`subworld.nodes_of`).
+    nodes: tuple[int, ...] = ()
 
 
 def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Plan:
@@ -68,6 +83,7 @@ def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Pl
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "log": rs.log_path,
+        "node": node_key(),
     }
     try:
         channel.put(keys.collect(rs.rank), mine)
@@ -85,10 +101,20 @@ def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Pl
         return Plan(f"pytest-distrank: {rs.launch.label()}: {exc}", (), (), {})
     return Plan(
         error=data["error"],
-        steps=tuple(Step(**s) for s in data["steps"]),
+        steps=tuple(_step_of(s) for s in data["steps"]),
         pids=tuple(int(p) for p in data["pids"]),
         logs={int(r): str(p) for r, p in data["logs"].items()},
+        order=tuple(data["order"]),
+        nodes=tuple(data["nodes"]),
     )
+
+
+def node_key() -> str:
+    """This rank's node, as the launcher numbers it (with the host: two agents on one machine
+    are two nodes), else its host name."""
+    host = socket.gethostname()
+    number = os.environ.get("GROUP_RANK") or os.environ.get("SLURM_NODEID") or ""
+    return f"{number}@{host}" if number else host
 
 
 def _make(
@@ -99,6 +125,7 @@ def _make(
     collected: dict[int, list[str]] = {0: nodeids}
     pids = {0: os.getpid()}
     logs = {0: "(rank 0 prints the report)"}
+    node_keys = {0: node_key()}
     missing = []
     for rank in range(1, rs.world_size):
         key = keys.collect(rank)
@@ -109,24 +136,59 @@ def _make(
         collected[rank] = list(data["nodeids"])
         pids[rank] = int(data["pid"])
         logs[rank] = f"{data['host']}:{data['log']}"
+        node_keys[rank] = data["node"]
     who = f"{rs.world_size} ranks, {rs.launch.launcher}"
     if missing:
         error: str | None = missing_collection(missing, COLLECT_TIMEOUT)
     else:
         error = collection_mismatch(collected, who)
-    steps: list[keys.StepData] = []
+    nodes = nodes_of([node_keys.get(r, "?") for r in range(rs.world_size)])
+    steps: list[Step] = []
     if not error:
-        steps = [_step_data(decide(rs, settings, item)) for item in session.items]
+        steps = [decide(rs, settings, item) for item in session.items]
+    steps, order = place(steps, nodes)
     return {
         "error": error,
-        "steps": steps,
+        "steps": [_step_data(step) for step in steps],
+        "order": order,
+        "nodes": nodes,
         "pids": [pids.get(r, 0) for r in range(rs.world_size)],
         "logs": {str(rank): log for rank, log in logs.items()},
     }
 
 
+def place(steps: list[Step], nodes: list[int]) -> tuple[list[Step], list[int]]:
+    """Where each sub-world test runs, and the order the tests run in (:mod:`subworld`)."""
+    sizes = {step.size for step in steps if step.kind == "sub"}
+    slots = {k: placement(nodes, k) for k in sizes}
+    groups = [(s.size, s.backend) if s.kind == "sub" else None for s in steps]
+    order, where = schedule(groups, lambda group: len(slots[group[0]]))  # type: ignore[index]
+    placed = list(steps)
+    for i, (batch, slot, init) in where.items():
+        world = World(slots[steps[i].size][slot], batch, slot, init)
+        placed[i] = dataclasses.replace(steps[i], world=world)
+    return placed, order
+
+
 def _step_data(step: Step) -> keys.StepData:
-    return {"kind": step.kind, "reason": step.reason, "backend": step.backend}
+    world = step.world
+    return {
+        "kind": step.kind,
+        "reason": step.reason,
+        "backend": step.backend,
+        "members": list(world.members) if world else [],
+        "batch": world.batch if world else -1,
+        "slot": world.slot if world else -1,
+        "init": world.init if world else -1,
+    }
+
+
+def _step_of(data: keys.StepData) -> Step:
+    world = None
+    if data["members"]:
+        world = World(tuple(data["members"]), data["batch"], data["slot"], data["init"])
+    size = len(data["members"])
+    return Step(data["kind"], data["reason"], data["backend"], size, world)
 
 
 def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
@@ -142,6 +204,9 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
     if got.error or got.skip:
         return Step("error", got.error) if got.error else Step("skip", str(got.skip))
     if got.spec is not None:
+        k = got.spec.world_size
+        if k < ws:  # a sub-world of the launched one (subworld.py)
+            return Step("sub", backend=got.spec.backend, size=k)
         return Step("all", backend=got.spec.backend)
     try:  # rank 0 runs an ordinary test itself, under its deadline
         item_timeout(item, settings.timeout)
@@ -167,7 +232,7 @@ def _launched(
         )
     elif item.get_closest_marker(EXPECT_MARKER) is not None:
         why = f"{EXPECT_MARKER} is pool mode only: {POOL_ONLY} ({launcher})"
-    elif spec.world_size != ws:
+    elif spec.world_size > ws:
         ranks = "rank" if ws == 1 else "ranks"
         # A mesh's size is the product of its dimensions: say which shape does not fit.
         shape = f"mesh {spec.mesh.id} " if spec.mesh is not None else ""
@@ -196,12 +261,12 @@ def apply_on_rank0(item: pytest.Item, step: Step) -> None:
 
 
 def next_shared(
-    steps: tuple[Step, ...], items: list[pytest.Item], index: int
+    steps: tuple[Step, ...], items: list[pytest.Item], index: int, rank: int
 ) -> pytest.Item | None:
-    """The next test that all ranks run: module and class fixtures stay set up for it, and are
-    torn down the same way on every rank (a rank told another next test would tear down what
-    its peers keep)."""
+    """The next test that launched rank ``rank`` runs with its peers (``items`` and ``steps`` in
+    the order they run): module and class fixtures stay set up for it. With no sub-worlds it is
+    the next test that all ranks run, so fixtures are torn down the same way on every rank."""
     for later in range(index + 1, len(items)):
-        if steps[later].kind == "all":
+        if steps[later].runs_on(rank):
             return items[later]
     return None

@@ -7,9 +7,11 @@ world. The plugin starts no rank processes of its own. Every rank:
 1. connects to the control store at MASTER_ADDR:MASTER_PORT (:mod:`channel`), agrees on a
    run id, and (ranks other than 0) sends its terminal report to a per-rank log file;
 2. collects as pytest always does, sends its ordered node ids to rank 0, and gets back rank 0's
-   plan: for every test, run on all ranks / rank 0 only / skip / error (or, when the ranks
-   collected different tests, an error naming the ranks and node ids, and no test runs);
-3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode,
+   plan: for every test, run on all ranks / on a sub-world / rank 0 only / skip / error (or,
+   when the ranks collected different tests, an error naming the ranks and node ids, and no test
+   runs), and the order they run in;
+3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode
+   (those of a smaller size in batches on sub-worlds, :mod:`subrun`),
    and sends its phase reports to rank 0 (with the test's warnings, its groups' sequence numbers
    and its pid), which merges them (:func:`merge.merge_test`) and replays one report per phase,
    each distinct warning once (:mod:`outcome.warnings`); ranks other than 0 wait for rank 0's
@@ -36,6 +38,7 @@ test then, and never comes back: the process exits from the watchdog).
 from __future__ import annotations
 
 import contextlib
+import functools
 import shlex
 import time
 import traceback
@@ -48,7 +51,7 @@ from pytest import CollectReport, TestReport
 
 from .. import __version__, _compat
 from ..outcome.finish import finish_test
-from ..outcome.records import RunTest
+from ..outcome.records import RunTest, WarningRecord
 from ..outcome.reports import forked_report, setup_error_report, skipped_reports
 from ..outcome.stacks import interruption_message
 from ..parsing import MAX_SEED, file_safe
@@ -57,17 +60,15 @@ from ..rank import seeding
 from ..rank.groupstate import sequence_numbers
 from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
-from . import keys
+from . import keys, subrun
 from .channel import ChannelError
 from .current import Current
 from .deadwatch import Judge
 from .env import Launch, rerun_command
 from .gather import (
     gather,
-    left_stuck,
     publish_early,
     publish_stopped,
-    stopped_serving,
     warning_records,
     warnings_of,
 )
@@ -75,6 +76,7 @@ from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
 from .report import FRESH_GROUP
 from .session import RankSession, park
+from .subworld import relabel
 from .terminal import header_lines, summary_lines
 from .watchdog import Watchdog
 
@@ -101,7 +103,9 @@ class LaunchPlugin:
         self.rank = rs.rank
         self.world_size = rs.world_size
         self.group = GroupKeeper(rs)
-        self.watchdog = Watchdog(rs, lambda: self.current, self._finish_from_watchdog)
+        self.watchdog = Watchdog(
+            rs, lambda: self.current, functools.partial(subrun.end_stuck, self)
+        )
         self.session: pytest.Session | None = None
         self.steps: tuple[Step, ...] = ()
         self.index_of: dict[int, int] = {}
@@ -116,6 +120,10 @@ class LaunchPlugin:
         self.aborted = False
         self.collect_error: str | None = None
         self.distributed_tests = 0
+        #: Each rank's node (rank 0's plan), and the batch of sub-world tests in which the run
+        #: ended (its other tests ran at once: they are still reported).
+        self.nodes: tuple[int, ...] = ()
+        self.ended_batch = -1
         #: The session seed: ``random`` takes it from rank 0's run id, which every rank got
         #: through the control store (all ranks must agree, for their order too).
         self.seed = session_seed(settings.seed, pick=lambda: int(rs.run_id, 16) % (MAX_SEED + 1))
@@ -147,7 +155,12 @@ class LaunchPlugin:
             report = CollectReport("", "failed", plan.error, [])
             session.ihook.pytest_collectreport(report=report)
             return
-        self.steps = plan.steps
+        # Sub-worlds' batches run packed (subworld.schedule): every rank runs the plan's order.
+        order = plan.order or tuple(range(len(self.items)))
+        self.items = [self.items[i] for i in order]
+        session.items[:] = self.items
+        self.steps = tuple(plan.steps[i] for i in order)
+        self.nodes = plan.nodes
         self.index_of = {id(item): i for i, item in enumerate(self.items)}
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -157,8 +170,8 @@ class LaunchPlugin:
             items[:] = reorder(items, lambda item: item.nodeid, name, self.order_seed)
 
     def is_distributed(self, item: pytest.Item) -> bool:
-        """Whether ``item`` runs on every rank (others run on rank 0 alone)."""
-        return self._step_of(item).kind == "all"
+        """Whether ``item`` runs on several ranks (others run on rank 0 alone)."""
+        return self._step_of(item).kind in ("all", "sub")
 
     def _step_of(self, item: pytest.Item) -> Step:
         index = self.index_of.get(id(item))
@@ -176,11 +189,11 @@ class LaunchPlugin:
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_set_timer(self, item: pytest.Item) -> bool | None:
         """The watchdog owns a distributed test's deadline (settings.item_timeout)."""
-        return True if self._step_of(item).kind == "all" else None
+        return True if self._step_of(item).runs_on(self.rank) else None
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if self._step_of(item).kind == "all" else None
+        return True if self._step_of(item).runs_on(self.rank) else None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(
@@ -193,23 +206,30 @@ class LaunchPlugin:
         try:
             if self.rank == 0:
                 self.index = index
-                if self.ended is not None:
+                if self.ended is not None and not subrun.same_batch(self, index):
                     self._log_not_run(item, self.ended)
-                elif step.kind == "all":
+                elif step.runs_on(0):
                     self._run_rank0(item, index)
+                elif step.kind == "sub":
+                    subrun.replay(self, item, index)
                 else:
                     teardown_unneeded(item)
                     return None  # pytest's own protocol; pytest_runtest_setup applies the step
                 return True
-            if step.kind == "all" and self.ended is None and self._await_turn(index):
-                self._run_peer(item, index)
+            if step.runs_on(self.rank) and self.ended is None and self._await_turn(index):
+                if step.world is not None and step.world.members[0] == self.rank:
+                    subrun.run_leader(self, item, index)
+                else:
+                    self._run_peer(item, index)
             return True
         except ChannelError as exc:
             self.rs.lost(exc)
 
     def _await_turn(self, index: int) -> bool:
-        """Ranks other than 0: wait for rank 0's verdict on the test before this one."""
+        """Ranks other than 0: wait for rank 0's verdict on the test before this one (before
+        its batch, for a sub-world's test: the tests of a batch run at once)."""
         assert self.session is not None
+        index = subrun.batch_start(self.steps, index)
         if index == 0:
             return True
         found = self.group.wait([keys.verdict(index - 1), keys.STOPPED, keys.EXIT])
@@ -227,19 +247,23 @@ class LaunchPlugin:
         self.group.gen = verdict["gen"]
         return True
 
-    def _start(self, item: pytest.Item, index: int) -> Current:
+    def start_test(self, item: pytest.Item, index: int) -> Current:
         try:
             timeout = item_timeout(item, self.settings.timeout)
         except ValueError:
             timeout = self.settings.timeout
         grace = self.settings.failure_grace.value
         end_deadlocks = self.settings.deadlocks.value == "end"
-        cur = Current.begin(index, item, self.world_size, timeout, grace, end_deadlocks)
+        world = self.steps[index].world
+        view = self.rs.view(world.members) if world is not None else None
+        size = world.size if world is not None else self.world_size
+        cur = Current.begin(index, item, size, timeout, grace, end_deadlocks)
+        cur.view = view
         self.current = cur
         self.distributed_tests += 1
         return cur
 
-    def _run_here(self, cur: Current) -> bool:
+    def run_here(self, cur: Current) -> bool:
         """This rank's part: the process group for the test's backend, then pytest's protocol
         (reports reach ``cur.reports`` through the makereport wrapper, not the terminal; its
         warnings ``cur.caught``, not this rank's own summary: rank 0 shows every rank's, once).
@@ -249,19 +273,21 @@ class LaunchPlugin:
         """
         item = cur.item
         step = self.steps[cur.index]
+        rs = cur.view or self.rs
+        where = step.world or subrun.latest_sub(self.steps, cur.index)
         try:
             assert self.session is not None
-            self.group.ensure(step.backend, self.session)
+            self.group.ensure(step.backend, self.session, cur.index, where)
         except Exception:
             message = (
                 f"{self.launch.label()}: could not initialise the process group (backend "
                 f"{step.backend}) for {item.nodeid}:\n{traceback.format_exc()}"
             )
             cur.reports.append(setup_error_report(item.nodeid, item.location, message, time.time()))
-            publish_early(self.rs, cur, cur.reports[-1])
+            publish_early(rs, cur, cur.reports[-1])
             return False
         assert self.group.ctx is not None
-        following = next_shared(self.steps, self.items, cur.index)
+        following = next_shared(self.steps, self.items, cur.index, self.rank)
         shared = self.rs.root / "shared" / f"{cur.index}-{file_safe(item.name)}"
         self.group.ctx.test = RunTest(
             cur.index, item.nodeid, following.nodeid if following else None, str(shared)
@@ -275,19 +301,19 @@ class LaunchPlugin:
                 self.rs.leave_if_fork(cur.index, item.nodeid)
         forks = self.rs.end_forks()
         if forks:
-            after, ws, now = f"The rank killed it. {FRESH_GROUP}", self.world_size, time.time()
-            report = forked_report(item.nodeid, item.location, self.rank, ws, forks, after, now)
+            after, ws, now = f"The rank killed it. {FRESH_GROUP}", rs.world_size, time.time()
+            report = forked_report(item.nodeid, item.location, rs.rank, ws, forks, after, now)
             cur.reports.append(report)
-            publish_early(self.rs, cur, report)
+            publish_early(rs, cur, report)
         return not forks
 
     def _run_rank0(self, item: pytest.Item, index: int) -> None:
         ihook = item.ihook
         ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        cur = self._start(item, index)
+        cur = self.start_test(item, index)
         group = self.group
         inits = group.inits
-        fine = self._run_here(cur)
+        fine = self.run_here(cur)
         with self.rs.lock:
             cur.done = True
             taken = cur.taken_over
@@ -295,36 +321,40 @@ class LaunchPlugin:
             park()  # the watchdog reports this test and ends the run; it exits the process
         healthy = fine and group.healthy()
         sequence = sequence_numbers() if healthy else {}
-        look = Judge(self.rs, cur).look if cur.end_deadlocks else None
-        per_rank, stuck, peers_healthy = gather(self.rs, cur, look=look)
+        view = cur.view or self.rs
+        look = Judge(view, cur).look if cur.end_deadlocks else None
+        per_rank, stuck, peers_healthy = gather(view, cur, look=look)
         if group.inits != inits:
             group.sequence_base = {}  # a new group: its sequence numbers start from 0
         if healthy and peers_healthy and not stuck:
             cur.sequences[0] = sequence
-            healthy = group.check_collectives(cur, per_rank)
+            if cur.view is None:
+                healthy = group.check_collectives(cur, per_rank)
+            else:
+                healthy = subrun.in_step(self, cur)
         if not (healthy and peers_healthy):
             group.gen += 1  # every rank re-initialises its group before the next test
-        merged = self.finish(cur, per_rank)
+        merged = self.finish(item, per_rank, warnings_of(cur))
         self.current = None
         for report in merged:
             ihook.pytest_runtest_logreport(report=report)
-        if stuck or cur.stopped:
-            self.aborted = True
-            self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, stuck)
-        elif cur.forged:
-            self.ended = next(iter(cur.forged.values())).ends_run(item.nodeid)
+        ended = subrun.why_ended(cur, stuck)
+        if ended is not None:
+            self.aborted = self.aborted or bool(stuck or cur.stopped)
+            subrun.end_run(self, index, ended)
         ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
 
     def _run_peer(self, item: pytest.Item, index: int) -> None:
         rs = self.rs
-        cur = self._start(item, index)
-        fine = self._run_here(cur)
+        cur = self.start_test(item, index)
+        fine = self.run_here(cur)
         with rs.lock:
             cur.done = True
             taken = cur.taken_over
         if taken:
             park()  # the watchdog is leaving with rank 0's exit code
         healthy = fine and self.group.healthy()
+        rank = cur.view.rank if cur.view is not None else self.rank
         payload: keys.PeerReport = {
             "reports": [rs.serialize(r) for r in cur.reports],
             "healthy": healthy,
@@ -332,9 +362,9 @@ class LaunchPlugin:
             "sequence": sequence_numbers() if healthy else {},
             **keys.identity(index, item.nodeid),
         }
-        rs.channel.put(keys.report(index, self.rank), payload)
+        rs.channel.put(keys.report(index, rank), payload)
         rs.channel.add(keys.done_count(index), 1)
-        self.group.last_index = index
+        self.group.last_index, self.group.last_rank = index, rank
         self.group.last_started_ns = cur.started_ns
         self.current = None
         rs.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
@@ -342,12 +372,23 @@ class LaunchPlugin:
             if report.failed and rs.log_stream is not None:
                 report.toterminal(_compat.terminal_writer(cast(TextIO, rs.log_stream)))
 
-    def finish(self, cur: Current, per_rank: dict[int, list[TestReport]]) -> list[TestReport]:
-        """The test's reports to log: :func:`finish.finish_test`, the tail pool mode's too."""
+    def finish(
+        self,
+        item: pytest.Item,
+        per_rank: dict[int, list[TestReport]],
+        warned: dict[int, list[WarningRecord]],
+    ) -> list[TestReport]:
+        """The test's reports to log: :func:`finish.finish_test`, the tail pool mode's too; a
+        sub-world's ranks named in both numberings (:func:`subworld.relabel`)."""
         rerun = f"cd {shlex.quote(str(self.config.rootpath))} && "
-        rerun += rerun_command(self.launch, cur.item.nodeid, self.seed.value)
-        pids, ws = self.rs.pids, self.world_size
-        return finish_test(cur.item, per_rank, ws, pids, rerun, warnings_of(cur))
+        rerun += rerun_command(self.launch, item.nodeid, self.seed.value)
+        world = self._step_of(item).world
+        if world is None:
+            pids, ws = self.rs.pids, self.world_size
+            return finish_test(item, per_rank, ws, pids, rerun, warned)
+        pids = self.rs.view(world.members).pids
+        name = functools.partial(relabel, size=world.size, members=world.members, nodes=self.nodes)
+        return finish_test(item, per_rank, world.size, pids, rerun, warned, after=[name])
 
     def _log_not_run(self, item: pytest.Item, reason: str) -> None:
         ihook = item.ihook
@@ -451,34 +492,3 @@ class LaunchPlugin:
         self.rs.adopt_exit_code(session, exitstatus, self.group.wait)
         if self.aborted:
             _compat.forget_setup_stack(session)
-
-    # -- rank 0's watchdog ends the run --------------------------------------------------------
-
-    def _finish_from_watchdog(self, cur: Current, own: list[TestReport]) -> int:
-        """Rank 0's main thread is stuck in ``cur`` (the watchdog thread calls this): report the
-        test with rank 0's ``own`` reports, the remaining tests as not run, and end the session
-        as pytest does after its test loop (summary, junitxml, unconfigure). Returns the exit
-        code.
-
-        Fixture teardown is skipped: fixtures set up for the stuck test may themselves wait on
-        the stuck group, and the main thread is still inside the test.
-        """
-        per_rank, stuck, _ = gather(self.rs, cur, own)
-        merged = self.finish(cur, per_rank)
-        self.aborted = True
-        self.ended = stopped_serving(cur) if cur.stopped else left_stuck(cur, [0, *stuck])
-        self.current = None
-        ihook = cur.item.ihook
-        for report in merged:
-            ihook.pytest_runtest_logreport(report=report)
-        ihook.pytest_runtest_logfinish(nodeid=cur.item.nodeid, location=cur.item.location)
-        self.log_not_run_after(cur.index, self.ended)
-        session = self.session
-        assert session is not None
-        code = pytest.ExitCode.TESTS_FAILED if session.testsfailed else pytest.ExitCode.OK
-        session.exitstatus = code
-        _compat.forget_setup_stack(session)
-        self.config.hook.pytest_sessionfinish(session=session, exitstatus=code)
-        with contextlib.suppress(Exception):
-            _compat.ensure_unconfigure(self.config)
-        return int(session.exitstatus)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import copy
 import gc
 import os
 import signal
@@ -95,6 +96,26 @@ class RankSession:
         self.exiting = False
         self.exit_code: int | None = None
         self.stopping = threading.Event()
+        #: A sub-world's view (:meth:`view`): the launched ranks of its members, by its rank.
+        self.members: tuple[int, ...] = ()
+
+    def view(self, members: tuple[int, ...]) -> RankSession:
+        """This rank as a member of the sub-world ``members`` (launched ranks, by sub-world
+        rank) sees it: its rank, size, peers' pids and logs are the sub-world's; everything else
+        (the channel, the lock, the log) is this session's. Gathering, early failures, stacks and
+        the deadlock watch run on a view unchanged: their keys name the test, so two sub-worlds
+        running at once never share one."""
+        view = copy.copy(self)
+        view.members = members
+        view.rank = members.index(self.rank) if self.rank in members else -1  # rank 0's look
+        view.world_size = len(members)
+        view.pids = tuple(self.pids[r] if r < len(self.pids) else 0 for r in members)
+        view.logs = {i: self.logs.get(r, "?") for i, r in enumerate(members)}
+        return view
+
+    def launched_rank(self, rank: int) -> int:
+        """The launched rank of this view's ``rank``."""
+        return self.members[rank] if self.members else rank
 
     @classmethod
     def open(cls, config: pytest.Config, launch: Launch) -> RankSession:

@@ -102,6 +102,7 @@ class Watchdog(threading.Thread):
         cur = self.current()
         if cur is None or cur.done:
             return
+        rs = cur.view or rs  # a sub-world's test: its rank 0 watches its peers
         game = cur.game
         watch = self._watch_of(cur)
         if watch is not None:
@@ -130,14 +131,15 @@ class Watchdog(threading.Thread):
         if not cur.end_deadlocks:
             return None
         if self._watch is None or self._watch.cur is not cur:
-            self._watch = SelfWatch(self.rs, cur)
-            self._judge = Judge(self.rs, cur) if self.rs.rank == 0 else None
+            view = cur.view or self.rs
+            self._watch = SelfWatch(view, cur)
+            self._judge = Judge(view, cur) if view.rank == 0 else None
         return self._watch
 
     # -- ranks other than 0 --------------------------------------------------------------------
 
     def _send_stack(self, cur: Current, why: str) -> None:
-        rs = self.rs
+        rs = cur.view or self.rs
         dump = dump_threads(rs.main_ident)
         rs.log(
             f"distrank: {rs.launch.label()}: stacks in {cur.when} of {cur.item.nodeid} "
@@ -163,7 +165,7 @@ class Watchdog(threading.Thread):
             cur.taken_over = True
         where = where_blocked(dump_threads(rs.main_ident), str(cur.item.path))
         rs.log(
-            f"distrank: {rs.launch.label()}: rank 0 ended the run while this rank was still "
+            f"distrank: {rs.launch.label()}: rank 0 ended the test while this rank was still "
             f"in {cur.when} of {cur.item.nodeid} ({where}); leaving with rank 0's exit code"
         )
         code = LOST_EXIT
@@ -194,7 +196,7 @@ class Watchdog(threading.Thread):
         rs.leave(code, from_watchdog=True)
 
     def _own_reports(self, cur: Current) -> list[TestReport]:
-        rs = self.rs
+        rs = cur.view or self.rs
         item = cur.item
         reports = list(cur.reports)
         out, err = self._suspend_capture()

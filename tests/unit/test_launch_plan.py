@@ -108,17 +108,21 @@ def test_a_bare_marker_takes_the_users_default_size_when_one_is_set() -> None:
     assert step == Step("skip", "needs world_size 4, this launched world has 2 ranks (torchrun)")
 
 
-def test_another_world_size_is_a_skip_naming_the_launched_world() -> None:
-    # The skips test_launch.py's worlds show (a world of 2 and one of 4), and a world of one.
+def test_a_larger_world_size_is_a_skip_naming_the_launched_world() -> None:
+    # The skip test_launch.py's world of 2 shows, and a world of one.
     assert _decide(_Item(pytest.mark.world_size(4))) == Step(
         "skip", "needs world_size 4, this launched world has 2 ranks (torchrun)"
-    )
-    assert _decide(_Item(pytest.mark.world_size(2)), world_size=4, launcher="slurm") == Step(
-        "skip", "needs world_size 2, this launched world has 4 ranks (slurm)"
     )
     assert _decide(_Item(pytest.mark.world_size(2)), world_size=1) == Step(
         "skip", "needs world_size 2, this launched world has 1 rank (torchrun)"
     )
+
+
+def test_a_smaller_world_size_runs_on_a_sub_world() -> None:
+    # Where: rank 0's plan places it after every test is decided (test_subworld.py).
+    step = _decide(_Item(pytest.mark.world_size(2)), world_size=4, launcher="slurm")
+    assert step == Step("sub", backend="gloo", size=2)
+    assert not step.runs_on(0)  # not placed yet
 
 
 def test_init_process_group_false_does_not_run_under_a_launcher() -> None:
@@ -179,8 +183,8 @@ def test_rank_0_applies_a_decision_for_a_test_the_others_do_not_run() -> None:
 def test_next_shared_is_the_next_test_every_rank_runs() -> None:
     items = [cast(pytest.Item, _Item()) for _ in range(4)]
     steps = (Step("all"), Step("rank0"), Step("skip", "no"), Step("all"))
-    assert next_shared(steps, items, 0) is items[3]
-    assert next_shared(steps, items, 3) is None
+    assert next_shared(steps, items, 0, 0) is items[3]
+    assert next_shared(steps, items, 3, 0) is None
 
 
 # -- the exchange: every rank's collection to rank 0, the plan back ------------------------------
@@ -226,7 +230,8 @@ def _exchange(store: _Store, rank: int, items: list[_Item]) -> Plan:
 def _collected(store: _Store, items: list[_Item]) -> None:
     """Rank 1's collection, as it sends it."""
     nodeids = [item.nodeid for item in items]
-    store.put(keys.collect(1), {"nodeids": nodeids, "pid": 77, "host": "node1", "log": "/r1.log"})
+    sent = {"nodeids": nodeids, "pid": 77, "host": "node1", "log": "/r1.log", "node": "1@node1"}
+    store.put(keys.collect(1), sent)
 
 
 def test_rank_0_plans_every_test_when_the_ranks_collected_the_same() -> None:
@@ -239,6 +244,8 @@ def test_rank_0_plans_every_test_when_the_ranks_collected_the_same() -> None:
         (Step("all", backend="gloo"), Step("rank0")),
         (os.getpid(), 77),
         {0: "(rank 0 prints the report)", 1: "node1:/r1.log"},
+        order=(0, 1),
+        nodes=(0, 1),  # rank 1 said it is on another node
     )
     assert _exchange(store, 1, items) == plan  # what the other ranks read: the same plan
     assert store.forgotten == 1  # rank 0 removed the secret file: every rank has the secret

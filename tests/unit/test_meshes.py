@@ -193,8 +193,11 @@ def test_launcher_mode_runs_the_shapes_that_fit_and_skips_the_others(
     dp2tp2 = Variant(4, Mesh((("dp", 2), ("tp", 2))))
     dp2 = Variant(2, Mesh((("dp", 2),)))
     assert _decide(_Item(marker, variant=dp2tp2), 4) == Step("all", backend="gloo")
-    assert _decide(_Item(marker, variant=dp2), 4) == Step(
-        "skip", "mesh dp2 needs world_size 2, this launched world has 4 ranks (torchrun)"
+    # A smaller shape runs on a sub-world of the launched one (launch/subworld.py), a larger
+    # one is skipped.
+    assert _decide(_Item(marker, variant=dp2), 4) == Step("sub", backend="gloo", size=2)
+    assert _decide(_Item(marker, variant=dp2tp2), 2) == Step(
+        "skip", "mesh dp2-tp2 needs world_size 4, this launched world has 2 ranks (torchrun)"
     )
 
 

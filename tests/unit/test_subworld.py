@@ -1,0 +1,182 @@
+"""Unit tests of launcher mode's sub-worlds (launch/subworld.py, plan.place, subrun's batch
+arithmetic): where a test of world size k < W runs, what runs at once, and how its ranks are named.
+
+Placement and packing judge where every test runs, so they get properties over random launched
+worlds (nodes of any sizes) and random mixes of sizes; the e2e of tests/e2e/test_subworlds.py
+runs them for real on two torchrun agents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import cast
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from pytest import TestReport
+
+from pytest_distrank.launch.plan import Step, next_shared, place
+from pytest_distrank.launch.subrun import batch_start, latest_sub
+from pytest_distrank.launch.subworld import (
+    World,
+    nodes_of,
+    placement,
+    rank_label,
+    relabel,
+    schedule,
+)
+
+#: A launched world: each rank's node, numbered as nodes_of numbers them (node by node).
+worlds = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(
+    lambda sizes: [node for node, size in enumerate(sizes) for _ in range(size)]
+)
+
+
+def test_rank_label_names_both_numberings() -> None:
+    assert rank_label(1, 2, 3, 1) == "rank 1/2 (launched rank 3, node 1)"
+
+
+def test_nodes_are_numbered_from_rank_0s() -> None:
+    assert nodes_of(["1@h", "1@h", "0@h", "0@h"]) == [0, 0, 1, 1]
+
+
+def test_two_nodes_of_two_place_pairs_on_one_node_each() -> None:
+    nodes = [0, 0, 1, 1]
+    assert placement(nodes, 1) == [(0,), (1,), (2,), (3,)]
+    assert placement(nodes, 2) == [(0, 1), (2, 3)]
+    assert placement(nodes, 3) == [(0, 1, 2)]
+    assert placement(nodes, 4) == [(0, 1, 2, 3)]
+    assert placement(nodes, 5) == []
+
+
+def test_the_rest_of_each_node_makes_cross_node_sub_worlds_last() -> None:
+    # Two nodes of three: a pair on each, and the two left over together across the nodes.
+    assert placement([0, 0, 0, 1, 1, 1], 2) == [(0, 1), (3, 4), (2, 5)]
+
+
+@given(worlds, st.integers(1, 20))
+def test_placement_fills_the_world_with_disjoint_sub_worlds(nodes: list[int], k: int) -> None:
+    slots = placement(nodes, k)
+    taken = [rank for slot in slots for rank in slot]
+    assert len(slots) == (len(nodes) // k if k <= len(nodes) else 0)
+    assert all(len(slot) == k and list(slot) == sorted(slot) for slot in slots)
+    assert len(taken) == len(set(taken))
+    if 0 in taken:  # the launched rank 0 leads the first sub-world, when it is in one
+        assert slots[0][0] == 0
+
+
+@given(worlds, st.integers(1, 6))
+def test_placement_keeps_as_many_sub_worlds_inside_one_node_as_fit(
+    nodes: list[int], k: int
+) -> None:
+    slots = placement(nodes, k)
+    local = [slot for slot in slots if len({nodes[r] for r in slot}) == 1]
+    fit = sum(nodes.count(node) // k for node in set(nodes))
+    assert len(local) == fit
+    # the launched rank 0's first, then node-local ones (a short batch uses them), then across
+    others = [len({nodes[r] for r in slot}) == 1 for slot in slots if 0 not in slot]
+    assert others == sorted(others, reverse=True)
+    assert not slots or 0 in slots[0] or 0 not in {r for slot in slots for r in slot}
+    if k > max(nodes.count(node) for node in set(nodes)) and slots:
+        # larger than any node: each spans as few nodes as ranks in node order allow
+        assert all(list(slot) == list(range(slot[0], slot[0] + k)) for slot in slots)
+
+
+groups = st.lists(st.one_of(st.none(), st.sampled_from([1, 2, 3])), max_size=30)
+
+
+@given(groups, st.integers(1, 4))
+def test_schedule_packs_each_size_into_batches_in_collected_order(
+    sizes: list[int | None], capacity: int
+) -> None:
+    def cap(group: Hashable) -> int:
+        return capacity if group != 3 else 1
+
+    order, where = schedule(sizes, cap)
+    assert sorted(order) == list(range(len(sizes)))
+    assert set(where) == {i for i, g in enumerate(sizes) if g is not None}
+    # tests that are not a sub-world's, and each size's tests, keep their collected order
+    plain = [i for i in order if sizes[i] is None]
+    assert plain == sorted(plain)
+    for size in (1, 2, 3):
+        mine = [i for i in order if sizes[i] == size]
+        assert mine == sorted(mine)
+    # a batch: one size, at most its capacity, slots 0.. in a row of the order
+    batches: dict[int, list[int]] = {}
+    for i in order:
+        if i in where:
+            batches.setdefault(where[i][0], []).append(i)
+    for members in batches.values():
+        assert len({sizes[i] for i in members}) == 1
+        assert len(members) <= cap(sizes[members[0]])
+        assert [where[i][1] for i in members] == list(range(len(members)))
+        positions = [order.index(i) for i in members]
+        assert positions == list(range(positions[0], positions[0] + len(members)))
+    # a full batch but the last of its size; one group id per run of batches of a size
+    for size in (1, 2, 3):
+        runs = sorted({where[i][0] for i in where if sizes[i] == size})
+        assert len({where[i][2] for i in where if sizes[i] == size}) <= 1
+        for b in runs[:-1]:
+            assert len(batches[b]) == cap(size)
+
+
+def test_place_gives_each_test_of_a_batch_its_own_ranks() -> None:
+    steps = [
+        Step("sub", size=2, backend="gloo"),
+        Step("all", backend="gloo"),
+        Step("sub", size=2, backend="gloo"),
+        Step("sub", size=1, backend="gloo"),
+        Step("sub", size=2, backend="gloo"),
+        Step("rank0"),
+    ]
+    placed, order = place(steps, [0, 0, 1, 1])
+    assert order == [0, 2, 4, 1, 3, 5]
+    worlds = [placed[i].world for i in order]
+    assert worlds[0] == World((0, 1), 0, 0, 0)
+    assert worlds[1] == World((2, 3), 0, 1, 0)
+    assert worlds[2] == World((0, 1), 1, 0, 0)  # the next batch of pairs keeps the groups
+    assert worlds[4] == World((0,), 2, 0, 2)
+    assert [placed[i].runs_on(3) for i in order] == [False, True, False, True, False, False]
+    run = tuple(placed[i] for i in order)
+    assert [batch_start(run, i) for i in range(6)] == [0, 0, 2, 3, 4, 5]
+    assert [latest_sub(run, i) for i in range(6)] == [None, 0, 1, 2, 2, 4]
+    items = [cast(pytest.Item, name) for name in "abcdef"]
+    # a rank's next test is the next one it runs itself (module fixtures stay up for it)
+    assert next_shared(run, items, 1, 3) is items[3]
+    assert next_shared(run, items, 3, 3) is None
+    assert next_shared(run, items, 0, 2) is items[1]
+    assert next_shared(run, items, 0, 0) is items[2]
+
+
+def _report(sections: list[tuple[str, str]], props: list[tuple[str, object]]) -> TestReport:
+    return TestReport(
+        "t.py::t", ("t.py", 1, "t"), {}, "failed", "boom", "call", sections, user_properties=props
+    )
+
+
+def test_relabel_names_both_numberings_once() -> None:
+    report = _report(
+        [("Captured stdout call (rank 1/2)", "[rank 1/2]\nrank 1/20 is not a label here")],
+        [("distrank rank 0/2", "passed")],
+    )
+    relabel([report], 2, (2, 3), [0, 0, 1, 1])
+    relabel([report], 2, (2, 3), [0, 0, 1, 1])  # a second pass changes nothing
+    assert report.sections == [
+        (
+            "Captured stdout call (rank 1/2 (launched rank 3, node 1))",
+            "[rank 1/2 (launched rank 3, node 1)]\nrank 1/20 is not a label here",
+        )
+    ]
+    assert report.user_properties == [("distrank rank 0/2 (launched rank 2, node 1)", "passed")]
+
+
+@given(st.integers(1, 6), st.data())
+def test_relabel_maps_every_rank_to_its_launched_rank(k: int, data: st.DataObject) -> None:
+    members = tuple(sorted(data.draw(st.sets(st.integers(0, 15), min_size=k, max_size=k))))
+    nodes = [r // 4 for r in range(16)]
+    text = " ".join(f"rank {r}/{k}" for r in range(k))
+    report = _report([("s", text)], [])
+    relabel([report], k, members, nodes)
+    expected = " ".join(rank_label(r, k, members[r], members[r] // 4) for r in range(k))
+    assert report.sections == [("s", expected)]
