@@ -183,7 +183,7 @@ class LeftoverCheck:
             if changed:
                 self.owned[id(fixturedef)] = (fixturedef.argname, changed)
                 for (category, key), _ in changed.items():
-                    self.expected.put(category, key, getattr(after, category).get(key))
+                    getattr(self.expected, category)[key] = getattr(after, category).get(key)
 
     @pytest.hookimpl
     def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any]) -> None:
@@ -201,7 +201,7 @@ class LeftoverCheck:
             self._settle(expected, now)
             return
         for (category, key), value in changed.items():
-            self.expected.put(category, key, value)
+            getattr(self.expected, category)[key] = value
             self.whose[(category, key)] = f"fixture {name!r}"
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -58,9 +58,9 @@ def path_state() -> dict[str, Any]:
 
 
 def modules_state() -> dict[str, Any]:
-    """``sys.modules`` as it is: name -> the module object (a shallow copy, ~30 us, taken only
-    when it differs from the last one: :class:`fingerprint.Modules`, ~15 us)."""
-    return fingerprint.MODULES.read()
+    """``sys.modules`` as it is: name -> the module object (a shallow copy: ``dict.copy`` clones
+    the table, ~15 us; ``dict(sys.modules)`` inserts entry by entry, ~40-60 us)."""
+    return sys.modules.copy()
 
 
 def umask_state() -> dict[str, Any]:

@@ -76,11 +76,6 @@ class Snapshot:
     def copy(self) -> Snapshot:
         return Snapshot(**{name: dict(values) for name, values in self.categories().items()})
 
-    def put(self, category: str, key: Any, value: Any) -> None:
-        """Set one entry. The category is copied first, never changed in place: a read may
-        share it with other snapshots (:class:`fingerprint.Modules`)."""
-        setattr(self, category, {**getattr(self, category), key: value})
-
 
 def _cwd() -> str:
     try:

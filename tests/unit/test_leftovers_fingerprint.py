@@ -1,11 +1,13 @@
 """Unit, property with real process state: the cheap marks of rank/fingerprint.py never hide a
 change. After every step of a generated sequence (the changes of the leftover property test in
 test_leftovers_process.py, their undoing, children started, orphaned, adopted and ended), what
-the leftover check reads through a mark equals what a full walk reads now: child processes,
-``sys.modules``, signal dispositions, and the whole snapshot. One subprocess (a child subreaper,
+the leftover check reads through a mark or a cheaper read equals what a full walk reads now:
+child processes, ``sys.modules``, signal dispositions, flush-denormal (read on floats, against a
+tensor), and the whole snapshot. One subprocess (a child subreaper,
 as a rank is); budget < 30 s.
 """
 
+# ruff: noqa: E501  (the script below is one change a line)
 from __future__ import annotations
 
 import subprocess
@@ -15,7 +17,7 @@ from tests.unit.test_leftovers_process import CHANGES
 
 PROPERTY = r"""
 import threading
-from pytest_distrank.rank import fingerprint, processstate as ps, reaper
+from pytest_distrank.rank import fingerprint, processstate as ps, reaper, torchstate
 from pytest_distrank.rank.snapshot import Snapshot, diff
 
 reaper.become_subreaper()  # as a rank: orphans of its children are adopted
@@ -69,7 +71,7 @@ STEPS = {f"apply {name}": applying(name) for name in CHANGES if name not in ENTE
 STEPS.update({f"undo {name}": undoing(name) for name in CHANGES if CHANGES[name][3] is not None})
 STEPS.update({"spawn": spawn, "orphan": orphan, "end children": end_children, "thread": thread,
               "import": lambda: __import__("colorsys"), "forget import": lambda: sys.modules.pop("colorsys", None),
-              "nothing": lambda: None})
+              "denormals kept": lambda: torch.set_flush_denormal(False), "nothing": lambda: None})
 skipped = [0]
 
 def same_snapshot(a, b):
@@ -95,6 +97,8 @@ def sequence(steps):
             assert signals == walked_signals(), step
             assert all(type(a) is type(b) for a, b in zip(signals.values(), walked_signals().values()))
             assert same_snapshot(before, Snapshot.take()), step
+            # flush-denormal read on plain floats, as a torch kernel reads it
+            assert torchstate._flushes_denormals() == (denormal_read() == 0.0), step
     finally:
         end_children()
         for name in sorted(applied):  # back to the start, for the next sequence
@@ -109,7 +113,7 @@ print("ok", skipped[0])
 
 def test_a_read_through_a_mark_equals_the_walk_after_any_change() -> None:
     """Rule: whatever a sequence of generated changes did, the children, ``sys.modules`` and
-    signal dispositions read through rank/fingerprint.py's marks equal a full walk's, and a
+    signal dispositions read as a snapshot reads them equal a full walk's, and a
     skipped children walk would have found none; the skip happens (the mark is not always
     moved). 150 sequences of up to 8 steps, one subprocess."""
     done = subprocess.run(
