@@ -207,17 +207,22 @@ def _command(pid: str) -> str | None:
 
 
 def socket_inodes() -> frozenset[int]:
-    """The inodes of the sockets this process holds open (~15 us). Read with ``readlink``, not
-    ``fstat``: an ``fstat`` of a file on a network mount may wait on its server."""
+    """The inodes of the sockets this process holds open (~2.5 us per descriptor). Read with
+    ``readlink`` relative to the open folder (a fifth less than a path from ``/proc`` each
+    time), not ``fstat``: an ``fstat`` of a file on a network mount may wait on its server."""
     found = set()
     with contextlib.suppress(OSError):
-        for fd in os.listdir("/proc/self/fd"):
-            try:
-                target = os.readlink(f"/proc/self/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("socket:["):
-                found.add(int(target[8:-1]))
+        folder = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for fd in os.listdir(folder):
+                try:
+                    target = os.readlink(fd, dir_fd=folder)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):  # the folder's own descriptor is not one
+                    found.add(int(target[8:-1]))
+        finally:
+            os.close(folder)
     return frozenset(found)
 
 

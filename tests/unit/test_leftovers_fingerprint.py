@@ -2,7 +2,7 @@
 change. After every step of a generated sequence (the changes of the leftover property test in
 test_leftovers_process.py, their undoing, children started, orphaned, adopted and ended), what
 the leftover check reads through a mark or a cheaper read equals what a full walk reads now:
-child processes, ``sys.modules``, signal dispositions, flush-denormal (read on floats, against a
+child processes, ``sys.modules``, sockets, signal dispositions, flush-denormal (read on floats, against a
 tensor), and the whole snapshot. One subprocess (a child subreaper,
 as a rank is); budget < 30 s.
 """
@@ -27,6 +27,17 @@ def walked_signals():
     key = str(int(signal.SIGCHLD))
     state[key] = ps._before_torch(state.get(key))
     return state
+
+def walked_sockets():  # readlink of each /proc/self/fd/N, as the check read them before
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(int(target[8:-1]))
+    return found
 
 def spawn():
     held.append(subprocess.Popen(["sleep", "30"]))
@@ -74,8 +85,8 @@ STEPS.update({"spawn": spawn, "orphan": orphan, "end children": end_children, "t
               "denormals kept": lambda: torch.set_flush_denormal(False), "nothing": lambda: None})
 skipped = [0]
 
-def differences(a, b):
-    return [key for key, _ in diff(a, b) if key[0] not in ("threads", "sockets")]
+def differences(a, b):  # threads, sockets and children: compared with their walks above
+    return [key for key, _ in diff(a, b) if key[0] not in ("threads", "sockets", "children")]
 
 @settings(max_examples=150, deadline=None, database=None)
 @given(st.lists(st.sampled_from(sorted(STEPS)), min_size=1, max_size=8))
@@ -93,10 +104,13 @@ def sequence(steps):
             skipped[0] += skipping
             assert before.modules == dict(sys.modules), (step, before.modules.keys() ^ sys.modules.keys())
             assert ps.modules_state() == dict(sys.modules), step
+            assert ps.socket_inodes() == walked_sockets(), step
             signals = ps.signal_state()
             assert signals == walked_signals(), step
             assert all(type(a) is type(b) for a, b in zip(signals.values(), walked_signals().values()))
-            assert not differences(before, Snapshot.take()), (step, differences(before, Snapshot.take()))
+            after = Snapshot.take()
+            assert after.children == ps._walk_children()[0], step
+            assert not differences(before, after), (step, differences(before, after))
             # flush-denormal read on plain floats, as a torch kernel reads it
             assert torchstate._flushes_denormals() == (denormal_read() == 0.0), step
     finally:
