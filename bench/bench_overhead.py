@@ -11,6 +11,12 @@ Usage (from the repository root, with the project installed):
 
     python bench/bench_overhead.py               # K=200, 5 repetitions, medians
     python bench/bench_overhead.py --k 50 --repeat 1   # quick look
+    python bench/bench_overhead.py --paired "distrank ws4,MultiProcContinuous ws4" --pairs 5
+
+``--paired A,B`` (issue #40 item 2) runs the two workloads as whole processes in turn (A B A B,
+the first of each pair alternating), each with K/10 and K tests, and prints per pair and as
+medians the cost per test in wall time and in CPU time of every process of the run (the
+session's whole tree, reaped: ``RUSAGE_CHILDREN``, this script adopting orphans), and A/B.
 
 Workloads:
   distrank ws2/ws4      one all_reduce of a 1-element tensor and one assert, world size 2 and 4
@@ -30,9 +36,12 @@ Workloads:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import ctypes
 import dataclasses
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -346,14 +355,80 @@ def spread(values: list[float]) -> str:
     return f"{min(values) * 1000:.2f}-{max(values) * 1000:.2f}" if values else "-"
 
 
+def tree_cpu() -> float:
+    """CPU seconds of every process this script has reaped (orphans it adopted included)."""
+    while True:  # reap what was adopted: its CPU counts only once it is reaped
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def paired(names: list[str], k: int, pairs: int) -> None:
+    """Per-test wall and whole-tree CPU of two workloads, run in turn (A B, then B A, ...)."""
+    chosen = {w[0]: w for w in workloads() if w[0] in names}
+    if len(chosen) != 2:
+        sys.exit(f"--paired needs two workload names, exactly as listed: {names}")
+    with contextlib.suppress(OSError):  # orphans of a run come to this script, to be reaped
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    small = max(2, k // 10)
+    rows: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory(prefix="distrank-bench-") as tmp:
+        for pair in range(pairs):
+            for name in names if pair % 2 == 0 else names[::-1]:
+                _, make, cmd, _ = chosen[name]
+                runs = []
+                for count in (small, k):
+                    (Path(tmp) / "test_p.py").write_text(make(count))
+                    cpu = tree_cpu()
+                    wall, _ = timed_run([*cmd, "test_p.py"], Path(tmp))
+                    runs.append((wall, tree_cpu() - cpu))
+                (wall_small, cpu_small), (wall_big, cpu_big) = runs
+                tests = k - small
+                wall, cpu = (wall_big - wall_small) / tests, (cpu_big - cpu_small) / tests
+                rows[name].append((wall, cpu))
+                print(
+                    f"pair {pair + 1} {name:<28} {wall * 1e3:7.2f} ms wall "
+                    f"{cpu * 1e3:7.2f} ms CPU per test",
+                    flush=True,
+                )
+    a, b = (rows[name] for name in names)
+    print(f"\nmedians of {pairs} pairs, K={k} - K={small}, whole processes in turn:")
+    for name, r in rows.items():
+        wall, cpu = (statistics.median(x[i] for x in r) * 1e3 for i in (0, 1))
+        print(f"  {name:<28} {wall:7.2f} ms wall {cpu:7.2f} ms CPU per test")
+    for i, what, target in ((0, "wall", 0.6), (1, "CPU", 0.7)):
+        first, second = (statistics.median(x[i] for x in r) for r in (a, b))
+        if min(first, second, *(y[i] for y in b)) <= 0:
+            print(f"  {what:<4} no ratio: a start-up varied more than {k - small} tests cost")
+            continue
+        each = statistics.median(x[i] / y[i] for x, y in zip(a, b, strict=True))
+        print(
+            f"  {what:<4} {names[0]} / {names[1]}: ratio of medians {first / second:.2f}x, "
+            f"median of per-pair ratios {each:.2f}x (issue #40 target <= {target}x)"
+        )
+
+
+#: prctl's option that makes this process adopt the orphans of its descendants.
+PR_SET_CHILD_SUBREAPER = 36
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=200, help="tests per large run (default 200)")
     parser.add_argument("--k-ref", type=int, default=4, help="tests per MultiProcessTestCase run")
     parser.add_argument("--repeat", type=int, default=5, help="repetitions; medians reported")
     parser.add_argument("--only", default="", help="comma-separated workload name filter")
+    parser.add_argument("--paired", default="", help="two workload names: A,B in turn")
+    parser.add_argument("--pairs", type=int, default=5, help="pairs of --paired runs")
     args = parser.parse_args()
     os.environ.pop("PYTEST_ADDOPTS", None)
+    if args.paired:
+        paired(args.paired.split(","), args.k, args.pairs)
+        return
     chosen = [
         w
         for w in workloads()

@@ -266,7 +266,7 @@ class LeftoverCheck:
     def _listening(self, sockets: frozenset[int], destroyed: bool) -> list[str]:
         """Words for the new sockets that still listen; a destroyed group's listener closes
         once the group is freed (a collection, only when groups were destroyed)."""
-        new = sockets & ps.socket_inodes()
+        new = sockets & ps.socket_inodes() if sockets else sockets  # no new socket: no walk
         left = ps.listening(new) if new else {}
         if left and destroyed:
             gc.collect()

@@ -12,7 +12,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
-BODY = r"""
+#: The changes a generated test body makes (tests/unit/test_leftovers_fingerprint.py uses them too).
+CHANGES = r"""
 import decimal, gc, logging, os, signal, socket, subprocess, sys, time, types
 import numpy, torch, torch._dynamo.config as dynamo_config
 from hypothesis import given, settings, strategies as st
@@ -104,7 +105,9 @@ CHANGES = {
 
 #: What is left entered and cannot be exited from outside: the pool goes (named in unfit).
 ENTERED = {"meta_device", "profiler", "inference"}
+"""
 
+BODY = CHANGES + r"""
 def teardown(check):
     gen = check.pytest_runtest_teardown(None)
     next(gen)
