@@ -3,7 +3,9 @@
 ``run_pytest`` runs an end-to-end case; ``shared_session`` runs one inner session that several
 tests check, each its own behaviour; ``in_terminal`` runs one under a pseudo-terminal,
 typing at its debugger prompts; ``fake_gpus`` gives GPU leasing four fake GPUs. The
-helpers they use (the process tag, the leak check) are in ``helpers.py``.
+helpers they use (the process tag, the leak check) are in ``helpers.py``. Under
+``-n N --dist loadfile`` (the README's command), test files that run the same shared sessions
+go to one worker (``pytest_xdist_make_scheduler``, in the xdist controller).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import os
 import signal
 import uuid
 from collections.abc import Callable, Generator, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 import torch  # noqa: F401  (before any in-process run: torch 2.13 cannot be imported twice)
@@ -29,6 +32,7 @@ from .helpers import (
     SharedSession,
     TerminalRun,
     run_in_terminal,
+    session_families,
     wait_gone,
 )
 
@@ -52,6 +56,27 @@ def pytest_configure(config: pytest.Config) -> None:
     still build items with its markers, so they are registered here."""
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``, but each family of test files that run the same shared inner sessions
+    (``helpers.session_families``: ``test_faults.py``'s sessions, which four other files check)
+    is one unit of work: on two workers, each would run those sessions again (seconds of CPU
+    each). None (xdist's own) for the other modes."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
+
+    families = session_families(Path(__file__).parent / "e2e")
+
+    class SharedSessionsScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            file = PurePosixPath(super()._split_scope(nodeid))
+            if file.parent.name == "e2e" and file.name in families:
+                return str(file.parent / families[file.name])
+            return str(file)
+
+    return SharedSessionsScheduling(config, log)
 
 
 #: What pytest-xdist sets in its workers: an inner session that inherits them believes it is an

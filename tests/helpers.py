@@ -11,11 +11,13 @@ the type of the ``run_pytest`` fixture (``RunPytest``), and ``run_in_terminal``,
 pytest under a pseudo-terminal and types answers at its debugger prompts, and
 ``failure_section``, one report section of a session's output; ``start_beside`` and
 ``finish_beside`` run a session at the same time as another (its idle waits and start overlap the
-other's). The fixtures themselves are in ``conftest.py``.
+other's); ``session_families`` says which test files run the same shared sessions (``conftest.py``
+keeps each family on one xdist worker). The fixtures themselves are in ``conftest.py``.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import fcntl
 import os
@@ -218,3 +220,41 @@ def finish_beside(
         pytest.fail(f"the session beside, in {folder}, ran past {timeout} s")
     out, err = ((folder / name).read_text(errors="replace").splitlines() for name in BESIDE_OUTPUT)
     return pytest.RunResult(process.returncode, out, err, time.monotonic() - started)
+
+
+def _sessions_defined(tree: ast.Module) -> set[str]:
+    """The names a module binds at its top level to a ``Session(...)`` (tests/e2e/test_faults.py's
+    shared inner sessions)."""
+    return {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Name)
+        and node.value.func.id == "Session"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+
+
+def session_families(folder: Path) -> dict[str, str]:
+    """Test files of ``folder`` that run a shared inner session another file defines, by file
+    name: the family each belongs to (its files' names, sorted, joined by ``+``).
+
+    A test file that imports a ``Session`` from a sibling (``from .test_faults import
+    NO_RECORDER``) runs that session too; each process that runs both files' tests runs it once
+    (``shared_session``), but two xdist workers would run it twice. Files that share no session
+    are left out."""
+    trees = {path.name: ast.parse(path.read_text()) for path in sorted(folder.glob("test_*.py"))}
+    defined = {name: _sessions_defined(tree) for name, tree in trees.items()}
+    family = {name: {name} for name in trees}
+    for name, tree in trees.items():
+        for node in tree.body:
+            if not isinstance(node, ast.ImportFrom) or node.level != 1 or not node.module:
+                continue
+            source = f"{node.module}.py"
+            if source in defined and any(a.name in defined[source] for a in node.names):
+                joined = family[name] | family[source]
+                for member in joined:
+                    family[member] = joined
+    return {name: "+".join(sorted(f)) for name, f in family.items() if len(f) > 1}

@@ -163,9 +163,10 @@ def test_bad_input_errors_that_test_alone_naming_what_is_wrong(
 
 
 def test_the_mesh_fixture_without_a_shape_names_the_marker(
-    pytester: pytest.Pytester, run_pytest: RunPytest, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester, run_inprocess: RunPytest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An error before any rank starts (the controller's plan), not in every rank."""
+    """An error before any rank starts (the controller's plan), not in every rank: no pool
+    starts, so it runs in-process."""
     stats = pytester.path / "stats.json"
     monkeypatch.setenv(STATS_ENV, str(stats))
     pytester.makepyfile(
@@ -177,7 +178,7 @@ def test_no_shape(mesh):
     pass
 """
     )
-    result = run_pytest("--distrank-replay=off", "-p", "no:randomly")
+    result = run_inprocess("--distrank-replay=off", "-p", "no:randomly")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(
         [
