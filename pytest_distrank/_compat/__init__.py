@@ -84,6 +84,7 @@ from .mp_internals import (
     mp_process_config,
     new_socket_address,
     reap_if_exited,
+    resource_tracker_running,
     stop_fork_server,
     stop_resource_tracker,
 )
@@ -252,6 +253,7 @@ __all__ = [
     "rerunfailures_plugin",
     "reset_compile_state",
     "reset_dtensor_rng",
+    "resource_tracker_running",
     "run_test_protocol",
     "sequence_number",
     "session_fixturedefs",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 from typing import Any
 
 
@@ -81,16 +82,37 @@ def stop_fork_server() -> None:
         server._stop()  # closes the server's pipe, reaps it, unlinks its socket
 
 
-def stop_resource_tracker() -> None:
-    """Stop multiprocessing's resource tracker of this process and reap it (``_stop``: closes
-    its pipe, ``waitpid``): the fork server's start made this process its parent, and left
-    running it outlives pytest by a moment and dies an orphan, reaped by init or not at all.
-    When renamed, nothing is stopped (the tracker then ends with the process, as before)."""
+def resource_tracker_running() -> bool:
+    """Whether this process has started multiprocessing's resource tracker (its pipe is open);
+    if renamed, False."""
+    from multiprocessing import resource_tracker
+
+    return getattr(resource_tracker._resource_tracker, "_fd", None) is not None
+
+
+def stop_resource_tracker(bound: float = 5.0) -> None:
+    """Stop multiprocessing's resource tracker of this process and reap it: the fork server's
+    start made this process its parent, and left running it outlives pytest by a moment and
+    dies an orphan, reaped by init or not at all. Its pipe is closed (the tracker exits at EOF);
+    a process that still holds the pipe's other copy (an orphan of a killed fork server) keeps
+    it alive, so it is waited for ``bound`` seconds, then killed. When renamed, nothing is
+    stopped (the tracker then ends with the process, as before)."""
     from multiprocessing import resource_tracker
 
     tracker: Any = resource_tracker._resource_tracker
-    with contextlib.suppress(OSError, AttributeError, ChildProcessError):
-        tracker._stop()
+    with contextlib.suppress(OSError, AttributeError, ChildProcessError), tracker._lock:
+        fd, pid = tracker._fd, tracker._pid
+        if fd is None or pid is None:
+            return
+        tracker._fd = tracker._pid = None
+        os.close(fd)
+        deadline = time.monotonic() + bound
+        while os.waitpid(pid, os.WNOHANG)[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return
+            time.sleep(0.01)
 
 
 def close_fork_server_alive_fd() -> None:

@@ -43,6 +43,7 @@ from .onetest.interrupts import session_capped, take_signals, with_teardown
 from .onetest.ranks import TestRun
 from .ownreports import charge_pool_start, deserializer, missing_message, teardown_controller_side
 from .plan import Planned, make_plan
+from .pools import earlyfork
 from .pools.forkserver import SessionStartError
 from .pools.gpus import GpuUnavailable
 from .pools.pool import Pool, PoolStartError, PoolUnfit
@@ -89,7 +90,11 @@ class Controller:
         #: A session run inside another's process (``pytest.main(plugins=...)``, as pytester's
         #: in-process runs do): it leaves the process's GC and signals alone, and starts the fork
         #: server only when a pool needs it.
-        self.nested = bool(config.invocation_params.plugins)
+        self.nested = bool(config.invocation_params.plugins or earlyfork.open_sessions)
+        earlyfork.open_sessions.append(self)
+        #: Whether this session starts the process's resource tracker (the fork server's start
+        #: does), and so stops it at its end.
+        self.owns_tracker = not self.nested and not _compat.resource_tracker_running()
         #: The signals install_sigterm took over (from SIG_DFL), given back at unconfigure.
         self._taken_signals: list[signal.Signals] = []
         #: The interrupt that ended the test in flight, raised again once it is reported.
@@ -436,7 +441,9 @@ class Controller:
             signal.signal(signum, signal.SIG_DFL)
         # The fork server would take ~0.5-1 s of interpreter shutdown after pytest's exit.
         self.pools.server.stop()
-        if not self.nested:  # its start made this process the resource tracker's parent
+        if self in earlyfork.open_sessions:
+            earlyfork.open_sessions.remove(self)
+        if self.owns_tracker:  # its start made this process the resource tracker's parent
             _compat.stop_resource_tracker()  # reaped here, not left an orphan (#40)
         if "torch" in sys.modules and not self.nested:
             # The session is over: spare the interpreter's final collection over torch's objects

@@ -59,3 +59,11 @@ def test_not_in_xdists_controller_but_in_its_workers(monkeypatch: pytest.MonkeyP
     assert wanted(config(numprocesses=0), "forkserver", launched=False)
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     assert wanted(config(numprocesses=2), "forkserver", launched=False)
+
+
+def test_not_in_a_pytest_main_inside_a_test_of_a_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process runs a test of a session of its own: forking it would copy that test."""
+    from pytest_distrank.pool.pools import earlyfork
+
+    monkeypatch.setattr(earlyfork, "open_sessions", [object()])
+    assert not wanted(config(), "forkserver", launched=False)

@@ -19,9 +19,12 @@ not an in-process pytest run inside a test. Otherwise, or if the fork fails, the
 before (``forkserver-late``), beside collection.
 
 What the fork gets anew before it waits (:func:`_fresh_state`): no Python signal handler (SIGINT
-ignored, as in multiprocessing's server), no timer, no trace or profile function, and every
-inherited descriptor but its own pointed at /dev/null (an xdist worker's channel, a log file:
-the fork must hold none of them open). It then waits for :func:`adopt`, which binds its socket
+ignored until it serves; its ranks get a fresh interpreter's), no timer, no trace or profile
+function, every inherited descriptor but its own pointed at /dev/null (an xdist worker's
+channel, a log file: the fork must hold none of them open), new ``sys.stdout`` and
+``sys.stderr`` (pytest's may hold unflushed output or another thread's lock), and no module
+from outside the interpreter's library folders (a project's ``-p`` plugin is imported again by
+each rank, with its import-time state). It then waits for :func:`adopt`, which binds its socket
 in the session's folder and sends the modules still to import (the first test file's harness
 modules, ``--distrank-preload``, the heap freeze); EOF instead (the session ended first) ends it.
 
@@ -38,11 +41,13 @@ import atexit
 import contextlib
 import dataclasses
 import importlib
+import io
 import json
 import os
 import signal
 import socket
 import sys
+import sysconfig
 import threading
 import traceback
 import warnings
@@ -67,12 +72,18 @@ class _Early:
 
 
 _early: list[_Early] = []
+#: The pool-mode sessions of this process between their configure and unconfigure: a
+#: ``pytest.main`` inside a test of one is nested in it (it must not fork the process that
+#: runs that test, nor stop what the outer session started).
+open_sessions: list[object] = []
 
 
 def wanted(config: pytest.Config, start_method: str, launched: bool) -> bool:
     """Whether this session forks its fork server from pytest now (see the module)."""
     if start_method != "forkserver" or launched or config.invocation_params.plugins:
         return False  # plugins handed to pytest.main: a rank's session, or one inside a test
+    if open_sessions:
+        return False  # pytest.main inside a test of this process's session
     ns = config.known_args_namespace
     if not any(p in ("distrank", "pytest_distrank.plugin") for p in getattr(ns, "plugins", [])):
         return False
@@ -94,6 +105,9 @@ def fork_early(modules: list[str]) -> None:
         return  # the late server meets the same import error and reports it
     from multiprocessing import forkserver  # noqa: F401  (imported here, not in the fork)
 
+    for stream in (sys.stdout, sys.stderr):  # what pytest printed so far, printed once
+        with contextlib.suppress(Exception):
+            stream.flush()
     listener = socket.socket(socket.AF_UNIX)
     go_r, go_w = os.pipe()
     alive_r, alive_w = os.pipe()
@@ -163,8 +177,13 @@ def _serve(go: int, listener: int, alive: int) -> NoReturn:
     returns (``os._exit``: pytest's atexit handlers and buffers are the controller's)."""
     code = 0
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+        _fresh_streams()
+        # Ctrl-C is the controller's to handle until the server serves; multiprocessing's loop
+        # then ignores it and gives each rank the handler found: a fresh interpreter's.
+        sigint = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         _fresh_state(keep={go, listener, alive})
+        _forget_local_modules()
         chunks = []
         while chunk := os.read(go, 65536):
             chunks.append(chunk)
@@ -176,6 +195,7 @@ def _serve(go: int, listener: int, alive: int) -> NoReturn:
                 importlib.import_module(name)
         from multiprocessing import forkserver
 
+        signal.signal(signal.SIGINT, signal.default_int_handler if callable(sigint) else sigint)
         forkserver.main(listener, alive, [])
     except SystemExit:
         pass
@@ -188,6 +208,45 @@ def _serve(go: int, listener: int, alive: int) -> NoReturn:
 
 def _exit(code: int) -> NoReturn:
     os._exit(code)
+
+
+#: pytest's streams as the fork found them: kept, never used, never finalized (see below).
+_ABANDONED: list[object] = []
+
+
+def _fresh_streams() -> None:
+    """New ``sys.stdout`` and ``sys.stderr`` over fds 1 and 2: the fork's copies of pytest's
+    may hold output pytest has not flushed yet (every rank would print it again when it
+    flushes) or a lock another thread of pytest held at the fork (the first flush would wait
+    forever). Kept referenced, so that no finalizer flushes them."""
+    for name in ("stdout", "stderr"):
+        old = getattr(sys, name)
+        _ABANDONED.append(old)
+        new = io.TextIOWrapper(
+            io.FileIO(1 if name == "stdout" else 2, "w", closefd=False),
+            encoding=getattr(old, "encoding", None) or "utf-8",
+            errors=getattr(old, "errors", None) or "backslashreplace",
+            line_buffering=True,
+        )
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
+
+
+def _forget_local_modules() -> None:
+    """Modules from outside the interpreter's library folders (a ``-p`` plugin module of the
+    project, what it imported) are imported again by each rank, as with a fresh server: their
+    import-time state (an open file, a thread) would otherwise reach the ranks dead. pytest,
+    its installed plugins, torch and this plugin stay."""
+    paths = sysconfig.get_paths()
+    folders = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    roots = {os.path.realpath(p) for p in (*folders, sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if not file or name in ("__main__", "__mp_main__") or name.startswith("pytest_distrank"):
+            continue
+        real = os.path.realpath(file)
+        if not any(real.startswith(root + os.sep) for root in roots):
+            _ABANDONED.append(sys.modules.pop(name))
 
 
 def _fresh_state(keep: set[int]) -> None:

@@ -27,8 +27,8 @@ A rank process:
 from __future__ import annotations
 
 import dataclasses
-import gc
 import faulthandler
+import gc
 import multiprocessing
 import os
 import pickle
