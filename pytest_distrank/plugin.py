@@ -27,13 +27,16 @@ from .settings import (
     Settings,
     resolve,
 )
+from .tree import plugin as tree
+from .tree.options import MARKER as TREE_MARKER
+from .tree.options import OPTIONS as TREE_OPTIONS
 
 CONTROLLER_NAME = "distrank-controller"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("distrank", "pytest-distrank: multi-rank torch.distributed tests")
-    for option in OPTIONS:
+    for option in (*OPTIONS, *TREE_OPTIONS):
         help_text = f"{option.help} [env: {option.env}; ini: {option.ini}]"
         if option.is_flag:
             group.addoption(
@@ -100,8 +103,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS:
+    for line in (*MARKERS, TREE_MARKER):
         config.addinivalue_line("markers", line)
+    tree.register(config)
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "distrank-fixtures")
     if not config.pluginmanager.is_registered(crossize):  # fixture_path
