@@ -29,14 +29,13 @@ from .settings import (
 )
 from .tree import plugin as tree
 from .tree.options import MARKER as TREE_MARKER
-from .tree.options import OPTIONS as TREE_OPTIONS
 
 CONTROLLER_NAME = "distrank-controller"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("distrank", "pytest-distrank: multi-rank torch.distributed tests")
-    for option in (*OPTIONS, *TREE_OPTIONS):
+    for option in OPTIONS:
         help_text = f"{option.help} [env: {option.env}; ini: {option.ini}]"
         if option.is_flag:
             group.addoption(

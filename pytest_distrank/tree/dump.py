@@ -7,7 +7,7 @@ Python stacks through ptrace, which nothing in the standard library can; it is r
 refused (Yama ``ptrace_scope``, a container without ``CAP_SYS_PTRACE``), the faulthandler fallback
 signals each Python process with :data:`TREE_SIGNAL`, which the tree's processes registered
 (``fallback_env``'s sitecustomize in those started by exec, the parent's handler in forks), and
-reads what it wrote to :data:`options.DIR_ENV`'s folder.
+reads what it wrote to :data:`settings.TREE_DIR_ENV`'s folder.
 """
 
 from __future__ import annotations
@@ -23,9 +23,13 @@ import signal
 import subprocess
 import sys
 import time
+from subprocess import PIPE
 
-from .options import DIR_ENV, PYSPY_ENV
+from ..settings import TREE_DIR_ENV as DIR_ENV
+from ..settings import TREE_PYSPY_ENV as PYSPY_ENV
+from . import reaped
 from .procs import Proc
+from .reaped import OWN_CHILDREN
 
 MAX_PROCS = 16
 BOUND_S = 4.0
@@ -43,7 +47,7 @@ if _dir:
     try:
         _file = open(os.path.join(_dir, "%d.stacks" % os.getpid()), "a")
         faulthandler.register({signal}, file=_file, all_threads=True)
-        from pytest_distrank.tree.reaped import record_reaped
+        from _distrank_reaped import record_reaped  # a copy of tree/reaped.py: no torch import
         record_reaped(_dir)
     except (OSError, ImportError):
         pass
@@ -85,6 +89,7 @@ def fallback_env(folder: str) -> dict[str, str]:
     if not os.path.exists(path):
         with open(path, "w") as f:
             f.write(SITECUSTOMIZE.format(env=DIR_ENV, signal=int(TREE_SIGNAL)))
+    shutil.copyfile(reaped.__file__, os.path.join(site, "_distrank_reaped.py"))
     old = os.environ.get("PYTHONPATH", "")
     return {DIR_ENV: folder, "PYTHONPATH": site + (os.pathsep + old if old else "")}
 
@@ -120,7 +125,8 @@ def dump_tree(procs: list[Proc], folder: str | None) -> tuple[list[Stacks], str]
         results = _by_pyspy(exe, taken)
         refused = [s for s in results if s.missing.startswith("refused")]
         if refused and len(refused) == len(results):
-            method = f"faulthandler (py-spy was refused: {refused[0].missing})"
+            why = refused[0].missing.removeprefix("refused: ")
+            method = f"faulthandler (py-spy was refused: {why})"
             results = []
     if not results and taken:
         results = _by_faulthandler(taken, folder)
@@ -132,24 +138,24 @@ def _by_pyspy(exe: str, procs: list[Proc]) -> list[Stacks]:
 
     def one(proc: Proc) -> Stacks:
         left = max(0.1, deadline - time.monotonic())
+        command = [exe, "dump", "--pid", str(proc.pid), "--json"]
         try:
-            done = subprocess.run(
-                [exe, "dump", "--pid", str(proc.pid), "--json"],
-                capture_output=True,
-                text=True,
-                timeout=left,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            return Stacks(proc, [], f"py-spy did not answer within {BOUND_S:g} s")
+            child = subprocess.Popen(command, stdout=PIPE, stderr=PIPE, text=True)
         except OSError as exc:
             return Stacks(proc, [], f"refused: {exe} could not run ({exc})")
-        if done.returncode != 0:
-            first = (done.stderr.strip().splitlines() or ["no output"])[0]
-            if any(word in done.stderr for word in _REFUSED):
+        OWN_CHILDREN.add(child.pid)  # its exit status is no death of the tree's
+        try:
+            out, err = child.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            return Stacks(proc, [], f"py-spy did not answer within {BOUND_S:g} s")
+        if child.returncode != 0:
+            first = (err.strip().splitlines() or ["no output"])[0]
+            if any(word in err for word in _REFUSED):
                 return Stacks(proc, [], f"refused: {first}")
             return Stacks(proc, [], f"py-spy failed: {first}")
-        return Stacks(proc, parse_pyspy(done.stdout))
+        return Stacks(proc, parse_pyspy(out))
 
     with concurrent.futures.ThreadPoolExecutor(max(1, min(MAX_PROCS, len(procs)))) as pool:
         return list(pool.map(one, procs))

@@ -27,9 +27,11 @@ from typing import Any
 import pytest
 
 from ..settings import RANK_ENV
+from ..settings import TREE_DIR_ENV as DIR_ENV
 from . import pooldeadline
 from .dump import dump_tree, fallback_env, register_here, unregister_here
-from .options import DIR_ENV, deaths_policy, opted_in
+from .held import held_text, listening_ports, shm_segments
+from .options import deaths_policy, opted_in
 from .procs import Death, Proc, Watch, end_tree, subreaper
 from .reaped import record_reaped, stop_recording
 from .words import (
@@ -52,6 +54,8 @@ class Active:
     reaper: contextlib.ExitStack
     reported: int = 0  # deaths already put in a report
     ended: list[Proc] | None = None  # what was left running at its teardown, ended
+    shm: set[str] = dataclasses.field(default_factory=shm_segments)  # /dev/shm at its start
+    held: str = ""  # the segments and ports its tree left, in words
     stacks: str = ""  # the stacks taken at its deadline
 
 
@@ -188,19 +192,27 @@ class TreePlugin:
             report.sections.append((STACKS_TITLE, active.stacks))
         deaths = active.watch.deaths[active.reported :]
         active.reported += len(deaths)
-        self._deaths(item, report, deaths, ended)
+        held = active.held if call.when == "teardown" else ""
+        self._deaths(item, report, deaths, ended, held)
 
     def _deaths(
-        self, item: pytest.Item, report: pytest.TestReport, deaths: list[Death], ended: list[Proc]
+        self,
+        item: pytest.Item,
+        report: pytest.TestReport,
+        deaths: list[Death],
+        ended: list[Proc],
+        held: str,
     ) -> None:
         lines = [death_line(d) for d in deaths]
         if ended:
             lines.append(ended_text(ended))
+        if held:
+            lines.append(held)
         if not lines:
             return
         title = DEATHS_TITLE if report.when != "teardown" else f"{DEATHS_TITLE} (teardown)"
         report.sections.append((title, "\n".join(lines)))
-        policy = deaths_policy(item.config)
+        policy = deaths_policy(item)
         if deaths and fails_test(deaths, policy.value, report.outcome):
             report.outcome = "failed"
             report.longrepr = (
@@ -212,7 +224,9 @@ class TreePlugin:
         """End the tree, stop watching, restore the environment and the subreaper state."""
         active.watch.stop()
         living = active.watch.living()
+        ports = listening_ports(living)  # before the kill: a dead process holds no socket
         ended = end_tree(living, os.getpid()) if living else []
+        active.held = held_text(sorted(shm_segments() - active.shm), ports)
         self.ended.update(p.pid for p in ended)
         unregister_here()
         stop_recording()

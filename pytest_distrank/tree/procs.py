@@ -175,6 +175,10 @@ class Watch:
         """The tree's processes alive now (``poll`` first), oldest first."""
         self.poll()
         with self._lock:
+            for pid in [pid for pid in self.procs if pid not in self._gone]:
+                fresh = read_proc(pid, self.procs[pid].ppid)  # a fork's exec came after its birth
+                if fresh.cmdline:
+                    self.procs[pid] = fresh
             return [p for pid, p in sorted(self.procs.items()) if pid not in self._gone]
 
     def forget(self, procs: list[Proc]) -> None:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 
 _ORIGINAL: Callable[..., tuple[int, int]] = os.waitpid
+#: Children the plugin itself starts (py-spy): their statuses are not the tree's.
+OWN_CHILDREN: set[int] = set()
 
 
 def record_reaped(folder: str) -> None:
@@ -22,7 +24,7 @@ def record_reaped(folder: str) -> None:
 
     def waitpid(pid: int, options: int) -> tuple[int, int]:
         got, status = _ORIGINAL(pid, options)
-        if got > 0 and status != 0:
+        if got > 0 and status != 0 and got not in OWN_CHILDREN:
             try:
                 path = os.path.join(folder, f"{os.getpid()}.reaped")
                 with open(path, "a") as f:

@@ -11,7 +11,7 @@ from .procs import Death, Proc, signal_name
 
 #: Section titles in a report (``Captured`` first words would send them to junit's system-out).
 STACKS_TITLE = "process tree: stacks"
-DEATHS_TITLE = "process tree: died during the test"
+DEATHS_TITLE = "process tree"
 SHOWN_CMDLINE = 120
 
 
