@@ -192,19 +192,26 @@ class Watch:
 
 
 def end_tree(procs: list[Proc], root: int) -> list[Proc]:
-    """SIGKILL ``procs`` (not the tree's long-lived helpers); reap those re-parented to ``root``
-    (adopted orphans, no one else's to wait for). Returns the processes killed."""
+    """SIGKILL ``procs`` (not the tree's long-lived helpers) and reap those that are ``root``'s
+    children now (adopted orphans, and the test's own ``subprocess`` children: a later
+    ``Popen.wait`` then reads 0), but for multiprocessing's, which it joins itself (at exit too:
+    that join no longer waits). Returns the processes killed."""
+    import multiprocessing
+
     victims = [p for p in procs if not is_helper(p)]
     kill_all([p.pid for p in victims])
+    managed = {child.pid for child in multiprocessing.active_children()}
     deadline = time.monotonic() + 2.0
     for proc in victims:
         stat = _stat(proc.pid)
-        if stat is None or proc.ppid == root or stat[1] != root:
-            continue  # the test's own children are its (multiprocessing's, subprocess's) to reap
+        if stat is None or stat[1] != root or proc.pid in managed:
+            continue
         while time.monotonic() < deadline:
-            with contextlib.suppress(ChildProcessError, OSError):
+            try:
                 if os.waitpid(proc.pid, os.WNOHANG)[0]:
                     break
+            except (ChildProcessError, OSError):
+                break
             time.sleep(0.01)
     return victims
 
