@@ -25,6 +25,24 @@ def shm_segments() -> set[str]:
     return set()
 
 
+def mapped_segments(pid: int, names: set[str]) -> set[str]:
+    """Those of the /dev/shm segments ``names`` that ``pid`` itself maps (a multiprocessing
+    queue the test still holds, in its traceback: the test's own, not its tree's). Told by
+    inode: glibc maps a semaphore under a temporary name, deleted when it gets its own."""
+    inodes = set()
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith(f"{SHM}/") and fields[4].isdigit():
+                inodes.add(int(fields[4]))
+    found = set()
+    for name in names:
+        with contextlib.suppress(OSError):
+            if os.stat(os.path.join(SHM, name)).st_ino in inodes:
+                found.add(name)
+    return found
+
+
 def _socket_inodes(pid: int) -> set[str]:
     out = set()
     with contextlib.suppress(OSError):

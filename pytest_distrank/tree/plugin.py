@@ -30,7 +30,7 @@ from ..settings import RANK_ENV
 from ..settings import TREE_DIR_ENV as DIR_ENV
 from . import pooldeadline
 from .dump import dump_tree, fallback_env, register_here, unregister_here
-from .held import held_text, listening_ports, shm_segments
+from .held import held_text, listening_ports, mapped_segments, shm_segments
 from .options import deaths_policy, opted_in
 from .procs import Death, Proc, Watch, end_tree, subreaper
 from .reaped import record_reaped, stop_recording
@@ -120,6 +120,7 @@ class TreePlugin:
             return None
 
         def expired(signum: int, frame: FrameType | None) -> None:
+            __tracebackhide__ = True  # the user's frames end the traceback, not the plugin's
             self._at_deadline(item, f"pytest-timeout's {timeout:g} s")
             pytest.fail(
                 f"Timeout: {item.nodeid} ran past pytest-timeout's {timeout:g} s; the stacks "
@@ -226,7 +227,9 @@ class TreePlugin:
         living = active.watch.living()
         ports = listening_ports(living)  # before the kill: a dead process holds no socket
         ended = end_tree(living, os.getpid()) if living else []
-        active.held = held_text(sorted(shm_segments() - active.shm), ports)
+        left = shm_segments() - active.shm
+        left -= mapped_segments(os.getpid(), left)
+        active.held = held_text(sorted(left), ports)
         self.ended.update(p.pid for p in ended)
         unregister_here()
         stop_recording()

@@ -22,7 +22,7 @@ from ..rank.processstate import PROCESS_HELPERS
 from ..rank.reaper import kill_all
 from .reaped import read_reaped
 
-POLL_S = 0.05
+POLL_S = 0.1
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
@@ -71,6 +71,10 @@ def read_proc(pid: int, ppid: int) -> Proc:
     with contextlib.suppress(OSError):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+    if not cmdline:  # a zombie, a kernel thread: its name alone, as ps shows it
+        with contextlib.suppress(OSError, IndexError), open(f"/proc/{pid}/stat", "rb") as f:
+            name = f.read().split(b"(", 1)[1].rsplit(b")", 1)[0]
+            cmdline = f"[{name.decode('utf-8', 'replace')}]"
     with contextlib.suppress(OSError):
         uid = os.stat(f"/proc/{pid}").st_uid
     with contextlib.suppress(OSError):
@@ -78,13 +82,16 @@ def read_proc(pid: int, ppid: int) -> Proc:
     return Proc(pid, ppid, cmdline, uid, python)
 
 
-def all_parents() -> dict[int, int]:
+def all_parents(zombies: dict[int, int] | None = None) -> dict[int, int]:
+    """pid -> parent pid of every living process; zombies go to ``zombies`` when given."""
     out: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             stat = _stat(int(entry))
             if stat is not None and stat[0] != "Z":
                 out[int(entry)] = stat[1]
+            elif stat is not None and zombies is not None:
+                zombies[int(entry)] = stat[1]
     return out
 
 
@@ -137,10 +144,15 @@ class Watch:
     def poll(self) -> None:
         with self._lock:
             now = time.monotonic() - self.started
-            parents = all_parents()
+            zombies: dict[int, int] = {}
+            parents = all_parents(zombies)
             live = descendants_of({self.root}, parents)
             for pid, ppid in live.items():
                 if pid not in self.before and pid not in self.procs:
+                    self.procs[pid] = read_proc(pid, ppid)
+            tree = {self.root, *live}
+            for pid, ppid in zombies.items():  # died before a poll saw it alive, not reaped
+                if ppid in tree and pid not in self.procs and pid not in self.before:
                     self.procs[pid] = read_proc(pid, ppid)
             self._reaped(now)
             for pid, proc in self.procs.items():

@@ -23,6 +23,7 @@ def record_reaped(folder: str) -> None:
     """Wrap ``os.waitpid`` in this process (idempotent)."""
 
     def waitpid(pid: int, options: int) -> tuple[int, int]:
+        __tracebackhide__ = True  # a test's traceback shows os.waitpid's caller, not this
         got, status = _ORIGINAL(pid, options)
         if got > 0 and status != 0 and got not in OWN_CHILDREN:
             try:
