@@ -54,11 +54,13 @@ def _socket_inodes(pid: int) -> set[str]:
     return out
 
 
-def listening_ports(procs: list[Proc]) -> list[tuple[int, Proc]]:
-    """(port, process) of every TCP socket in LISTEN state that a process of ``procs`` holds."""
+def listening_ports(procs: list[Proc], root: int) -> list[tuple[int, Proc]]:
+    """(port, process) of every TCP socket in LISTEN state that a process of ``procs`` holds
+    and ``root`` (the process that runs the test) does not: a fork inherits its parent's."""
     owner: dict[str, Proc] = {}
+    own = _socket_inodes(root)
     for proc in procs:
-        for inode in _socket_inodes(proc.pid):
+        for inode in _socket_inodes(proc.pid) - own:
             owner.setdefault(inode, proc)
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):

@@ -225,7 +225,9 @@ class TreePlugin:
         """End the tree, stop watching, restore the environment and the subreaper state."""
         active.watch.stop()
         living = active.watch.living()
-        ports = listening_ports(living)  # before the kill: a dead process holds no socket
+        ports = listening_ports(
+            living, os.getpid()
+        )  # before the kill: a dead process holds no socket
         ended = end_tree(living, os.getpid()) if living else []
         left = shm_segments() - active.shm
         left -= mapped_segments(os.getpid(), left)

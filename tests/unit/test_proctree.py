@@ -160,7 +160,7 @@ def test_ports_and_segments_the_tree_left(
     try:
         port = int(child.stdout.readline())  # type: ignore[union-attr]
         proc = procs.read_proc(child.pid, os.getpid())
-        ports = held.listening_ports([proc])
+        ports = held.listening_ports([proc], os.getpid())
         left = sorted(held.shm_segments() - before)
         text = held.held_text(left, ports)
     finally:
