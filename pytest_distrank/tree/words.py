@@ -28,6 +28,16 @@ def blocked_in_dist(frames: list[str]) -> str:
     return ""
 
 
+#: Frames of these run the test, not the worker: a fork of the test's process carries them.
+_MACHINERY = ("/_pytest/", "/pluggy/", "/pytest_distrank/")
+
+
+def below_pytest(frames: list[str]) -> list[str]:
+    """A thread's frames (innermost first) down to the first of pytest's machinery."""
+    cut = next((i for i, f in enumerate(frames) if any(m in f for m in _MACHINERY)), len(frames))
+    return frames[:cut]
+
+
 def stacks_text(stacks: list[Stacks], method: str, seconds: float) -> str:
     lines = [f"{len(stacks)} process(es) of the test's tree, stacks by {method} in {seconds:.2f} s"]
     for one in stacks:
@@ -41,7 +51,10 @@ def stacks_text(stacks: list[Stacks], method: str, seconds: float) -> str:
             where = blocked_in_dist(frames)
             mark = f"  <- blocked in torch.distributed: {where}" if where else ""
             lines.append(f"  {title}{mark}")
-            lines += [f"    {frame}" for frame in frames] or ["    (no Python frame)"]
+            shown = below_pytest(frames)
+            lines += [f"    {frame}" for frame in shown] or ["    (no Python frame)"]
+            if len(shown) < len(frames):
+                lines.append(f"    ({len(frames) - len(shown)} frames of pytest's below)")
     return "\n".join(lines)
 
 

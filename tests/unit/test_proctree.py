@@ -255,3 +255,29 @@ def test_segments_the_test_process_maps_itself_are_not_the_trees() -> None:
     finally:
         queue.close()
         queue.join_thread()
+
+
+def test_a_ranks_stack_reads_past_the_trees_waitpid_wrapper() -> None:
+    from pytest_distrank.outcome.stacks import where_blocked
+
+    dump_text = (
+        "Current thread 0x01 (most recent call first):\n"
+        '  File "/x/pytest_distrank/tree/reaped.py", line 27 in waitpid\n'
+        '  File "/lib/python3.11/multiprocessing/popen_fork.py", line 27 in poll\n'
+        '  File "/t/test_x.py", line 9 in test_x\n'
+    )
+    assert where_blocked(dump_text, "/t/test_x.py").startswith("blocked in poll at ")
+
+
+def test_a_forks_stack_stops_at_pytests_frames() -> None:
+    frames = [
+        'File "w.py", line 2 in serve',
+        'File "/x/_pytest/python.py", line 187 in pytest_pyfunc_call',
+        'File "/x/pluggy/_callers.py", line 9 in _multicall',
+    ]
+    stacks = [
+        dump.Stacks(procs.Proc(10, 1, "python", 0, True), [("Thread 10 (MainThread)", frames)])
+    ]
+    text = words.stacks_text(stacks, "py-spy", 0.1)
+    assert '    File "w.py", line 2 in serve\n    (2 frames of pytest\'s below)' in text
+    assert "pyfunc_call" not in text
