@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_distrank.pool.pools.gpus import _open_by
 from pytest_distrank.settings import FAKE_NVIDIA_DIR_ENV, TREE_DIR_ENV, TREE_PYSPY_ENV
 from pytest_distrank.tree import dump, held, procs, reaped, words
 
@@ -182,6 +183,8 @@ def test_gpu_holders_are_read_from_proc_fd_links(
     assert held.gpu_holders(["0"]) == {}
     text = held.holders_text(["0", "1"])
     assert text.startswith(f"GPU 1 is held open by pid {child.pid} (")
+    # A lease that waits in vain says it after the lock holders (pool/pools/gpus.py).
+    assert _open_by(["1"]) == f"\n{held.holders_text(['1'])}"
 
 
 def test_pyspy_reads_a_childs_stack(children: list[subprocess.Popen[bytes]]) -> None:
