@@ -241,7 +241,7 @@ def test_hung_workers_show_their_stacks_and_end_within_deadline_plus_5_s(
     )
     tree.stdout.fnmatch_lines(
         [
-            "E       Failed: Timeout: test_own_workers.py::test_hung_workers ran past "
+            "E *Failed: Timeout: test_own_workers.py::test_hung_workers ran past "
             "pytest-timeout's 3 s; *"
         ]
     )
