@@ -7,6 +7,8 @@ refused), workers in a gloo group (the one blocked in ``barrier`` is marked), a 
 crashes (named; with ``deaths="fail"`` the test fails), a test that leaves a ``setsid`` daemon, a
 ``/dev/shm`` segment and a listening port (ended, named), and plain tests after them (the session
 goes on and ends). The leak check of ``run_pytest`` proves no process outlived the session.
+Ctrl-C cannot share that session (it ends it): ``test_an_interrupt_...`` runs two small ones at
+once, an ordinary test and a distributed one.
 """
 
 from __future__ import annotations

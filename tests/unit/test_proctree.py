@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 
 from pytest_distrank.pool.pools.gpus import _open_by
-from pytest_distrank.settings import FAKE_NVIDIA_DIR_ENV, TREE_DIR_ENV, TREE_PYSPY_ENV
+from pytest_distrank.settings import FAKE_NVIDIA_DIR_ENV, TREE_DIR_ENV, TREE_PYSPY_ENV, Value
 from pytest_distrank.tree import dump, held, procs, reaped, words
+
+pytest_plugins = ["pytester"]
 
 SLEEPER = "import time\ndef idle():\n    time.sleep(60)\nidle()\n"
 
@@ -284,3 +286,49 @@ def test_a_forks_stack_stops_at_pytests_frames() -> None:
     text = words.stacks_text(stacks, "py-spy", 0.1)
     assert '    File "w.py", line 2 in serve\n    (2 frames of pytest\'s below)' in text
     assert "pyfunc_call" not in text
+
+
+def test_who_opts_in_and_how_deaths_count(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The marker, or the session's option from any source; ``deaths=`` beats the option, and a
+    bad value names where it came from."""
+    from pytest_distrank.settings import PROCESS_TREE, TREE_DEATHS
+    from pytest_distrank.tree.options import deaths_policy, opted_in
+
+    for name in (PROCESS_TREE.env, TREE_DEATHS.env, "PYTEST_ADDOPTS"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(
+        """
+        import pytest
+
+        def test_plain():
+            pass
+
+        @pytest.mark.process_tree(deaths="fail")
+        def test_marked():
+            pass
+
+        @pytest.mark.process_tree(deaths="never")
+        def test_bad():
+            pass
+        """
+    )
+
+    def items(*args: str) -> dict[str, pytest.Item]:
+        found, _ = pytester.inline_genitems("-p", "distrank", *args)
+        return {item.name: item for item in found}
+
+    plain = items()
+    assert not opted_in(plain["test_plain"]) and opted_in(plain["test_marked"])
+    assert deaths_policy(plain["test_plain"]) == Value("report", "default")
+    assert deaths_policy(plain["test_marked"]) == Value(
+        "fail", "@pytest.mark.process_tree(deaths='fail')"
+    )
+    with pytest.raises(pytest.UsageError, match=r"test_bad: @pytest.mark.process_tree\(deaths="):
+        deaths_policy(plain["test_bad"])
+    assert opted_in(items("--distrank-process-tree")["test_plain"])
+    pytester.makeini("[pytest]\ndistrank_process_tree = true\ndistrank_tree_deaths = fail\n")
+    from_ini = items()["test_plain"]
+    assert opted_in(from_ini)
+    assert deaths_policy(from_ini) == Value("fail", "distrank_tree_deaths = fail (in tox.ini)")
