@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from subprocess import PIPE
+from typing import IO
 
 from ..settings import TREE_DIR_ENV as DIR_ENV
 from ..settings import TREE_PYSPY_ENV as PYSPY_ENV
@@ -94,16 +95,26 @@ def fallback_env(folder: str) -> dict[str, str]:
     return {DIR_ENV: folder, "PYTHONPATH": site + (os.pathsep + old if old else "")}
 
 
-def register_here(folder: str) -> None:
-    """This process's own handler for forks of it (they inherit it, not the sitecustomize)."""
-    with contextlib.suppress(OSError, ValueError, RuntimeError):
+def register_here(folder: str) -> IO[str] | None:
+    """This process's own handler for forks of it (they inherit it, not the sitecustomize); its
+    file, for :func:`unregister_here` to close (faulthandler keeps only the descriptor)."""
+    try:
         file = open(os.path.join(folder, f"{os.getpid()}.stacks"), "a")
+    except OSError:
+        return None
+    try:
         faulthandler.register(TREE_SIGNAL, file=file, all_threads=True, chain=False)
+    except (ValueError, RuntimeError):
+        file.close()
+        return None
+    return file
 
 
-def unregister_here() -> None:
+def unregister_here(file: IO[str] | None) -> None:
     with contextlib.suppress(ValueError, RuntimeError):
         faulthandler.unregister(TREE_SIGNAL)
+    if file is not None:
+        file.close()
 
 
 def dump_tree(procs: list[Proc], folder: str | None) -> tuple[list[Stacks], str]:

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Generator
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -52,6 +52,7 @@ class Active:
     folder: str
     saved_env: dict[str, str | None]
     reaper: contextlib.ExitStack
+    handler: IO[str] | None  # the file faulthandler writes this process's stacks to
     reported: int = 0  # deaths already put in a report
     ended: list[Proc] | None = None  # what was left running at its teardown, ended
     shm: set[str] = dataclasses.field(default_factory=shm_segments)  # /dev/shm at its start
@@ -94,14 +95,13 @@ class TreePlugin:
         env = fallback_env(folder)
         saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)
-        register_here(folder)
+        handler = register_here(folder)
         reaper = contextlib.ExitStack()
         if not self.in_rank:  # a rank is a subreaper for its whole life already
             reaper.enter_context(subreaper())
         record_reaped(folder)
-        self.active[item.nodeid] = Active(
-            Watch(os.getpid(), folder, self.ended), folder, saved, reaper
-        )
+        watch = Watch(os.getpid(), folder, self.ended)
+        self.active[item.nodeid] = Active(watch, folder, saved, reaper, handler)
 
     def _folder(self) -> str:
         if self.own_folder is None:
@@ -233,7 +233,7 @@ class TreePlugin:
         left -= mapped_segments(os.getpid(), left)
         active.held = held_text(sorted(left), ports)
         self.ended.update(p.pid for p in ended)
-        unregister_here()
+        unregister_here(active.handler)
         stop_recording()
         for name, value in active.saved_env.items():
             if value is None:

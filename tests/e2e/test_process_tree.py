@@ -201,7 +201,9 @@ def _write(folder: Path) -> None:
 @pytest.fixture
 def tree(shared_session: SharedSession) -> pytest.RunResult:
     try:
-        return shared_session("tree", _write, "-rA", "-p", "no:randomly", "--junitxml=junit.xml")
+        # The plugin closes what it opens in the test's process (an unclosed file is an error).
+        args = ("-rA", "-p", "no:randomly", "--junitxml=junit.xml", "-W", "error")
+        return shared_session("tree", _write, *args)
     finally:
         for path in glob.glob(f"/dev/shm/{SHM_PREFIX}*"):
             os.unlink(path)
