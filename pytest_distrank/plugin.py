@@ -28,6 +28,8 @@ from .settings import (
     Settings,
     resolve,
 )
+from .tree import plugin as tree
+from .tree.options import MARKER as TREE_MARKER
 
 CONTROLLER_NAME = "distrank-controller"
 
@@ -119,8 +121,9 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS:
+    for line in (*MARKERS, TREE_MARKER):
         config.addinivalue_line("markers", line)
+    tree.register(config)
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "distrank-fixtures")
     if not config.pluginmanager.is_registered(crossize):  # fixture_path

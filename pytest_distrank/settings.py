@@ -319,6 +319,28 @@ ORDER = Option(
 LEFTOVERS_IGNORE_ENV = "distrank_leftovers_ignore_env"
 LEFTOVERS_IGNORE_THREADS = "distrank_leftovers_ignore_threads"
 
+PROCESS_TREE = Option(
+    "distrank_process_tree",
+    "--distrank-process-tree",
+    "DISTRANK_PROCESS_TREE",
+    "false",
+    "Every test's process tree is part of its report (as @pytest.mark.process_tree): the "
+    "stacks of the processes it started at a deadline or an interrupt, those that died during "
+    "it, and all of them ended after it (docs/own-workers.md).",
+    parse_bool,
+    is_flag=True,
+)
+TREE_DEATHS = Option(
+    "distrank_tree_deaths",
+    "--distrank-tree-deaths",
+    "DISTRANK_TREE_DEATHS",
+    "report",
+    "A process of a test's tree that died by a signal or a non-zero exit during the test: "
+    "'report' (default: named in the test's report, its outcome unchanged) or 'fail' (the "
+    "test fails for it).",
+    one_of(("report", "fail")),
+)
+
 OPTIONS: tuple[Option[Any], ...] = (
     WORLD_SIZE,
     BACKEND,
@@ -343,6 +365,8 @@ OPTIONS: tuple[Option[Any], ...] = (
     REPLAY,
     REPLAY_BUDGET,
     ORDER,
+    PROCESS_TREE,
+    TREE_DEATHS,
 )
 
 
@@ -394,6 +418,13 @@ FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
 FAKE_RESERVED_ENV = "DISTRANK_FAKE_CUDA_RESERVED_FILE"
 POOL_TAG_ENV = "DISTRANK_POOL_TAG"
 PLUGIN_PORT_ENV = "DISTRANK_MASTER_PORT"
+#: The process tree (tree/, docs/own-workers.md): where its faulthandler fallback writes (set by
+#: the controller for opted-in sessions, inherited by ranks and the tree); test seams, not for
+#: users: the py-spy to run ("none": as if not installed), the folder that stands for /dev in
+#: the search for GPU device files.
+TREE_DIR_ENV = "DISTRANK_TREE_DIR"
+TREE_PYSPY_ENV = "DISTRANK_TREE_PYSPY"
+FAKE_NVIDIA_DIR_ENV = "DISTRANK_FAKE_NVIDIA_DIR"
 
 
 def seam_wait(default: float) -> float:

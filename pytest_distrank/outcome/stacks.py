@@ -31,6 +31,9 @@ def signal_name(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+#: The plugin's own wrappers of a library call, left out of a rank's stack: the process tree's
+#: ``os.waitpid`` (tree/reaped.py) would read as the place a rank is blocked.
+_WRAPPERS = ("pytest_distrank/tree/reaped.py",)
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 
 
@@ -42,7 +45,7 @@ def main_thread_frames(dump: str) -> list[tuple[str, int, str]]:
             blocks.append([])
             continue
         match = _FRAME.match(line)
-        if match and blocks:
+        if match and blocks and not match["file"].endswith(_WRAPPERS):
             blocks[-1].append((match["file"], int(match["line"]), match["func"]))
     for frames in blocks:
         if any(func == "rank_main" for _, _, func in frames):

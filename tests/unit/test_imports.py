@@ -21,7 +21,8 @@ function):
   ``fixtures``, and imports only ``rank/``, ``outcome/``, ``_compat``, ``settings``, ``parsing``
   and itself (of the plugin's own);
 - the shared modules import in one order (:data:`SHARED_ORDER`: parsing, settings, outcome,
-  planning, rank, api, then markers, fixtures and the package), never upwards and never inside
+  planning, rank, tree (a test's own process tree, wherever the test runs), api, then markers,
+  fixtures and the package), never upwards and never inside
   a function across folders (no cycle held apart by a late import).
 
 Every private pytest, CPython, torch, PyTorch-harness and plugin access goes through
@@ -92,6 +93,7 @@ FOLDERS = {
     "pool/pools",
     "pool/worker",
     "launch",
+    "tree",
 }
 #: Pool mode's modules that both of its processes import: its messages, plugins' values for the
 #: ranks, and the harness classes it takes over (collected alike in the controller and ranks).
@@ -110,7 +112,7 @@ POOL = in_folder("pool", "pool/onetest", "pool/pools", "pool/worker") | {
 }
 LAUNCH = in_folder("launch") | {"launch"}
 #: What both modes use; of the top level, the plugin's gate alone picks a mode (lazily).
-SHARED = in_folder("", "_compat", "planning", "rank", "outcome") - {"plugin"}
+SHARED = in_folder("", "_compat", "planning", "rank", "outcome", "tree") - {"plugin"}
 OUTCOME = in_folder("outcome")
 
 
@@ -266,6 +268,7 @@ SHARED_ORDER = (
     {"outcome"},
     {"planning"},
     {"rank"},
+    {"tree"},
     {"api"},
     {"markers", "hookspecs", "fixtures", ""},
 )
@@ -299,7 +302,7 @@ ORDERED = sorted(m for m, level in SHARED_LEVELS.items() if level is not None)
 def test_the_shared_order_names_every_module_but_the_gate_and_the_modes() -> None:
     unordered = {m for m, level in SHARED_LEVELS.items() if level is None}
     assert unordered == {"plugin"} | POOL | LAUNCH
-    assert SHARED_LEVELS["planning.spec"] == 3 and SHARED_LEVELS["fixtures"] == 6
+    assert SHARED_LEVELS["planning.spec"] == 3 and SHARED_LEVELS["fixtures"] == 7
 
 
 @pytest.mark.parametrize("module", ORDERED)

@@ -40,6 +40,7 @@ from ...outcome.stacks import (
     trim_fault_dump,
     where_blocked,
 )
+from ...tree.pooldeadline import add_sections, rank_tree_sections
 from ..protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank, RankNote
 from .deadlock import Watch
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
@@ -398,6 +399,7 @@ class Attempt:
         late = [r for r in stuck if r.rank not in game.pending and game.failed_at is None]
         stuck = [r for r in stuck if r.rank in game.pending]
         silent = {r.rank: why_silent(r.pid) for r in stuck if not stacks[r.rank]}
+        tree = rank_tree_sections(test.nodeid, [(r.rank, r.pid) for r in stuck])  # before the kill
         if stuck:
             pool.kill()
         for rank in late:
@@ -434,6 +436,7 @@ class Attempt:
                 test.nodeid, self.location, self.test_file, rank.rank, ws, info, time.time()
             )
             result.reports[rank.rank].append(report)
+        add_sections(result.reports, tree)
 
     def _why_killed(self, stuck: list[Rank], self_failed: set[int]) -> str:
         game, nodeid = self.game, self.test.nodeid

@@ -287,11 +287,20 @@ def lease(count: int, lock_dir: str, wait: float, memory: int = 0) -> GpuLease:
                 raise GpuUnavailable(
                     f"could not lease {count} of the {len(ids)} visible GPUs within {wait:g} s: "
                     f"{len(busy)} are held by other pytest processes (locks in {lock_dir}):\n"
-                    f"{_holders(folder, busy)}"
+                    f"{_holders(folder, busy)}{_open_by(busy)}"
                 )
             time.sleep(POLL_SECONDS)
     finally:
         os.close(folder)
+
+
+def _open_by(gpus: list[str]) -> str:
+    """Which processes have those GPUs' device files open (any user's: a leftover worker of
+    an earlier test holds memory without holding a lock), as more lines, or ""."""
+    from ...tree.held import holders_text
+
+    text = holders_text(gpus)
+    return f"\n{text}" if text else ""
 
 
 class GpuFolderError(Exception):
