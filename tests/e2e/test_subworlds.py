@@ -105,9 +105,9 @@ def test_z_after(rank):
 )
 
 
-#: PyTorch's harness classes, unmodified: a MultiProcessTestCase and a MultiProcContinuousTest of
-#: 2 ranks (each on one node's local ranks 0 and 1, two at a time), and one of 4, which no node
-#: of 2 ranks can hold.
+#: PyTorch's harness classes, unmodified: a MultiProcessTestCase, a MultiProcContinuousTest and a
+#: DTensorTestBase of 2 ranks (each on one node's local ranks 0 and 1, two at a time), and one of
+#: 4, which no node of 2 ranks can hold.
 #: Collected first: the pairs of the other files, the deadlocked one among them, run as one run
 #: of batches, after which the run ends.
 HARNESS = (
@@ -116,7 +116,9 @@ HARNESS = (
 import os
 import unittest
 
+from torch.distributed.tensor import Shard, distribute_tensor
 from torch.testing._internal.common_distributed import MultiProcessTestCase
+from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
 
 LAUNCHER = ("RANK", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")
 
@@ -154,6 +156,17 @@ class Continuous(ContinuousBase):
     def test_b(self):
         dist.barrier()
         self.assertEqual(dist.get_rank(), self.rank)
+
+
+class Mesh(DTensorTestBase):
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_shard(self):
+        t = distribute_tensor(torch.arange(4.0), self.build_device_mesh(), [Shard(0)])
+        self.assertEqual((t.to_local().numel(), t.full_tensor().sum().item()), (2, 6.0))
 
 
 class Quads(MultiProcessTestCase):
@@ -317,22 +330,23 @@ def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
     run = world()
     launched = {
         f"{cls}.{name}": outcome
-        for cls in ("Pairs", "Continuous", "Quads")
+        for cls in ("Pairs", "Continuous", "Mesh", "Quads")
         for name, outcome in run.outcomes(f"test_0_harness.{cls}", "j.xml").items()
     }
     assert launched.pop("Quads.test_four") == "skipped"
     (pytester.path / "test_0_harness.py").write_text(HARNESS)
     result = run_pytest("test_0_harness.py", "-k", "not Quads", "--junitxml=pool.xml")
-    result.assert_outcomes(passed=3, failed=1, skipped=1, deselected=1)
+    result.assert_outcomes(passed=4, failed=1, skipped=1, deselected=1)
     pooled = Run([], [], pytester.path, 0.0)
     assert launched == {
         f"{cls}.{name}": outcome
-        for cls in ("Pairs", "Continuous")
+        for cls in ("Pairs", "Continuous", "Mesh")
         for name, outcome in pooled.outcomes(f"test_0_harness.{cls}", "pool.xml").items()
     }
     assert launched == {
         "Pairs.test_sum": "passed", "Pairs.test_fails_on_rank_1": "failure",
         "Pairs.test_skips": "skipped", "Continuous.test_a": "passed", "Continuous.test_b": "passed",
+        "Mesh.test_shard": "passed",
     }  # fmt: skip
     out = _reporting(run)
     run.match(
