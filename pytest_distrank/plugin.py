@@ -9,6 +9,7 @@ adds the markers, fixtures and hooks; in the controller it also registers the co
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,6 +31,9 @@ from .settings import (
 )
 from .tree import plugin as tree
 from .tree.options import MARKER as TREE_MARKER
+
+if TYPE_CHECKING:
+    from .launch.harness import Suites
 
 CONTROLLER_NAME = "distrank-controller"
 
@@ -140,7 +144,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if launch is not None:  # launcher mode: this process is one rank of a launched world
         from .launch.plugin import start_launched
 
-        start_launched(config, launch)
+        start_launched(config, launch, _launched_suites(config))
         return
     _take_existing_suites(config)
     from .pool.controller import Controller
@@ -150,13 +154,27 @@ def pytest_configure(config: pytest.Config) -> None:
     controller.install_sigterm()
 
 
-def _take_existing_suites(config: pytest.Config) -> None:
+def _take_existing_suites(config: pytest.Config) -> bool:
     """Pool mode, controller and ranks alike: PyTorch's harness classes run on warm pools
     (:mod:`pool.suites`), unless ``--distrank-suites=own``."""
     if resolve(config, SUITES).value == "warm":
         from .pool.suites import SuitesPlugin
 
         config.pluginmanager.register(SuitesPlugin(), "distrank-suites")
+        return True
+    return False
+
+
+def _launched_suites(config: pytest.Config) -> Suites | None:
+    """Launcher mode: the harness classes are taken over as in pool mode, and pool mode's runner
+    runs them in this rank (:mod:`launch.harness`; the modes import nothing of each other)."""
+    if not _take_existing_suites(config):
+        return None
+    from .launch.harness import Suites
+    from .pool.worker import harnessenv
+    from .pool.worker.suiterank import SuiteRunner
+
+    return Suites(SuiteRunner(), harnessenv.remember)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -19,6 +19,7 @@ import contextlib
 import os
 import time
 import traceback
+from collections.abc import Callable
 
 import pytest
 from pytest import TestReport
@@ -69,16 +70,51 @@ class GroupKeeper:
         self.last_rank = rank_session.rank
         #: Rank 0: what the distrank summary says besides the numbers (a group re-created...).
         self.notes: list[str] = []
+        #: Called before this keeper destroys a group a harness class made (:mod:`harness`).
+        self.end_harness: Callable[[], None] = lambda: None
+        #: After a harness class's test: why this rank's class group is not to be trusted ("").
+        self.harness_problem: Callable[[], str] = lambda: ""
+
+    def harness(self, backend: str, session: pytest.Session, world: World) -> None:
+        """For a test of PyTorch's harness classes on the home sub-world ``world``: no group of
+        the keeper's (the class makes its own); a context with the test's rank and world size.
+        A ``MultiProcContinuousTest`` class's group stays up between its tests in one run of
+        batches (same key), as the class's worker keeps it."""
+        import torch.distributed as dist
+
+        rank, size = world.members.index(self.rs.rank), world.size
+        key = (f"harness:{backend}", self.gen, world.group_id())
+        if self.key == key and self.healthy():
+            return
+        self.end_harness()
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        old = self.ctx
+        store = self.rs.channel.user_store
+        self.ctx = RankContext(rank, size, self.rs.launch.local_rank, backend, store, None)
+        self.rs.config.stash[RANK_CONTEXT] = self.ctx
+        self.flight_mark = flight_mark()
+        self.key = key
+        if old is not None and old.pg is not None:
+            self._reset_group_fixtures(session, True)
 
     def healthy(self) -> bool:
         """Is the default group still the one this rank initialised?"""
         import torch.distributed as dist
 
         ctx = self.ctx
+        if ctx is not None and ctx.pg is None:  # a harness test's: its class left no group up
+            return not dist.is_initialized()
         return ctx is not None and dist.is_initialized() and dist.group.WORLD is ctx.pg
 
     def ensure(
-        self, backend: str, session: pytest.Session, index: int, world: Where = None
+        self,
+        backend: str,
+        session: pytest.Session,
+        index: int,
+        world: Where = None,
+        harness: bool = False,
     ) -> None:
         """Initialise the default group for test ``index``: of the launched world, or of the
         sub-world ``world`` (its members' ranks and size); unless it is up already.
@@ -87,9 +123,13 @@ class GroupKeeper:
         before it (its group replaced the world's on some ranks: every rank re-creates it).
         Every group gets a key space of its own in the store, named after the test that creates
         it (every member creates it in the same test) and the sub-world's id from rank 0's plan.
+        A ``harness`` test's class makes its own group (:meth:`harness`).
         """
         import torch.distributed as dist
 
+        if harness and isinstance(world, World):
+            self.harness(backend, session, world)
+            return
         rs = self.rs
         if isinstance(world, World):
             rank, size, name = world.members.index(rs.rank), world.size, world.group_id()
@@ -99,6 +139,7 @@ class GroupKeeper:
         if self.key == key and self.healthy():
             return
         old = self.ctx
+        self.end_harness()
         if dist.is_initialized():
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()

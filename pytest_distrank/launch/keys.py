@@ -191,6 +191,8 @@ class Collected(TypedDict):
     #: The rank's node: the launcher's node number (torchrun's ``GROUP_RANK``, Slurm's
     #: ``SLURM_NODEID``) with the host name, else the host name.
     node: str
+    #: The rank's local rank on its node (harness classes run where it equals the test's rank).
+    local: int
 
 
 class StepData(TypedDict):
@@ -204,6 +206,8 @@ class StepData(TypedDict):
     batch: int
     slot: int
     init: int
+    #: A test of PyTorch's harness classes (on a home sub-world, :func:`subworld.home_slots`).
+    harness: bool
 
 
 class PlanData(TypedDict):

@@ -33,7 +33,7 @@ from . import keys
 from .channel import ChannelError
 from .report import collection_mismatch, missing_collection
 from .session import RankSession
-from .subworld import World, nodes_of, placement, schedule
+from .subworld import World, home_slots, nodes_of, placement, schedule
 
 #: Bound on the other ranks' collection, counted from rank 0's.
 COLLECT_TIMEOUT = 120.0
@@ -50,6 +50,8 @@ class Step:
     #: ``sub``: the test's world size (before the plan places it), then where it runs.
     size: int = 0
     world: World | None = None
+    #: A test of PyTorch's harness classes (:mod:`harness`): on a home sub-world, no group.
+    harness: bool = False
 
     def runs_on(self, rank: int) -> bool:
         """Does launched rank ``rank`` run this test (with its peers)?"""
@@ -84,6 +86,7 @@ def exchange(rs: RankSession, settings: Settings, session: pytest.Session) -> Pl
         "host": socket.gethostname(),
         "log": rs.log_path,
         "node": node_key(),
+        "local": rs.launch.local_rank,
     }
     try:
         channel.put(keys.collect(rs.rank), mine)
@@ -126,6 +129,7 @@ def _make(
     pids = {0: os.getpid()}
     logs = {0: "(rank 0 prints the report)"}
     node_keys = {0: node_key()}
+    local_ranks = {0: rs.launch.local_rank}
     missing = []
     for rank in range(1, rs.world_size):
         key = keys.collect(rank)
@@ -137,6 +141,7 @@ def _make(
         pids[rank] = int(data["pid"])
         logs[rank] = f"{data['host']}:{data['log']}"
         node_keys[rank] = data["node"]
+        local_ranks[rank] = data["local"]
     who = f"{rs.world_size} ranks, {rs.launch.launcher}"
     if missing:
         error: str | None = missing_collection(missing, COLLECT_TIMEOUT)
@@ -146,7 +151,7 @@ def _make(
     steps: list[Step] = []
     if not error:
         steps = [decide(rs, settings, item) for item in session.items]
-    steps, order = place(steps, nodes)
+    steps, order = place(steps, nodes, [local_ranks.get(r, -1) for r in range(rs.world_size)])
     return {
         "error": error,
         "steps": [_step_data(step) for step in steps],
@@ -157,17 +162,44 @@ def _make(
     }
 
 
-def place(steps: list[Step], nodes: list[int]) -> tuple[list[Step], list[int]]:
-    """Where each sub-world test runs, and the order the tests run in (:mod:`subworld`)."""
-    sizes = {step.size for step in steps if step.kind == "sub"}
-    slots = {k: placement(nodes, k) for k in sizes}
-    groups = [(s.size, s.backend) if s.kind == "sub" else None for s in steps]
-    order, where = schedule(groups, lambda group: len(slots[group[0]]))  # type: ignore[index]
+def place(
+    steps: list[Step], nodes: list[int], local_ranks: list[int] | None = None
+) -> tuple[list[Step], list[int]]:
+    """Where each sub-world test runs, and the order the tests run in (:mod:`subworld`); a
+    harness class's test runs on a home sub-world (:func:`subworld.home_slots`, by each rank's
+    ``local_ranks``; default: ranks numbered from 0 on each node), or is skipped where none
+    has its size."""
+    if local_ranks is None:
+        local_ranks = [nodes[:r].count(node) for r, node in enumerate(nodes)]
+    slots: dict[tuple[int, bool], list[tuple[int, ...]]] = {}
+    steps = list(steps)
+    for i, step in enumerate(steps):
+        if step.kind != "sub":
+            continue
+        key = (step.size, step.harness)
+        if key not in slots:
+            home = home_slots(nodes, local_ranks, step.size)
+            slots[key] = home if step.harness else placement(nodes, step.size)
+        if not slots[key]:
+            steps[i] = Step("skip", harness_does_not_fit(step.size, nodes))
+    groups = [(s.size, s.harness, s.backend) if s.kind == "sub" else None for s in steps]
+    order, where = schedule(groups, lambda group: len(slots[group[:2]]))  # type: ignore[index]
     placed = list(steps)
     for i, (batch, slot, init) in where.items():
-        world = World(slots[steps[i].size][slot], batch, slot, init)
+        world = World(slots[(steps[i].size, steps[i].harness)][slot], batch, slot, init)
         placed[i] = dataclasses.replace(steps[i], world=world)
     return placed, order
+
+
+def harness_does_not_fit(k: int, nodes: list[int]) -> str:
+    """Why a harness class's test of world size ``k`` is skipped: no node has ``k`` ranks."""
+    most = max((nodes.count(node) for node in set(nodes)), default=0)
+    return (
+        f"a test of PyTorch's harness classes of world size {k} runs on the ranks of one node "
+        f"(its rank is its GPU index and its peers meet in a file); the nodes of this launched "
+        f"world have at most {most} ranks. Run it with a launcher of {k} ranks per node, or "
+        "without a launcher"
+    )
 
 
 def _step_data(step: Step) -> keys.StepData:
@@ -180,6 +212,7 @@ def _step_data(step: Step) -> keys.StepData:
         "batch": world.batch if world else -1,
         "slot": world.slot if world else -1,
         "init": world.init if world else -1,
+        "harness": step.harness,
     }
 
 
@@ -188,7 +221,7 @@ def _step_of(data: keys.StepData) -> Step:
     if data["members"]:
         world = World(tuple(data["members"]), data["batch"], data["slot"], data["init"])
     size = len(data["members"])
-    return Step(data["kind"], data["reason"], data["backend"], size, world)
+    return Step(data["kind"], data["reason"], data["backend"], size, world, data["harness"])
 
 
 def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
@@ -205,6 +238,8 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
         return Step("error", got.error) if got.error else Step("skip", str(got.skip))
     if got.spec is not None:
         k = got.spec.world_size
+        if harness_case(item):  # on a home sub-world, even at the launched size (subworld.py)
+            return Step("sub", backend=got.spec.backend, size=k, harness=True)
         if k < ws:  # a sub-world of the launched one (subworld.py)
             return Step("sub", backend=got.spec.backend, size=k)
         return Step("all", backend=got.spec.backend)
@@ -240,7 +275,9 @@ def _launched(
             f"{shape}needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
             f"({launcher})"
         )
-    elif not spec.init_process_group:
+    elif _compat.ds_harness_base(getattr(item, "cls", None)) is not None:
+        why = f"DeepSpeed's DistributedTest classes run in pool mode only ({launcher})"
+    elif not spec.init_process_group and not harness_case(item):
         why = (
             "world_size(..., init_process_group=False) does not run in launcher mode: the "
             "launcher's MASTER_ADDR:MASTER_PORT store is shared by the whole run; use the pg "
@@ -249,6 +286,18 @@ def _launched(
     else:
         return None
     return ItemPlan(spec, skip=why)
+
+
+def harness_case(item: pytest.Item) -> bool:
+    """Is ``item`` a test of PyTorch's harness classes (taken over by the pool's suites plugin,
+    which the plugin's gate registers in launcher mode too: it has a ``world_size`` marker)?"""
+    module = _compat.harness_module()
+    cls = getattr(item, "cls", None)
+    return (
+        module is not None
+        and isinstance(cls, type)
+        and _compat.harness_kind(cls, module) is not None
+    )
 
 
 def apply_on_rank0(item: pytest.Item, step: Step) -> None:

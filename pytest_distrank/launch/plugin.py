@@ -60,7 +60,7 @@ from ..rank import seeding
 from ..rank.groupstate import sequence_numbers
 from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
-from . import keys, subrun
+from . import harness, keys, subrun
 from .channel import ChannelError
 from .current import Current
 from .deadwatch import Judge
@@ -83,11 +83,14 @@ from .watchdog import Watchdog
 PLUGIN_NAME = "distrank-launch"
 
 
-def start_launched(config: pytest.Config, launch: Launch) -> None:
-    """The configure gate found a launched world (:func:`env.launch_of`): become a rank."""
+def start_launched(config: pytest.Config, launch: Launch, suites: harness.Suites | None) -> None:
+    """The configure gate found a launched world (:func:`env.launch_of`): become a rank (and run
+    PyTorch's harness classes as pool ranks do, with the ``suites`` the gate hands over)."""
     rs = RankSession.open(config, launch)
     plugin = LaunchPlugin(config, rs, Settings.from_config(config))
     config.pluginmanager.register(plugin, PLUGIN_NAME)
+    if suites is not None:
+        harness.register(config, launch, plugin.group, suites)
     seeding.register(config, plugin.seed.value, plugin.rank, plugin.is_distributed)
     plugin.watchdog.start()
 
@@ -277,7 +280,7 @@ class LaunchPlugin:
         where = step.world or subrun.latest_sub(self.steps, cur.index)
         try:
             assert self.session is not None
-            self.group.ensure(step.backend, self.session, cur.index, where)
+            self.group.ensure(step.backend, self.session, cur.index, where, step.harness)
         except Exception:
             message = (
                 f"{self.launch.label()}: could not initialise the process group (backend "
@@ -300,6 +303,8 @@ class LaunchPlugin:
             finally:
                 self.rs.leave_if_fork(cur.index, item.nodeid)
         forks = self.rs.end_forks()
+        if step.harness and self.group.harness_problem():
+            return False  # a continuous class's group may be out of step: every rank's anew
         if forks:
             after, ws, now = f"The rank killed it. {FRESH_GROUP}", rs.world_size, time.time()
             report = forked_report(item.nodeid, item.location, rs.rank, ws, forks, after, now)

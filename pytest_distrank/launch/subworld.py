@@ -17,6 +17,11 @@ every rank reads the :class:`World` of its tests from the plan.
   into batches of up to ``W // k`` tests that run at once, one per sub-world; the run of
   batches of one size starts where its first test was collected, so the group of each sub-world
   is set up once for the whole run of batches (:attr:`World.init`) and not once per test.
+- **Harness classes** (PyTorch's ``MultiProcessTestCase`` family, :mod:`harness`) run only on
+  :func:`home_slots`: the sub-worlds whose rank i is its node's local rank i. Their code picks its
+  GPU from its rank in the test (``set_device_index(rank)``, ``LOCAL_RANK=rank``) and meets its
+  peers in a file (``file://``): on a home sub-world that rank is the GPU the launcher gave the
+  process, and the file is on the members' own node.
 """
 
 from __future__ import annotations
@@ -80,6 +85,20 @@ def placement(nodes: Sequence[int], k: int) -> list[tuple[int, ...]]:
     slots = sorted(local) + _chunks(rest, k)
     # The launched rank 0 runs its batch's first test itself, then logs the others as they
     # come: its sub-world goes first, or the batch would wait for it.
+    return sorted(slots, key=lambda slot: 0 not in slot)
+
+
+def home_slots(nodes: Sequence[int], local_ranks: Sequence[int], k: int) -> list[tuple[int, ...]]:
+    """The sub-worlds of ``k`` ranks whose rank ``i`` is local rank ``i`` of one node (at most
+    one per node; rank 0's node first): where a harness class's test runs (module docstring)."""
+    by_node: dict[int, dict[int, int]] = {}
+    for rank, (node, local) in enumerate(zip(nodes, local_ranks, strict=True)):
+        by_node.setdefault(node, {}).setdefault(local, rank)
+    slots = []
+    for node in sorted(by_node):
+        ranks = by_node[node]
+        if all(i in ranks for i in range(k)) and k >= 1:
+            slots.append(tuple(ranks[i] for i in range(k)))
     return sorted(slots, key=lambda slot: 0 not in slot)
 
 

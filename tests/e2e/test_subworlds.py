@@ -4,8 +4,9 @@ Runs two torchrun agents on loopback as two nodes of two ranks each (``--nnodes=
 --nproc-per-node=2``, c10d rendezvous on a free port), each agent a subprocess of this (outer)
 pytest process; every run has a timeout and must leave no process behind on either agent
 (``launch_env``'s check). One launched world serves every test here: a mix of world sizes 1, 2, 3
-and 4, a batch of sleeping tests of 2 ranks, and last a sub-world that deadlocks beside one that
-passes (it ends the run after its batch, so it is the last file). Placement and packing have
+and 4, a batch of sleeping tests of 2 ranks, classes of PyTorch's harness (on each node's two
+ranks), and last a sub-world that deadlocks beside one that passes (it ends the run after its
+batch, so it is the last file). Placement and packing have
 their properties in ``tests/unit/test_subworld.py``.
 """
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import RunPytest
+from .test_existing_suites import CONTINUOUS
 from .test_launch import HEADER, Run, free_port, launch_env, pytest_args, start, write
 
 __all__ = ["launch_env"]  # the fixture, used by the tests here
@@ -103,8 +105,86 @@ def test_z_after(rank):
 )
 
 
+#: PyTorch's harness classes, unmodified: a MultiProcessTestCase, a MultiProcContinuousTest and a
+#: DTensorTestBase of 2 ranks (each on one node's local ranks 0 and 1, two at a time), and one of
+#: 4, which no node of 2 ranks can hold.
+#: Collected first: the pairs of the other files, the deadlocked one among them, run as one run
+#: of batches, after which the run ends.
+HARNESS = (
+    CONTINUOUS
+    + """
+import os
+import unittest
+
+from torch.distributed.tensor import Shard, distribute_tensor
+from torch.testing._internal.common_distributed import MultiProcessTestCase
+from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
+
+LAUNCHER = ("RANK", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")
+
+
+class Pairs(MultiProcessTestCase):
+    world_size = 2
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_sum(self):
+        assert [name for name in LAUNCHER if name in os.environ] == []  # the harness's child's
+        dist.init_process_group(
+            "gloo", init_method=f"file://{self.file_name}", rank=self.rank, world_size=2
+        )
+        t = torch.ones(1) * (self.rank + 1)
+        dist.all_reduce(t)
+        dist.destroy_process_group()
+        self.assertEqual(t.item(), 3.0)
+
+    def test_fails_on_rank_1(self):
+        self.assertEqual(self.rank, 0)
+
+    def test_skips(self):
+        raise unittest.SkipTest("not on this machine")
+
+
+class Continuous(ContinuousBase):
+    def test_a(self):
+        t = torch.ones(1)
+        dist.all_reduce(t)  # the class's own group, kept from its _init_pg
+        self.assertEqual((t.item(), dist.get_world_size()), (2.0, 2))
+
+    def test_b(self):
+        dist.barrier()
+        self.assertEqual(dist.get_rank(), self.rank)
+
+
+class Mesh(DTensorTestBase):
+    @property
+    def world_size(self):
+        return 2
+
+    @with_comms
+    def test_shard(self):
+        t = distribute_tensor(torch.arange(4.0), self.build_device_mesh(), [Shard(0)])
+        self.assertEqual((t.to_local().numel(), t.full_tensor().sum().item()), (2, 6.0))
+
+
+class Quads(MultiProcessTestCase):
+    world_size = 4
+
+    def setUp(self):
+        super().setUp()
+        self._spawn_processes()
+
+    def test_four(self):
+        pass
+"""
+)
+
+
 def _two_agents(env: dict[str, str], folder: Path) -> Run:
-    write(folder, {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_z_hang.py": HANG})
+    files = {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_0_harness.py": HARNESS}
+    write(folder, {**files, "test_z_hang.py": HANG})
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     cmds = [
         [
@@ -239,3 +319,50 @@ def _root_cause(output: str, test: str) -> str:
     lines = output.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("_") and f" {test} " in line)
     return next(line for line in lines[start:] if line.startswith("distrank: ") and "root" in line)
+
+
+@pytest.mark.timeout(300)
+def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
+    world: Callable[[], Run], run_pytest: RunPytest, pytester: pytest.Pytester
+) -> None:
+    """Issue 42 item 2: PyTorch's harness classes in a launched world of two nodes, with the
+    outcomes a pool session of the same file gives (its class of 4 aside: no node holds it)."""
+    run = world()
+    launched = {
+        f"{cls}.{name}": outcome
+        for cls in ("Pairs", "Continuous", "Mesh", "Quads")
+        for name, outcome in run.outcomes(f"test_0_harness.{cls}", "j.xml").items()
+    }
+    assert launched.pop("Quads.test_four") == "skipped"
+    (pytester.path / "test_0_harness.py").write_text(HARNESS)
+    result = run_pytest("test_0_harness.py", "-k", "not Quads", "--junitxml=pool.xml")
+    result.assert_outcomes(passed=4, failed=1, skipped=1, deselected=1)
+    pooled = Run([], [], pytester.path, 0.0)
+    assert launched == {
+        f"{cls}.{name}": outcome
+        for cls in ("Pairs", "Continuous", "Mesh")
+        for name, outcome in pooled.outcomes(f"test_0_harness.{cls}", "pool.xml").items()
+    }
+    assert launched == {
+        "Pairs.test_sum": "passed", "Pairs.test_fails_on_rank_1": "failure",
+        "Pairs.test_skips": "skipped", "Continuous.test_a": "passed", "Continuous.test_b": "passed",
+        "Mesh.test_shard": "passed",
+    }  # fmt: skip
+    out = _reporting(run)
+    run.match(
+        out,
+        [
+            "distrank: 1 of 2 ranks failed; root cause: rank 1/2 (launched rank *, node *)",
+            "*",
+            "  rank 1/2 (launched rank *, node *)  failed in call: AssertionError: Scalars are not "
+            "equal!*",
+        ],
+    )
+    run.match(
+        out,
+        [
+            "SKIPPED [[]1[]] test_0_harness.py:*: a test of PyTorch's harness classes of world "
+            "size 4 runs on the ranks of one node *; the nodes of this launched world have at "
+            "most 2 ranks. *",
+        ],
+    )

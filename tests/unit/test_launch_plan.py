@@ -230,7 +230,14 @@ def _exchange(store: _Store, rank: int, items: list[_Item]) -> Plan:
 def _collected(store: _Store, items: list[_Item]) -> None:
     """Rank 1's collection, as it sends it."""
     nodeids = [item.nodeid for item in items]
-    sent = {"nodeids": nodeids, "pid": 77, "host": "node1", "log": "/r1.log", "node": "1@node1"}
+    sent = {
+        "nodeids": nodeids,
+        "pid": 77,
+        "host": "node1",
+        "log": "/r1.log",
+        "node": "1@node1",
+        "local": 1,
+    }
     store.put(keys.collect(1), sent)
 
 

@@ -114,14 +114,14 @@ class SuiteRunner:
     def run(self, item: pytest.Item, case: Case) -> None:
         ctx = item.config.stash[RANK_CONTEXT]
         if case.kind == "spawn":
-            self._end_continuous(ctx)
+            self.end_continuous(ctx)
             cls = getattr(item, "cls")  # noqa: B009
             # The environment and loggers of the harness's parent and child, not the pool's.
             with harnessenv.child_environment(), ranklogs.out_of_sight():
                 _run_spawned(item, ctx, self.fresh.get(cls), self.after_setup)
         else:
             if self.continuous is not getattr(item, "cls"):  # noqa: B009
-                self._end_continuous(ctx)  # the next class's worker starts afresh
+                self.end_continuous(ctx)  # the next class's worker starts afresh
             with self.worker_env.around(), ranklogs.out_of_sight():
                 self._run_continuous(item, ctx, case)
 
@@ -130,7 +130,7 @@ class SuiteRunner:
     def _run_continuous(self, item: pytest.Item, ctx: RankContext, case: Case) -> None:
         cls: Any = getattr(item, "cls")  # noqa: B009
         if self.continuous is not cls:
-            self._end_continuous(ctx)
+            self.end_continuous(ctx)
             # The harness's worker is a spawned process: the class as imported.
             self.worker_view = self.fresh.get(cls)
             try:
@@ -184,7 +184,7 @@ class SuiteRunner:
             "process group may be out of step; its next test gets a new pool (and _init_pg)"
         )
 
-    def _end_continuous(self, ctx: RankContext) -> None:
+    def end_continuous(self, ctx: RankContext) -> None:
         """Destroy the group a continuous class made in this rank (before another class)."""
         if self.continuous is None:
             return
