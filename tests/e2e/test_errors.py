@@ -266,7 +266,7 @@ def test_invalid_option_from_environment(
         [
             "*invalid value 'fork' for --distrank-start-method*from DISTRANK_START_METHOD=fork "
             "(environment):",
-            "  expected one of forkserver, spawn",
+            "  expected one of forkserver, forkserver-late, spawn",
         ]
     )
 
