@@ -49,6 +49,7 @@ import socket
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 import warnings
 from typing import NoReturn
@@ -158,13 +159,22 @@ def discard() -> None:
         _end(_early.pop())
 
 
-def _end(early: _Early) -> None:
+def _end(early: _Early, bound: float = 5.0) -> None:
+    """Close its pipes (it exits at EOF) and reap it; killed if it has not exited within
+    ``bound`` seconds (stopped, or stuck)."""
     for fd in (early.go, early.alive):
         with contextlib.suppress(OSError):
             os.close(fd)
     early.listener.close()
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(early.pid, 0)
+    deadline = time.monotonic() + bound
+    while not _compat.reap_if_exited(early.pid):
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(early.pid, signal.SIGKILL)
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(early.pid, 0)
+            return
+        time.sleep(0.01)
 
 
 def _write_all(fd: int, data: bytes) -> None:
