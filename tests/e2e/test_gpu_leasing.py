@@ -4,11 +4,12 @@ Two concurrent sessions get disjoint GPUs, or share one when they declare memory
 cannot get GPUs is skipped after --distrank-gpu-wait, and the lease of a process killed meanwhile
 is taken over (its GPUs, or its memory); an outer CUDA_VISIBLE_DEVICES is respected, and files
 planted in the lock folder neither hang nor harm; the next whole lease of a session waits for
-its GPUs' memory to be back (the DISTRANK_FAKE_GPU_USED_DIR seam) and names what holds it. Where the machine is the same, one inner
-session checks several of these: another process holds GPUs when it starts, and an ordinary test
-of the session kills it before the tests that need them (``KILL_HOLDER``). The unit tests of
-``gpus.lease`` are in ``tests/unit/test_gpus.py``; the ``fake_gpus`` fixture (four fake GPUs, a
-private lock folder) is in ``tests/conftest.py``.
+its GPUs' memory to be back (the DISTRANK_FAKE_GPU_USED_DIR seam) and names what holds it.
+Where the machine is the same, one inner session checks several of these: another process holds
+GPUs when it starts, and an ordinary test of the session kills it before the tests that need
+them (``KILL_HOLDER``). The unit tests of ``gpus.lease`` are in ``tests/unit/test_gpus.py``
+(of the memory wait in ``test_gpu_memoryback.py``); the ``fake_gpus`` fixture (four fake GPUs,
+a private lock folder) is in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
