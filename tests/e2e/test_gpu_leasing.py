@@ -421,14 +421,14 @@ def test_a_finished_pools_gpus_go_to_the_next_pool_of_the_session(
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
-        result = run_pytest("-rs", "--distrank-gpu-wait=3", "--distrank-gpu-memory-wait=3")
+        result = run_pytest("-rs", "--distrank-gpu-wait=3", "--distrank-gpu-memory-wait=2")
     finally:
         holder.kill()
         holder.communicate()
     result.assert_outcomes(passed=2)
     result.stdout.re_match_lines(
         [
-            r"GPU 1: 2\.0 GiB of its memory still held 3\.\d s after the pools before released "
+            r"GPU 1: 2\.0 GiB of its memory still held 2\.\d s after the pools before released "
             r"it \(it uses 3\.0 GiB, 1\.0 GiB when this session first leased it; tolerance 64 "
             r"MiB\); the pool world_size=2, backend=gloo, 4 GPUs started on it anyway",
             rf"  GPU 1 is held open by pid {holder.pid} \(.*python.* gpu_use\.py .*\)",
