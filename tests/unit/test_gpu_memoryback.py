@@ -124,6 +124,20 @@ def test_memory_still_going_down_says_to_raise_the_wait() -> None:
     assert "no process seen holding it" in notes[0]
 
 
+def test_nvml_processes_are_named_and_host_pids_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    unseen = 2**22 + 1  # above Linux's pid_max: no process here has it
+    listed = [(os.getpid(), GIB), (unseen, 2 * GIB)]
+    monkeypatch.setattr(memoryback, "gpu_processes", lambda gpu: listed)
+    fake, notes = FakeGpus({"0": [GIB]}), list[str]()
+    watch = _watch(fake, 0.2, notes)
+    watch.settle(["0"], "pool")
+    fake.script["0"] = [4 * GIB]
+    watch.settle(["0"], "pool")
+    assert f"\n  NVML: pid {os.getpid()} uses 1.0 GiB\n" in notes[0]
+    assert f"  NVML: pid {unseen} uses 2.0 GiB (a pid this pid namespace does not see)" in notes[0]
+    assert "no process seen" not in notes[0]
+
+
 def test_no_wait_and_nothing_said_without_nvml() -> None:
     fake, notes = FakeGpus({"0": [None]}), list[str]()
     watch = _watch(fake, 5.0, notes)

@@ -14,6 +14,7 @@ Without NVML (:func:`gpumemory.used_memory` says None) nothing waits and nothing
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -121,7 +122,11 @@ def _holders(gpu: str) -> str:
     namespace they may be none or unknown here), then the processes with its device file open."""
     from ...tree.held import holders_text
 
-    lines = [f"NVML: pid {pid} uses {size_words(used)}" for pid, used in gpu_processes(gpu)[:6]]
+    lines = [
+        f"NVML: pid {pid} uses {size_words(used)}"
+        + ("" if os.path.exists(f"/proc/{pid}") else " (a pid this pid namespace does not see)")
+        for pid, used in gpu_processes(gpu)[:6]
+    ]
     opened = holders_text([gpu])
     if opened:
         lines.append(opened)
