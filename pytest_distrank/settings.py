@@ -142,6 +142,16 @@ GPU_WAIT = Option(
     "them; after that its test is skipped (default: 600; 0 to skip at once).",
     parse_seconds,
 )
+GPU_MEMORY_WAIT = Option(
+    "distrank_gpu_memory_wait",
+    "--distrank-gpu-memory-wait",
+    "DISTRANK_GPU_MEMORY_WAIT",
+    "5",
+    "Seconds a whole GPU lease waits for the GPUs' memory to come back to what they used when "
+    "the session first leased them (the pool before may have left a process holding it); after "
+    "that the pool starts anyway and the summary names the holder (default: 5; 0: no wait).",
+    parse_seconds,
+)
 GPU_OVERSUBSCRIBE = Option(
     "distrank_gpu_oversubscribe",
     "--distrank-gpu-oversubscribe",
@@ -351,6 +361,7 @@ OPTIONS: tuple[Option[Any], ...] = (
     PRELOAD,
     GPU_LOCK_DIR,
     GPU_WAIT,
+    GPU_MEMORY_WAIT,
     GPU_OVERSUBSCRIBE,
     GPU_FALLBACK,
     GPUS,
@@ -414,6 +425,7 @@ PROFILE_ENV = "DISTRANK_PROFILE_RANKS"
 STATS_ENV = "DISTRANK_STATS_FILE"
 START_TIMEOUT_ENV = "DISTRANK_START_TIMEOUT"
 FAKE_GPU_MEMORY_ENV = "DISTRANK_FAKE_GPU_MEMORY"
+FAKE_GPU_USED_DIR_ENV = "DISTRANK_FAKE_GPU_USED_DIR"
 FAKE_ALLOCATED_ENV = "DISTRANK_FAKE_CUDA_ALLOCATED_FILE"
 FAKE_RESERVED_ENV = "DISTRANK_FAKE_CUDA_RESERVED_FILE"
 POOL_TAG_ENV = "DISTRANK_POOL_TAG"
@@ -499,6 +511,7 @@ class Settings:
     replay: Value[bool] = Value(True, "default")
     replay_budget: Value[float] = Value(parse_seconds(REPLAY_BUDGET.default), "default")
     order: Value[tuple[str, int | None]] = Value(parse_order(ORDER.default), "default")
+    gpu_memory_wait: Value[float] = Value(parse_seconds(GPU_MEMORY_WAIT.default), "default")
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> Settings:

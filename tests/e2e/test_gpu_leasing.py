@@ -3,11 +3,13 @@
 Two concurrent sessions get disjoint GPUs, or share one when they declare memory; a pool that
 cannot get GPUs is skipped after --distrank-gpu-wait, and the lease of a process killed meanwhile
 is taken over (its GPUs, or its memory); an outer CUDA_VISIBLE_DEVICES is respected, and files
-planted in the lock folder neither hang nor harm. Where the machine is the same, one inner
-session checks several of these: another process holds GPUs when it starts, and an ordinary test
-of the session kills it before the tests that need them (``KILL_HOLDER``). The unit tests of
-``gpus.lease`` are in ``tests/unit/test_gpus.py``; the ``fake_gpus`` fixture (four fake GPUs, a
-private lock folder) is in ``tests/conftest.py``.
+planted in the lock folder neither hang nor harm; the next whole lease of a session waits for
+its GPUs' memory to be back (the DISTRANK_FAKE_GPU_USED_DIR seam) and names what holds it.
+Where the machine is the same, one inner session checks several of these: another process holds
+GPUs when it starts, and an ordinary test of the session kills it before the tests that need
+them (``KILL_HOLDER``). The unit tests of ``gpus.lease`` are in ``tests/unit/test_gpus.py``
+(of the memory wait in ``test_gpu_memoryback.py``); the ``fake_gpus`` fixture (four fake GPUs,
+a private lock folder) is in ``tests/conftest.py``.
 """
 
 from __future__ import annotations
@@ -362,19 +364,47 @@ def planted_session(
     return planted
 
 
+#: Stands for the driver and a leftover worker: holds GPU 1's device file open; puts GPU 0's use
+#: back to 1 GiB a second after a test raised it to 3 GiB (GPU 1's stays where the test left it).
+GPU_USE = """
+import os, pathlib, sys, time
+used = pathlib.Path(sys.argv[1])
+held = open(os.path.join(sys.argv[2], "nvidia1"), "w")
+print("holding", flush=True)
+while (used / "0").read_text() != "3GiB":
+    time.sleep(0.05)
+time.sleep(1)
+(used / "0").write_text("1GiB")
+time.sleep(600)
+"""
+
+
 def test_a_finished_pools_gpus_go_to_the_next_pool_of_the_session(
-    pytester: pytest.Pytester, run_pytest: RunPytest, fake_gpus: Path
+    pytester: pytest.Pytester,
+    run_pytest: RunPytest,
+    fake_gpus: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A pool whose last test ran is stopped lazily; it held its lease until then, so the next
-    pool that needed the same GPUs waited for its own session and was skipped naming its pid."""
+    pool that needed the same GPUs waited for its own session and got them. It waited for their
+    memory too (the DISTRANK_FAKE_GPU_USED_DIR seam): GPU 0's came back within the wait, GPU 1's
+    did not, and the summary names it, the memory still held and the process holding it."""
+    used = pytester.mkdir("used")
+    devices = pytester.mkdir("dev")
+    for gpu in "0123":
+        (used / gpu).write_text("1GiB")
+    monkeypatch.setenv("DISTRANK_FAKE_GPU_USED_DIR", str(used))
+    monkeypatch.setenv("DISTRANK_FAKE_NVIDIA_DIR", str(devices))
     pytester.makepyfile(
         """
-        import pytest
+        import os, pathlib, pytest
 
         @pytest.mark.requires_gpus(4)
         @pytest.mark.world_size(1)
         def test_one(rank):
-            pass
+            used = pathlib.Path(os.environ["DISTRANK_FAKE_GPU_USED_DIR"])
+            (used / "1").write_text("3GiB")
+            (used / "0").write_text("3GiB")
 
         @pytest.mark.requires_gpus(4)
         @pytest.mark.world_size(2)
@@ -382,5 +412,27 @@ def test_a_finished_pools_gpus_go_to_the_next_pool_of_the_session(
             pass
         """
     )
-    result = run_pytest("-rs", "--distrank-gpu-wait=3")
+    (pytester.path / "gpu_use.py").write_text(GPU_USE)
+    holder = subprocess.Popen(
+        [sys.executable, "gpu_use.py", str(used), str(devices)],
+        cwd=pytester.path,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "holding\n"
+        result = run_pytest("-rs", "--distrank-gpu-wait=3", "--distrank-gpu-memory-wait=2")
+    finally:
+        holder.kill()
+        holder.communicate()
     result.assert_outcomes(passed=2)
+    result.stdout.re_match_lines(
+        [
+            r"GPU 1: 2\.0 GiB of its memory still held 2\.\d s after the pools before released "
+            r"it \(it uses 3\.0 GiB, 1\.0 GiB when this session first leased it; tolerance 64 "
+            r"MiB\); the pool world_size=2, backend=gloo, 4 GPUs started on it anyway",
+            rf"  GPU 1 is held open by pid {holder.pid} \(.*python.* gpu_use\.py .*\)",
+            r"  What to do: end the process that holds it .*",
+        ]
+    )
+    assert "GPU 0:" not in result.stdout.str()

@@ -49,6 +49,7 @@ from .gpumemory import total_memory
 from .lockfolder import UnsafeFolder
 
 if TYPE_CHECKING:
+    from .memoryback import MemoryWatch
     from .poolkey import PoolKey
 
 #: How often a waiting pool looks for released GPUs.
@@ -311,13 +312,17 @@ class SessionLeases:
     """One session's GPU leases: its lock folder and wait, and the pools that waited in vain.
 
     A pool (by key) that waited in vain once does not wait again: its later tests take what is
-    free at that moment or are skipped at once.
+    free at that moment or are skipped at once. A whole lease then waits for its GPUs' memory to
+    be back (:class:`memoryback.MemoryWatch`, when ``memory`` is given).
     """
 
-    def __init__(self, lock_dir: Value[str], wait: Value[float]) -> None:
+    def __init__(
+        self, lock_dir: Value[str], wait: Value[float], memory: MemoryWatch | None = None
+    ) -> None:
         self.lock_dir = lock_dir
         self.wait = wait
         self.starved: set[Hashable] = set()
+        self.memory = memory
 
     def take(self, key: PoolKey, kind: Hashable) -> GpuLease | None:
         """The GPUs pool ``key`` needs (None for none); ``kind`` names the pools that share a
@@ -327,7 +332,7 @@ class SessionLeases:
         wait, folder = self.wait, self.lock_dir
         seconds = 0.0 if kind in self.starved else wait.value
         try:
-            return lease(key.gpus, folder.value, seconds, key.gpu_memory)
+            taken = lease(key.gpus, folder.value, seconds, key.gpu_memory)
         except UnsafeFolder as exc:
             raise GpuFolderError(f"{exc}\n({GPU_LOCK_DIR.flag}, from {folder.source})") from None
         except OSError as exc:
@@ -345,3 +350,6 @@ class SessionLeases:
                 f"{exc}\n({GPU_WAIT.flag}: {wait.value:g} s, from {wait.source}{again}). "
                 f"Free GPUs or raise {GPU_WAIT.flag}; a lease ends with its pytest process."
             ) from None
+        if self.memory is not None and not taken.memory:
+            taken.waited += self.memory.settle(taken.ids, key.describe())
+        return taken

@@ -42,6 +42,7 @@ from ..workerinput import RankInputs
 from .cmdline import coverage_settings, rank_command_line
 from .forkserver import ForkServer, SessionStartError
 from .gpus import GpuFolderError, GpuLease, SessionLeases
+from .memoryback import MemoryWatch
 from .pool import Pool
 from .poolkey import PoolKey
 from .stats import PoolStart, Stats
@@ -84,8 +85,6 @@ class PoolSet:
         #: Teardown errors of pools collected before the session's end, shown at its end.
         self.stop_errors: list[str] = []
         self.killed_keys: set[PoolKey] = set()
-        #: The session's GPU leases (gpus.py).
-        self.leases = SessionLeases(settings.gpu_lock_dir, settings.gpu_wait)
         self.stats = Stats()
         self.next_pool_id = 0
         self._workdir: Path | None = None
@@ -101,6 +100,9 @@ class PoolSet:
         #: Lines for the ``distrank`` summary: world sizes far beyond the machine's cores.
         self.notes: list[str] = []
         self._crowded: set[int] = set()
+        #: The session's GPU leases (gpus.py), and their GPUs' memory (memoryback.py).
+        memory = MemoryWatch(settings.gpu_memory_wait, self.notes)
+        self.leases = SessionLeases(settings.gpu_lock_dir, settings.gpu_wait, memory)
         #: The controller's terminal, for debuggers that ranks open while they start.
         self.terminal: DebugTerminal | None = None
         #: Each rank's config.workerinput: plugins' values, as xdist hands them over.
