@@ -32,7 +32,7 @@ from .. import _compat
 from ..outcome.checks import sequences_in_step
 from ..outcome.endgame import DUMP_WAIT
 from ..outcome.records import WarningRecord
-from ..outcome.reports import check_failure, silent_report
+from ..outcome.reports import fill_passed, silent_report
 from ..rank.groupstate import sequence_numbers
 from ..settings import Settings, item_timeout
 from . import keys
@@ -43,6 +43,7 @@ from .gather import gather, left_stuck, stopped_serving, warnings_of
 from .group import GroupKeeper
 from .plan import Step
 from .session import RankSession, park
+from .subworld import lost_result, unaccounted
 
 
 class LaunchPlugin(Protocol):
@@ -241,25 +242,31 @@ def _result(
         found = rs.channel.wait_any([key], time.monotonic() + wait)
         if found is None:
             log = rs.logs.get(leader, "?")
-            report = silent_report(item.nodeid, item.location, 0, world.size, log, now)
+            reports = [silent_report(item.nodeid, item.location, 0, world.size, log, now)]
+            fill_passed(reports, item.nodeid, item.location, "call")
             why = (
                 f"{item.nodeid}: the rank 0 of its sub-world (launched rank {leader}) sent nothing"
             )
-            return {0: [report]}, {}, why, False
+            return {0: reports}, {}, why, False
         data = rs.channel.take(key, keys.read_sub_result)
     except Forged as exc:
         crash = f"control store tampered with: {exc}"
-        report = check_failure(item.nodeid, item.location, 0, world.size, crash, "", now)
-        return {0: [report]}, {}, exc.ends_run(item.nodeid), False
+        lost = lost_result(item.nodeid, item.location, world.size, crash, "", now)
+        return lost, {}, exc.ends_run(item.nodeid), False
     pid = rs.pids[leader] if leader < len(rs.pids) else 0
     if (data["pid"], data["index"], data["nodeid"]) != (pid, index, item.nodeid):
         crash = (
             f"the result of its sub-world came from pid {data['pid']} for test {data['index']} "
             f"({data['nodeid']}), not from launched rank {leader} (pid {pid}) for this test"
         )
-        report = check_failure(item.nodeid, item.location, 0, world.size, crash, "", now)
-        return {0: [report]}, {}, "", False
+        return lost_result(item.nodeid, item.location, world.size, crash, "", now), {}, "", False
     per_rank = {int(r): [rs.deserialize(d) for d in got] for r, got in data["reports"].items()}
+    missing = unaccounted(per_rank, world.size)
+    if missing is not None:  # never a test that vanishes, nor one that passes on what is missing
+        crash = f"the launched rank 0 cannot account for this test: {missing}"
+        more = "Its sub-world's result was lost or forged on the way: the test fails."
+        lost = lost_result(item.nodeid, item.location, world.size, crash, more, now)
+        return lost, {}, data["ended"], False
     warned = {int(r): list(got) for r, got in data["warnings"].items()}
     return per_rank, warned, data["ended"], data["healthy"]
 

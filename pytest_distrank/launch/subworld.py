@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from pytest import TestReport
 
 from .._compat import ExceptionChainRepr, ExceptionRepr, ReprEntryNative
+from ..outcome.merge import merge_test
+from ..outcome.reports import Location, check_failure, fill_passed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +115,29 @@ def schedule(
                 where[j] = (batch, slot, init)
             batch += 1
     return order, where
+
+
+def lost_result(
+    nodeid: str, location: Location, size: int, crash: str, more: str, now: float
+) -> dict[int, list[TestReport]]:
+    """The reports of a sub-world's test whose result the launched rank 0 could not use
+    (``crash``: what is known): a failure of the sub-world's rank 0 in call, after the passed
+    setup that the merge shows a call after (without it the merge shows nothing at all)."""
+    reports = [check_failure(nodeid, location, 0, size, crash, more, now)]
+    fill_passed(reports, nodeid, location, "call")
+    return {0: reports}
+
+
+def unaccounted(per_rank: Mapping[int, Sequence[TestReport]], size: int) -> str | None:
+    """Why the launched rank 0 cannot account for a sub-world's test from the reports its rank 0
+    sent (None: it can): a rank of the sub-world with no report, or reports whose merge shows
+    no setup (the test would vanish from the report and from junit)."""
+    missing = [rank for rank in range(size) if not per_rank.get(rank)]
+    if missing:
+        return f"its sub-world's result held no report of rank(s) {missing} (of {size})"
+    if not any(report.when == "setup" for report in merge_test(per_rank, size)):
+        return "its sub-world's result held no report of its setup"
+    return None
 
 
 def rank_label(rank: int, size: int, launched: int, node: int) -> str:

@@ -20,12 +20,15 @@ from pytest_distrank.launch.plan import Step, next_shared, place
 from pytest_distrank.launch.subrun import batch_start, latest_sub
 from pytest_distrank.launch.subworld import (
     World,
+    lost_result,
     nodes_of,
     placement,
     rank_label,
     relabel,
     schedule,
+    unaccounted,
 )
+from pytest_distrank.outcome.merge import merge_test
 
 #: A launched world: each rank's node, numbered as nodes_of numbers them (node by node).
 worlds = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(
@@ -180,3 +183,74 @@ def test_relabel_maps_every_rank_to_its_launched_rank(k: int, data: st.DataObjec
     relabel([report], k, members, nodes)
     expected = " ".join(rank_label(r, k, members[r], members[r] // 4) for r in range(k))
     assert report.sections == [("s", expected)]
+
+
+LOC = ("test_x.py", 3, "test_x")
+
+
+def _phase(when: str, outcome: str) -> TestReport:
+    longrepr = None if outcome == "passed" else ("test_x.py", 4, "boom")
+    return TestReport("test_x.py::test_x", LOC, {}, outcome, longrepr, when)  # type: ignore[arg-type]
+
+
+def test_a_lost_sub_world_result_fails_the_test_and_never_vanishes() -> None:
+    """Issue 42 hostile pass (I2, S, T): a result the launched rank 0 cannot use was a call
+    report alone, which the merge drops: the test vanished and the run passed."""
+    lost = lost_result("test_x.py::test_x", LOC, 2, "control store tampered with", "", 1.0)
+    merged = merge_test(lost, 2)
+    assert [(r.when, r.outcome) for r in merged] == [("setup", "passed"), ("call", "failed")]
+    assert "control store tampered with" in str(merged[1].longrepr)
+    assert unaccounted(lost, 1) is None
+
+
+phases = st.lists(
+    st.tuples(
+        st.sampled_from(["setup", "call", "teardown"]), st.sampled_from(["passed", "failed"])
+    ),
+    max_size=3,
+)
+
+
+@given(st.integers(1, 4), st.lists(phases, min_size=0, max_size=5))
+def test_a_result_rank_0_accepts_shows_the_test_for_every_rank(
+    size: int, stories: list[list[tuple[str, str]]]
+) -> None:
+    """Whatever a (forged or broken) result holds, rank 0 accepts it only when every rank of the
+    sub-world sent a report and the merge shows the test (a setup); otherwise it says why."""
+    per_rank = {rank: [_phase(w, o) for w, o in story] for rank, story in enumerate(stories)}
+    why = unaccounted(per_rank, size)
+    shown = any(r.when == "setup" for r in merge_test(per_rank, size))
+    complete = all(per_rank.get(rank) for rank in range(size))
+    assert (why is None) == (shown and complete), (why, per_rank)
+    if not complete:
+        assert why is not None and "no report of rank(s)" in why
+
+
+def test_a_result_with_a_call_but_no_setup_is_not_accepted() -> None:
+    per_rank = {0: [_phase("call", "failed")], 1: [_phase("call", "failed")]}
+    assert merge_test(per_rank, 2) == []  # what made the test vanish
+    assert unaccounted(per_rank, 2) == "its sub-world's result held no report of its setup"
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_every_rank_takes_pytest_timeouts_timer_for_every_distributed_test(rank: int) -> None:
+    """Issue 42 hostile pass (I, J): rank 0 waits for another sub-world's result inside the
+    test's protocol; pytest-timeout's timer, armed there, interrupted the wait (INTERNALERROR).
+    The watchdog owns the deadline of a test of several ranks wherever it runs; pytest-timeout
+    keeps the tests rank 0 runs alone."""
+    from pytest_distrank.launch.plugin import LaunchPlugin
+
+    plugin = LaunchPlugin.__new__(LaunchPlugin)
+    items = [cast(pytest.Item, object()) for _ in range(3)]
+    other = World(members=(2, 3), batch=0, slot=1, init=0)
+    plugin.steps = (
+        Step("sub", world=World((0, 1), 0, 0, 0)),
+        Step("sub", world=other),
+        Step("rank0"),
+    )
+    plugin.index_of = {id(item): i for i, item in enumerate(items)}
+    plugin.rank = rank
+    assert plugin.pytest_timeout_set_timer(items[1]) is True  # rank 0 waits for it: ours
+    assert plugin.pytest_timeout_cancel_timer(items[1]) is True
+    assert plugin.pytest_timeout_set_timer(items[0]) is True
+    assert plugin.pytest_timeout_set_timer(items[2]) is None  # rank 0's own: pytest-timeout's
