@@ -188,12 +188,14 @@ class LaunchPlugin:
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_set_timer(self, item: pytest.Item) -> bool | None:
-        """The watchdog owns a distributed test's deadline (settings.item_timeout)."""
-        return True if self._step_of(item).runs_on(self.rank) else None
+        """The watchdog owns a distributed test's deadline (settings.item_timeout), on every
+        rank: also where rank 0 only waits for another sub-world's result (:func:`subrun.replay`,
+        bounded by that deadline), which pytest-timeout's timer would interrupt."""
+        return True if self.is_distributed(item) else None
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if self._step_of(item).runs_on(self.rank) else None
+        return True if self.is_distributed(item) else None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(
