@@ -217,6 +217,7 @@ class LaunchPlugin:
                 else:
                     teardown_unneeded(item)
                     return None  # pytest's own protocol; pytest_runtest_setup applies the step
+                subrun.stopping(self, index)
                 return True
             if step.runs_on(self.rank) and self.ended is None and self._await_turn(index):
                 if step.world is not None and step.world.members[0] == self.rank:

@@ -287,6 +287,15 @@ def replay_batch_rest(plugin: LaunchPlugin, index: int) -> int:
     return last
 
 
+def stopping(plugin: LaunchPlugin, index: int) -> None:
+    """Launched rank 0, after test ``index``: when ``-x``, ``--maxfail`` or a stop ends pytest's
+    loop after it, report the other tests of its batch first: they ran at once."""
+    session = plugin.session
+    stop = session is not None and (session.shouldfail or session.shouldstop)
+    if stop and plugin.steps[index].kind == "sub":
+        replay_batch_rest(plugin, index)
+
+
 def end_stuck(plugin: LaunchPlugin, cur: Current, own: list[TestReport]) -> int:
     """The main thread of the test's rank 0 is stuck in ``cur`` (the watchdog thread calls
     this). A sub-world's rank 0 that is not the launched rank 0 sends its sub-world's result

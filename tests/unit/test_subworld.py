@@ -254,3 +254,31 @@ def test_every_rank_takes_pytest_timeouts_timer_for_every_distributed_test(rank:
     assert plugin.pytest_timeout_cancel_timer(items[1]) is True
     assert plugin.pytest_timeout_set_timer(items[0]) is True
     assert plugin.pytest_timeout_set_timer(items[2]) is None  # rank 0's own: pytest-timeout's
+
+
+@pytest.mark.parametrize("stop", ["", "stopping after 1 failures"])
+def test_x_reports_the_rest_of_the_batch_that_ran_at_once(
+    stop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 hostile pass (C): under -x rank 0 stopped after the batch's first test and never
+    reported the others, which had run (and failed) on their own sub-worlds."""
+    from types import SimpleNamespace
+
+    from pytest_distrank.launch import subrun
+
+    replayed: list[int] = []
+    monkeypatch.setattr(subrun, "replay", lambda plugin, item, index: replayed.append(index))
+    pair, other = World((0, 1), 0, 0, 0), World((2, 3), 0, 1, 0)
+    steps = (
+        Step("sub", world=pair),
+        Step("sub", world=other),
+        Step("sub", world=World((0, 1), 1, 0, 0)),
+    )
+    plugin = SimpleNamespace(
+        session=SimpleNamespace(shouldfail=stop, shouldstop=False),
+        steps=steps,
+        items=[0, 1, 2],
+        index=0,
+    )
+    subrun.stopping(cast(subrun.LaunchPlugin, plugin), 0)
+    assert replayed == ([1] if stop else [])  # the batch's other test; not the next batch's
