@@ -262,6 +262,9 @@ class LaunchPlugin:
         size = world.size if world is not None else self.world_size
         cur = Current.begin(index, item, size, timeout, grace, end_deadlocks)
         cur.view = view
+        seeder = self.config.pluginmanager.get_plugin("distrank-seed")
+        if seeder is not None:  # seeded by the rank in the test's world, as the rerun is
+            seeder.rank = view.rank if view is not None else self.rank
         self.current = cur
         self.distributed_tests += 1
         return cur
@@ -389,6 +392,11 @@ class LaunchPlugin:
         if world is None:
             pids, ws = self.rs.pids, self.world_size
             return finish_test(item, per_rank, ws, pids, rerun, warned)
+        rerun += (
+            f"\n(it runs on launched ranks 0-{world.size - 1} there; here it ran on launched "
+            f"ranks {', '.join(map(str, world.members))}: the same ranks of its sub-world, "
+            "seeded alike, but other local devices)"
+        )
         pids = self.rs.view(world.members).pids
         name = functools.partial(relabel, size=world.size, members=world.members, nodes=self.nodes)
         return finish_test(item, per_rank, world.size, pids, rerun, warned, after=[name])
