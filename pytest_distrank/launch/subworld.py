@@ -148,8 +148,15 @@ def rank_label(rank: int, size: int, launched: int, node: int) -> str:
 def relabel(
     merged: Sequence[TestReport], size: int, members: Sequence[int], nodes: Sequence[int]
 ) -> None:
-    """Every ``rank i/k`` the merge wrote names the launched rank and node too."""
+    """Every ``rank i/k`` label the merge wrote names the launched rank and node too; the test's
+    own text (its output, its assertion messages) is left as it is: section titles, the first
+    line of a section (the merge's ``[rank i/k]``), junit property names, a crash message's
+    leading tag, and in the rank table the ``distrank:`` head line and each line's leading
+    label (``  rank i/k  failed in call: <the test's message>``, ``---- traceback of rank i/k``)."""
     pattern = re.compile(rf"\brank (\d+)/{size}(?![\d(])(?! \(launched)")
+    label = rf"rank \d+/{size}(?![\d(])(?! \(launched)"
+    tag = re.compile(rf"^\[{label}")  # the merge's [rank i/k] before a message or output
+    lead = re.compile(rf"^(\s*|-+ traceback of ){label}")  # the rank table's
 
     def sub(text: str) -> str:
         def one(match: re.Match[str]) -> str:
@@ -162,8 +169,20 @@ def relabel(
 
         return pattern.sub(one, text)
 
+    def head(text: str, start: re.Pattern[str] = tag) -> str:
+        """Only the label ``start`` finds at the start of ``text``."""
+        found = start.match(text)
+        return text if found is None else sub(text[: found.end()]) + text[found.end() :]
+
+    def first_line(text: str) -> str:
+        line, sep, rest = text.partition("\n")
+        return head(line) + sep + rest
+
+    def table(line: str) -> str:
+        return sub(line) if line.startswith("distrank: ") else head(line, lead)
+
     for report in merged:
-        report.sections = [(sub(title), sub(content)) for title, content in report.sections]
+        report.sections = [(sub(title), first_line(content)) for title, content in report.sections]
         report.user_properties = [
             (sub(key) if isinstance(key, str) else key, value)
             for key, value in report.user_properties
@@ -173,13 +192,13 @@ def relabel(
             continue
         crash = longrepr.reprcrash
         if crash is not None:
-            crash.message = sub(crash.message)
+            crash.message = head(crash.message)
         chain = longrepr.chain if isinstance(longrepr, ExceptionChainRepr) else None
         first_tb = chain[0][0] if chain else longrepr.reprtraceback
         entries = first_tb.reprentries
         if entries and isinstance(entries[0], ReprEntryNative):  # the merge's rank table
             first_tb.reprentries = [
-                ReprEntryNative([sub(x) for x in entries[0].lines]),
+                ReprEntryNative([table(x) for x in entries[0].lines]),
                 *entries[1:],
             ]
-        longrepr.sections[:] = [(sub(t), sub(c), sep) for t, c, sep in longrepr.sections]
+        longrepr.sections[:] = [(sub(t), c, sep) for t, c, sep in longrepr.sections]

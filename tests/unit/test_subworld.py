@@ -179,10 +179,47 @@ def test_relabel_maps_every_rank_to_its_launched_rank(k: int, data: st.DataObjec
     members = tuple(sorted(data.draw(st.sets(st.integers(0, 15), min_size=k, max_size=k))))
     nodes = [r // 4 for r in range(16)]
     text = " ".join(f"rank {r}/{k}" for r in range(k))
-    report = _report([("s", text)], [])
+    report = _report([(text, f"[rank {k - 1}/{k}]\n{text}")], [])
     relabel([report], k, members, nodes)
     expected = " ".join(rank_label(r, k, members[r], members[r] // 4) for r in range(k))
-    assert report.sections == [("s", expected)]
+    header = f"[{rank_label(k - 1, k, members[-1], members[-1] // 4)}]"
+    # The test's own output below the merge's header stays as the test wrote it.
+    assert report.sections == [(expected, f"{header}\n{text}")]
+
+
+def test_relabel_leaves_the_tests_own_text() -> None:
+    """Issue 42 hostile pass (A): print("... rank 0/2 here") and assertion messages were shown
+    as "rank 0/2 (launched rank 2, node 0) here"."""
+    from pytest_distrank._compat import (
+        ExceptionChainRepr,
+        ReprEntryNative,
+        ReprFileLocation,
+        ReprTracebackNative,
+    )
+
+    lines = [
+        "distrank: 1 of 2 ranks failed; root cause: rank 1/2\n",
+        "  rank 0/2  passed\n",
+        "  rank 1/2  failed in call: AssertionError: rank 1/2 disagrees\n",
+        "---------- traceback of rank 1/2 ----------\n",
+        "E   AssertionError: rank 1/2 disagrees\n",
+    ]
+    crash = ReprFileLocation("t.py", 2, "[rank 1/2] AssertionError: rank 1/2 disagrees")
+    report = _report([("Captured stdout call (rank 0/2)", "[rank 0/2]\nsays rank 0/2 here")], [])
+    report.longrepr = ExceptionChainRepr([(ReprTracebackNative(lines), crash, None)])
+    relabel([report], 2, (2, 3), [0, 0, 0, 0])
+    one, zero = "rank 1/2 (launched rank 3, node 0)", "rank 0/2 (launched rank 2, node 0)"
+    assert report.sections == [(f"Captured stdout call ({zero})", f"[{zero}]\nsays rank 0/2 here")]
+    assert crash.message == f"[{one}] AssertionError: rank 1/2 disagrees"
+    table = report.longrepr.chain[0][0].reprentries[0]
+    assert isinstance(table, ReprEntryNative)
+    assert table.lines == [
+        f"distrank: 1 of 2 ranks failed; root cause: {one}\n",
+        f"  {zero}  passed\n",
+        f"  {one}  failed in call: AssertionError: rank 1/2 disagrees\n",
+        f"---------- traceback of {one} ----------\n",
+        "E   AssertionError: rank 1/2 disagrees\n",
+    ]
 
 
 LOC = ("test_x.py", 3, "test_x")
