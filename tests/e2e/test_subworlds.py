@@ -87,12 +87,10 @@ SEED = 4242
 #: Two pairs at once; the second runs on launched ranks 2 and 3 and draws what a pool's ranks 0
 #: and 1 draw (the seed is the sub-world rank's: the printed rerun puts it on ranks 0 and 1).
 SEEDED = (
-    HEADER
+    f"{HEADER}from pytest_distrank.rank.seeding import seed_of\n"
     + f"""
-from pytest_distrank.rank.seeding import seed_of
-
+@pytest.mark.parametrize("i", [0, 1])
 @pytest.mark.world_size(2)
-@pytest.mark.parametrize("i", range(2))
 def test_seeded_as_in_a_pool(i, rank, request):
     got = torch.randint(0, 2**30, (1,)).item()
     mine = torch.Generator().manual_seed(seed_of({SEED}, request.node.nodeid, rank, "call"))

@@ -43,8 +43,10 @@ def test_a_session_fixture_on_the_group_keeps_every_sub_world_test_out() -> None
 def test_exactly_the_sub_world_tests_that_could_meet_a_wide_fixture_are_refused(
     run: list[tuple[int | None, dict[str, str], str]], ws: int
 ) -> None:
-    sizes, wide, modules = ([t[i] for t in run] for i in range(3))
-    got = refusals(sizes, wide, modules, ws)  # type: ignore[arg-type]
+    sizes = [size for size, _, _ in run]
+    wide = [got for _, got, _ in run]
+    modules = [module for _, _, module in run]
+    got = refusals(sizes, wide, modules, ws)
     whole = any(scope in SESSION_WIDE for w in wide for scope in w.values())
     for i, (size, _, module) in enumerate(run):
         local = any(
