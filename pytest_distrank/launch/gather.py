@@ -315,11 +315,13 @@ def _strays(rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]]
 
 
 def stopped_serving(cur: Current) -> str:
-    """Why the run ends after ranks' sessions ended in ``cur`` (the remaining tests' reason)."""
+    """Why the run ends after ranks' sessions ended in ``cur`` (the remaining tests' reason),
+    the ranks named as the launched world numbers them (a sub-world's test: its view's)."""
     ranks = sorted(cur.stopped)
     message = cur.stopped[ranks[0]]["message"]
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
-    names = ", ".join(str(r) for r in ranks)
+    view = cur.view
+    names = ", ".join(str(view.launched_rank(r) if view is not None else r) for r in ranks)
     return (
         f"rank {names} stopped serving: {first or 'its pytest session ended'}; a rank whose "
         "pytest session ended cannot run the remaining tests, so the launched world stops here"

@@ -9,7 +9,7 @@ runs them for real on two torchrun agents.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -319,3 +319,21 @@ def test_x_reports_the_rest_of_the_batch_that_ran_at_once(
     )
     subrun.stopping(cast(subrun.LaunchPlugin, plugin), 0)
     assert replayed == ([1] if stop else [])  # the batch's other test; not the next batch's
+
+
+def test_the_run_ends_naming_the_launched_rank_that_stopped_serving() -> None:
+    """Issue 42 hostile pass (E2): launched rank 3 (rank 1 of its pair) was named "rank 1" in
+    why the run ended and in every later test's "not run" reason."""
+    from types import SimpleNamespace
+
+    from pytest_distrank.launch.current import Current
+    from pytest_distrank.launch.gather import stopped_serving
+    from pytest_distrank.launch.session import RankSession
+    from pytest_distrank.settings import Value
+
+    item = cast(pytest.Item, SimpleNamespace(nodeid="t.py::t", location=LOC))
+    cur = Current.begin(0, item, 2, Value(60.0, "default"), 0.2)
+    cur.stopped[1] = cast(Any, {"message": "KeyboardInterrupt was raised in t.py::t"})
+    assert stopped_serving(cur).startswith("rank 1 stopped serving: KeyboardInterrupt")
+    cur.view = cast(RankSession, SimpleNamespace(launched_rank=lambda rank: (2, 3)[rank]))
+    assert stopped_serving(cur).startswith("rank 3 stopped serving: KeyboardInterrupt was raised")
