@@ -151,8 +151,9 @@ def relabel(
     """Every ``rank i/k`` label the merge wrote names the launched rank and node too; the test's
     own text (its output, its assertion messages) is left as it is: section titles, the first
     line of a section (the merge's ``[rank i/k]``), junit property names, a crash message's
-    leading tag, and in the rank table the ``distrank:`` head line and each line's leading
-    label (``  rank i/k  failed in call: <the test's message>``, ``---- traceback of rank i/k``)."""
+    leading tag, in the rank table the ``distrank:`` head line and each line's leading label
+    (``  rank i/k  failed in call: <the test's message>``, ``---- traceback of rank i/k``), and
+    the leading label of the shown rank's own traceback that the plugin wrote (a timeout's)."""
     pattern = re.compile(rf"\brank (\d+)/{size}(?![\d(])(?! \(launched)")
     label = rf"rank \d+/{size}(?![\d(])(?! \(launched)"
     tag = re.compile(rf"^\[{label}")  # the merge's [rank i/k] before a message or output
@@ -197,8 +198,12 @@ def relabel(
         first_tb = chain[0][0] if chain else longrepr.reprtraceback
         entries = first_tb.reprentries
         if entries and isinstance(entries[0], ReprEntryNative):  # the merge's rank table
-            first_tb.reprentries = [
-                ReprEntryNative([table(x) for x in entries[0].lines]),
-                *entries[1:],
+            # Then the shown rank's own, when the plugin wrote it (``rank i/k: Timeout: ...``).
+            own = [
+                ReprEntryNative([head(e.lines[0], lead), *e.lines[1:]])
+                if isinstance(e, ReprEntryNative) and e.lines
+                else e
+                for e in entries[1:]
             ]
+            first_tb.reprentries = [ReprEntryNative([table(x) for x in entries[0].lines]), *own]
         longrepr.sections[:] = [(sub(t), c, sep) for t, c, sep in longrepr.sections]

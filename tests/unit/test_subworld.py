@@ -337,3 +337,23 @@ def test_the_run_ends_naming_the_launched_rank_that_stopped_serving() -> None:
     assert stopped_serving(cur).startswith("rank 1 stopped serving: KeyboardInterrupt")
     cur.view = cast(RankSession, SimpleNamespace(launched_rank=lambda rank: (2, 3)[rank]))
     assert stopped_serving(cur).startswith("rank 3 stopped serving: KeyboardInterrupt was raised")
+
+
+def test_relabel_names_the_shown_ranks_own_timeout_in_both_numberings() -> None:
+    """Issue 42 hostile pass (E1): the shown rank's own traceback, which the plugin writes for
+    a timeout, began "rank 0/2: Timeout: ..." while every other label named the launched rank."""
+    from pytest_distrank.outcome.reports import passed_report, synthesized_failure
+
+    def timed_out(rank: int) -> list[TestReport]:
+        text = f"rank {rank}/2: Timeout: still in call after 6 s\nblocked in test_x at x.py:9"
+        late = synthesized_failure(LOC[0], LOC, "call", "Timeout", text, note="timed out")
+        return [passed_report(LOC[0], LOC, "setup"), late]
+
+    merged = merge_test({0: timed_out(0), 1: timed_out(1)}, 2)
+    relabel(merged, 2, (2, 3), [0, 0, 0, 0])
+    entries = merged[1].longrepr.chain[0][0].reprentries  # type: ignore[union-attr]
+    assert [e.lines[0] for e in entries] == [
+        "distrank: 2 of 2 ranks failed; root cause: rank 0/2 (launched rank 2, node 0)\n",
+        "rank 0/2 (launched rank 2, node 0): Timeout: still in call after 6 s\n",
+    ]
+    assert entries[1].lines[1] == "blocked in test_x at x.py:9\n"
