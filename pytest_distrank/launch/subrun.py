@@ -39,7 +39,7 @@ from . import keys
 from .channel import ChannelError, Forged
 from .current import Current
 from .deadwatch import Judge
-from .gather import gather, left_stuck, stopped_serving, warnings_of
+from .gather import gather, left_stuck, stopped_reports, stopped_serving, warnings_of
 from .group import GroupKeeper
 from .plan import Step
 from .session import RankSession, park
@@ -239,7 +239,9 @@ def _result(
     key = keys.world(index)
     now = time.time()
     try:
-        found = rs.channel.wait_any([key], time.monotonic() + wait)
+        found = rs.channel.wait_any([key, keys.fatal(leader)], time.monotonic() + wait)
+        if found == keys.fatal(leader) and not rs.channel.has(key):
+            return _leader_stopped(plugin, item, index)
         if found is None:
             log = rs.logs.get(leader, "?")
             reports = [silent_report(item.nodeid, item.location, 0, world.size, log, now)]
@@ -269,6 +271,23 @@ def _result(
         return lost, {}, data["ended"], False
     warned = {int(r): list(got) for r, got in data["warnings"].items()}
     return per_rank, warned, data["ended"], data["healthy"]
+
+
+def _leader_stopped(
+    plugin: LaunchPlugin, item: pytest.Item, index: int
+) -> tuple[dict[int, list[TestReport]], dict[int, list[WarningRecord]], str, bool]:
+    """What is known of test ``index`` when its sub-world's rank 0 stopped serving
+    (``pytest.exit()``, ``KeyboardInterrupt``) before it sent the result: its own reports and
+    how its session ended; the run ends (its peers' reports went with it)."""
+    rs = plugin.rs
+    world = plugin.steps[index].world
+    assert world is not None
+    cur = Current.begin(index, item, world.size, plugin.settings.timeout, 0.0)
+    cur.view = rs.view(world.members)
+    data = rs.channel.get(keys.fatal(world.members[0]), keys.read_fatal)
+    cur.stopped[0] = data
+    reports = stopped_reports(cur.view, cur, 0, data)
+    return {0: reports}, {}, stopped_serving(cur), False
 
 
 def replay_batch_rest(plugin: LaunchPlugin, index: int) -> int:
