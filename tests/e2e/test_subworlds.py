@@ -86,6 +86,7 @@ SEED = 4242
 
 #: Two pairs at once; the second runs on launched ranks 2 and 3 and draws what a pool's ranks 0
 #: and 1 draw (the seed is the sub-world rank's: the printed rerun puts it on ranks 0 and 1).
+#: Then two pairs at once re-initialise their default group from the environment (env://).
 SEEDED = (
     f"{HEADER}from pytest_distrank.rank.seeding import seed_of\n"
     + f"""
@@ -95,6 +96,16 @@ def test_seeded_as_in_a_pool(i, rank, request):
     got = torch.randint(0, 2**30, (1,)).item()
     mine = torch.Generator().manual_seed(seed_of({SEED}, request.node.nodeid, rank, "call"))
     assert got == torch.randint(0, 2**30, (1,), generator=mine).item(), "another rank's seed"
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("val", [10, 1000])
+def test_reinit_from_the_environment(val, rank):
+    dist.destroy_process_group()
+    dist.init_process_group("gloo")  # env://: each pair meets its own ranks only
+    t = torch.tensor([float(val)])
+    dist.all_reduce(t)
+    assert (dist.get_world_size(), t.item()) == (2, 2.0 * val)
+    dist.destroy_process_group()
 """
 )
 
@@ -221,10 +232,18 @@ def test_a_sub_worlds_ranks_draw_what_a_pools_ranks_draw(world: Callable[[], Run
     """Issue 42 hostile pass (D): the test on launched ranks 2, 3 drew other numbers than the
     printed rerun, which runs it on ranks 0, 1: ranks are seeded by their sub-world rank."""
     outcomes = world().outcomes("test_c_seeded", "j.xml")
-    assert outcomes == {
-        "test_seeded_as_in_a_pool[0]": "passed",
-        "test_seeded_as_in_a_pool[1]": "passed",
-    }
+    assert outcomes["test_seeded_as_in_a_pool[0]"] == "passed"
+    assert outcomes["test_seeded_as_in_a_pool[1]"] == "passed"
+
+
+@pytest.mark.timeout(300)
+def test_two_pairs_reinitialise_from_the_environment_at_once(world: Callable[[], Run]) -> None:
+    """Issue 42 hostile pass (P): both pairs destroyed their group and called
+    init_process_group("gloo") (env://) at once; MASTER_ADDR:MASTER_PORT was the launcher's one
+    store, so their keys met (gloo connection reset, a rank stuck). Each sub-world has its own."""
+    outcomes = world().outcomes("test_c_seeded", "j.xml")
+    assert outcomes["test_reinit_from_the_environment[10]"] == "passed"
+    assert outcomes["test_reinit_from_the_environment[1000]"] == "passed"
 
 
 @pytest.mark.timeout(300)

@@ -357,3 +357,23 @@ def test_relabel_names_the_shown_ranks_own_timeout_in_both_numberings() -> None:
         "rank 0/2 (launched rank 2, node 0): Timeout: still in call after 6 s\n",
     ]
     assert entries[1].lines[1] == "blocked in test_x at x.py:9\n"
+
+
+def test_a_sub_world_gets_its_own_rendezvous_for_env_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 hostile pass (P): env:// in two sub-worlds at once met in the launcher's one
+    store. Its rank 0 picks a free port and tells its members; torchrun's agent store is off."""
+    import socket
+
+    from pytest_distrank.launch.group import sub_world_master
+
+    class Store(dict[str, bytes]):
+        def set(self, key: str, value: str) -> None:
+            self[key] = value.encode()
+
+    store = Store()
+    leader = sub_world_master(store, 0)
+    assert sub_world_master(store, 1) == leader  # a member on rank 0's host: loopback
+    assert leader["MASTER_ADDR"] == "127.0.0.1" and int(leader["MASTER_PORT"]) > 0
+    assert leader["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    monkeypatch.setattr(socket, "gethostname", lambda: "other-node")
+    assert sub_world_master(store, 1)["MASTER_ADDR"] != "127.0.0.1"  # rank 0's host by name
