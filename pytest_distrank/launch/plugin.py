@@ -76,7 +76,7 @@ from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
 from .report import FRESH_GROUP
 from .session import RankSession, park
-from .subworld import relabel
+from .subworld import relabel, rerun_note
 from .terminal import header_lines, summary_lines
 from .watchdog import Watchdog
 
@@ -188,9 +188,8 @@ class LaunchPlugin:
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_set_timer(self, item: pytest.Item) -> bool | None:
-        """The watchdog owns a distributed test's deadline (settings.item_timeout), on every
-        rank: also where rank 0 only waits for another sub-world's result (:func:`subrun.replay`,
-        bounded by that deadline), which pytest-timeout's timer would interrupt."""
+        """The watchdog owns a distributed test's deadline (settings.item_timeout) on every rank,
+        also where rank 0 waits for another sub-world's result (:func:`subrun.replay`)."""
         return True if self.is_distributed(item) else None
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
@@ -392,11 +391,7 @@ class LaunchPlugin:
         if world is None:
             pids, ws = self.rs.pids, self.world_size
             return finish_test(item, per_rank, ws, pids, rerun, warned)
-        rerun += (
-            f"\n(it runs on launched ranks 0-{world.size - 1} there; here it ran on launched "
-            f"ranks {', '.join(map(str, world.members))}: the same ranks of its sub-world, "
-            "seeded alike, but other local devices)"
-        )
+        rerun += rerun_note(world)
         pids = self.rs.view(world.members).pids
         name = functools.partial(relabel, size=world.size, members=world.members, nodes=self.nodes)
         return finish_test(item, per_rank, world.size, pids, rerun, warned, after=[name])

@@ -145,6 +145,15 @@ def rank_label(rank: int, size: int, launched: int, node: int) -> str:
     return f"rank {rank}/{size} (launched rank {launched}, node {node})"
 
 
+def rerun_note(world: World) -> str:
+    """Under a sub-world test's rerun command: where the rerun puts it, and where it ran."""
+    ran = ", ".join(map(str, world.members))
+    return (
+        f"\n(it runs on launched ranks 0-{world.size - 1} there; here it ran on launched ranks "
+        f"{ran}: the same ranks of its sub-world, seeded alike, but other local devices)"
+    )
+
+
 def relabel(
     merged: Sequence[TestReport], size: int, members: Sequence[int], nodes: Sequence[int]
 ) -> None:

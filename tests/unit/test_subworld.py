@@ -25,6 +25,7 @@ from pytest_distrank.launch.subworld import (
     placement,
     rank_label,
     relabel,
+    rerun_note,
     schedule,
     unaccounted,
 )
@@ -377,3 +378,10 @@ def test_a_sub_world_gets_its_own_rendezvous_for_env_init(monkeypatch: pytest.Mo
     assert leader["TORCHELASTIC_USE_AGENT_STORE"] == "False"
     monkeypatch.setattr(socket, "gethostname", lambda: "other-node")
     assert sub_world_master(store, 1)["MASTER_ADDR"] != "127.0.0.1"  # rank 0's host by name
+
+
+def test_the_rerun_note_says_where_the_rerun_puts_the_test_and_where_it_ran() -> None:
+    assert rerun_note(World((2, 3), 0, 1, 0)) == (
+        "\n(it runs on launched ranks 0-1 there; here it ran on launched ranks 2, 3: the same "
+        "ranks of its sub-world, seeded alike, but other local devices)"
+    )
