@@ -272,15 +272,13 @@ def gather(
     elif own is not None:  # rank 0 is the one stuck: who left it waiting?
         rank0_left_waiting(rs, cur, per_rank[0])
     for rank, data in sorted(cur.stopped.items()):
-        per_rank.setdefault(rank, []).extend(_stopped_reports(rs, cur, rank, data))
+        per_rank.setdefault(rank, []).extend(stopped_reports(rs, cur, rank, data))
     fine = _strays(rs, cur, per_rank) and healthy and not cur.stopped
     forged_reports(rs, cur, per_rank)
     return per_rank, stuck, fine and not cur.forged
 
 
-def _stopped_reports(
-    rs: RankSession, cur: Current, rank: int, data: keys.Fatal
-) -> list[TestReport]:
+def stopped_reports(rs: RankSession, cur: Current, rank: int, data: keys.Fatal) -> list[TestReport]:
     """The reports of a rank whose pytest session ended: what it sent, and how it ended."""
     item = cur.item
     if data["index"] != cur.index:  # it ended between tests: this one never began
@@ -315,11 +313,13 @@ def _strays(rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]]
 
 
 def stopped_serving(cur: Current) -> str:
-    """Why the run ends after ranks' sessions ended in ``cur`` (the remaining tests' reason)."""
+    """Why the run ends after ranks' sessions ended in ``cur`` (the remaining tests' reason),
+    the ranks named as the launched world numbers them (a sub-world's test: its view's)."""
     ranks = sorted(cur.stopped)
     message = cur.stopped[ranks[0]]["message"]
     first = next((line.strip() for line in message.splitlines() if line.strip()), "")
-    names = ", ".join(str(r) for r in ranks)
+    view = cur.view
+    names = ", ".join(str(view.launched_rank(r) if view is not None else r) for r in ranks)
     return (
         f"rank {names} stopped serving: {first or 'its pytest session ended'}; a rank whose "
         "pytest session ended cannot run the remaining tests, so the launched world stops here"

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import time
 import traceback
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from pytest import TestReport
@@ -44,6 +46,25 @@ Where = World | int | None
 
 #: Bound on the other ranks' answers when rank 0 asks for their collective counts.
 COUNT_WAIT = 10.0
+
+
+#: What ``init_process_group("gloo")`` (``env://``) in a test reads to find its world's store.
+MASTER_ENV = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+def sub_world_master(store: Any, rank: int) -> dict[str, str]:
+    """A sub-world's own ``MASTER_ADDR``/``MASTER_PORT`` for a test that re-initialises the
+    default group from the environment: a free port on its rank 0's host, which the rank 0 of
+    that ``env://`` init serves (not torchrun's agent store, which two sub-worlds would share:
+    their keys would meet). Its rank 0 picks it and tells its members through ``store``."""
+    if rank == 0:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        store.set("master", f"{socket.gethostname()} {port}")
+    host, port = bytes(store.get("master")).decode().split()
+    addr = "127.0.0.1" if host == socket.gethostname() else host
+    return {"MASTER_ADDR": addr, "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
 
 
 class GroupKeeper:
@@ -74,6 +95,8 @@ class GroupKeeper:
         self.end_harness: Callable[[], None] = lambda: None
         #: After a harness class's test: why this rank's class group is not to be trusted ("").
         self.harness_problem: Callable[[], str] = lambda: ""
+        #: The launcher's rendezvous variables, which a sub-world's tests see replaced.
+        self.launched_env = {k: os.environ[k] for k in MASTER_ENV if k in os.environ}
 
     def harness(self, backend: str, session: pytest.Session, world: World) -> None:
         """For a test of PyTorch's harness classes on the home sub-world ``world``: no group of
@@ -152,17 +175,20 @@ class GroupKeeper:
             device_id = torch.device("cuda", local_rank)
         self.inits += 1
         self.key = None
+        store = rs.channel.pg_store(f"{name}.t{index}")
         dist.init_process_group(
-            backend,
-            store=rs.channel.pg_store(f"{name}.t{index}"),
-            rank=rank,
-            world_size=size,
-            device_id=device_id,
+            backend, store=store, rank=rank, world_size=size, device_id=device_id
         )
         twin_of_world()  # every rank is here: a rank that skips a check is named at once
         # Code under test that reads the environment sees the group's world; LOCAL_RANK stays
         # the node-local GPU (DeviceMesh picks its device from it).
         os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+        own = sub_world_master(store, rank) if isinstance(world, World) else self.launched_env
+        for name in MASTER_ENV:  # env:// in a test finds its own world's store
+            if name in own:
+                os.environ[name] = own[name]
+            else:
+                os.environ.pop(name, None)
         self.ctx = RankContext(
             rank, size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
         )

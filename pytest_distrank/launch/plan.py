@@ -34,6 +34,7 @@ from .channel import ChannelError
 from .report import collection_mismatch, missing_collection
 from .session import RankSession
 from .subworld import World, home_slots, nodes_of, placement, schedule
+from .widefix import refusals, wide_group_fixtures
 
 #: Bound on the other ranks' collection, counted from rank 0's.
 COLLECT_TIMEOUT = 120.0
@@ -151,6 +152,8 @@ def _make(
     steps: list[Step] = []
     if not error:
         steps = [decide(rs, settings, item) for item in session.items]
+        for i, why in refused(steps, session.items, rs.world_size).items():
+            steps[i] = Step("skip", why)
     steps, order = place(steps, nodes, [local_ranks.get(r, -1) for r in range(rs.world_size)])
     return {
         "error": error,
@@ -160,6 +163,13 @@ def _make(
         "pids": [pids.get(r, 0) for r in range(rs.world_size)],
         "logs": {str(rank): log for rank, log in logs.items()},
     }
+
+
+def refused(steps: list[Step], items: list[pytest.Item], ws: int) -> dict[int, str]:
+    """The sub-world tests that do not run for a wider fixture on the group (:mod:`widefix`)."""
+    sizes = [step.size if step.kind == "sub" else None for step in steps]
+    modules = [item.nodeid.split("::")[0] for item in items]
+    return refusals(sizes, [wide_group_fixtures(item) for item in items], modules, ws)
 
 
 def place(

@@ -76,7 +76,7 @@ from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
 from .report import FRESH_GROUP
 from .session import RankSession, park
-from .subworld import relabel
+from .subworld import relabel, rerun_note
 from .terminal import header_lines, summary_lines
 from .watchdog import Watchdog
 
@@ -191,12 +191,13 @@ class LaunchPlugin:
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_set_timer(self, item: pytest.Item) -> bool | None:
-        """The watchdog owns a distributed test's deadline (settings.item_timeout)."""
-        return True if self._step_of(item).runs_on(self.rank) else None
+        """The watchdog owns a distributed test's deadline (settings.item_timeout) on every rank,
+        also where rank 0 waits for another sub-world's result (:func:`subrun.replay`)."""
+        return True if self.is_distributed(item) else None
 
     @pytest.hookimpl(optionalhook=True, tryfirst=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
-        return True if self._step_of(item).runs_on(self.rank) else None
+        return True if self.is_distributed(item) else None
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(
@@ -218,6 +219,7 @@ class LaunchPlugin:
                 else:
                     teardown_unneeded(item)
                     return None  # pytest's own protocol; pytest_runtest_setup applies the step
+                subrun.stopping(self, index)
                 return True
             if step.runs_on(self.rank) and self.ended is None and self._await_turn(index):
                 if step.world is not None and step.world.members[0] == self.rank:
@@ -262,6 +264,9 @@ class LaunchPlugin:
         size = world.size if world is not None else self.world_size
         cur = Current.begin(index, item, size, timeout, grace, end_deadlocks)
         cur.view = view
+        seeder = self.config.pluginmanager.get_plugin("distrank-seed")
+        if seeder is not None:  # seeded by the rank in the test's world, as the rerun is
+            seeder.rank = view.rank if view is not None else self.rank
         self.current = cur
         self.distributed_tests += 1
         return cur
@@ -391,6 +396,7 @@ class LaunchPlugin:
         if world is None:
             pids, ws = self.rs.pids, self.world_size
             return finish_test(item, per_rank, ws, pids, rerun, warned)
+        rerun += rerun_note(world)
         pids = self.rs.view(world.members).pids
         name = functools.partial(relabel, size=world.size, members=world.members, nodes=self.nodes)
         return finish_test(item, per_rank, world.size, pids, rerun, warned, after=[name])

@@ -32,17 +32,18 @@ from .. import _compat
 from ..outcome.checks import sequences_in_step
 from ..outcome.endgame import DUMP_WAIT
 from ..outcome.records import WarningRecord
-from ..outcome.reports import check_failure, silent_report
+from ..outcome.reports import fill_passed, silent_report
 from ..rank.groupstate import sequence_numbers
 from ..settings import Settings, item_timeout
 from . import keys
 from .channel import ChannelError, Forged
 from .current import Current
 from .deadwatch import Judge
-from .gather import gather, left_stuck, stopped_serving, warnings_of
+from .gather import gather, left_stuck, stopped_reports, stopped_serving, warnings_of
 from .group import GroupKeeper
 from .plan import Step
 from .session import RankSession, park
+from .subworld import lost_result, unaccounted
 
 
 class LaunchPlugin(Protocol):
@@ -238,30 +239,55 @@ def _result(
     key = keys.world(index)
     now = time.time()
     try:
-        found = rs.channel.wait_any([key], time.monotonic() + wait)
+        found = rs.channel.wait_any([key, keys.fatal(leader)], time.monotonic() + wait)
+        if found == keys.fatal(leader) and not rs.channel.has(key):
+            return _leader_stopped(plugin, item, index)
         if found is None:
             log = rs.logs.get(leader, "?")
-            report = silent_report(item.nodeid, item.location, 0, world.size, log, now)
+            reports = [silent_report(item.nodeid, item.location, 0, world.size, log, now)]
+            fill_passed(reports, item.nodeid, item.location, "call")
             why = (
                 f"{item.nodeid}: the rank 0 of its sub-world (launched rank {leader}) sent nothing"
             )
-            return {0: [report]}, {}, why, False
+            return {0: reports}, {}, why, False
         data = rs.channel.take(key, keys.read_sub_result)
     except Forged as exc:
         crash = f"control store tampered with: {exc}"
-        report = check_failure(item.nodeid, item.location, 0, world.size, crash, "", now)
-        return {0: [report]}, {}, exc.ends_run(item.nodeid), False
+        lost = lost_result(item.nodeid, item.location, world.size, crash, "", now)
+        return lost, {}, exc.ends_run(item.nodeid), False
     pid = rs.pids[leader] if leader < len(rs.pids) else 0
     if (data["pid"], data["index"], data["nodeid"]) != (pid, index, item.nodeid):
         crash = (
             f"the result of its sub-world came from pid {data['pid']} for test {data['index']} "
             f"({data['nodeid']}), not from launched rank {leader} (pid {pid}) for this test"
         )
-        report = check_failure(item.nodeid, item.location, 0, world.size, crash, "", now)
-        return {0: [report]}, {}, "", False
+        return lost_result(item.nodeid, item.location, world.size, crash, "", now), {}, "", False
     per_rank = {int(r): [rs.deserialize(d) for d in got] for r, got in data["reports"].items()}
+    missing = unaccounted(per_rank, world.size)
+    if missing is not None:  # never a test that vanishes, nor one that passes on what is missing
+        crash = f"the launched rank 0 cannot account for this test: {missing}"
+        more = "Its sub-world's result was lost or forged on the way: the test fails."
+        lost = lost_result(item.nodeid, item.location, world.size, crash, more, now)
+        return lost, {}, data["ended"], False
     warned = {int(r): list(got) for r, got in data["warnings"].items()}
     return per_rank, warned, data["ended"], data["healthy"]
+
+
+def _leader_stopped(
+    plugin: LaunchPlugin, item: pytest.Item, index: int
+) -> tuple[dict[int, list[TestReport]], dict[int, list[WarningRecord]], str, bool]:
+    """What is known of test ``index`` when its sub-world's rank 0 stopped serving
+    (``pytest.exit()``, ``KeyboardInterrupt``) before it sent the result: its own reports and
+    how its session ended; the run ends (its peers' reports went with it)."""
+    rs = plugin.rs
+    world = plugin.steps[index].world
+    assert world is not None
+    cur = Current.begin(index, item, world.size, plugin.settings.timeout, 0.0)
+    cur.view = rs.view(world.members)
+    data = rs.channel.get(keys.fatal(world.members[0]), keys.read_fatal)
+    cur.stopped[0] = data
+    reports = stopped_reports(cur.view, cur, 0, data)
+    return {0: reports}, {}, stopped_serving(cur), False
 
 
 def replay_batch_rest(plugin: LaunchPlugin, index: int) -> int:
@@ -278,6 +304,15 @@ def replay_batch_rest(plugin: LaunchPlugin, index: int) -> int:
         plugin.index = last
         replay(plugin, items[last], last)
     return last
+
+
+def stopping(plugin: LaunchPlugin, index: int) -> None:
+    """Launched rank 0, after test ``index``: when ``-x``, ``--maxfail`` or a stop ends pytest's
+    loop after it, report the other tests of its batch first: they ran at once."""
+    session = plugin.session
+    stop = session is not None and (session.shouldfail or session.shouldstop)
+    if stop and plugin.steps[index].kind == "sub":
+        replay_batch_rest(plugin, index)
 
 
 def end_stuck(plugin: LaunchPlugin, cur: Current, own: list[TestReport]) -> int:

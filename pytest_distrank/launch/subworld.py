@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from pytest import TestReport
 
 from .._compat import ExceptionChainRepr, ExceptionRepr, ReprEntryNative
+from ..outcome.merge import merge_test
+from ..outcome.reports import Location, check_failure, fill_passed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,16 +136,56 @@ def schedule(
     return order, where
 
 
+def lost_result(
+    nodeid: str, location: Location, size: int, crash: str, more: str, now: float
+) -> dict[int, list[TestReport]]:
+    """The reports of a sub-world's test whose result the launched rank 0 could not use
+    (``crash``: what is known): a failure of the sub-world's rank 0 in call, after the passed
+    setup that the merge shows a call after (without it the merge shows nothing at all)."""
+    reports = [check_failure(nodeid, location, 0, size, crash, more, now)]
+    fill_passed(reports, nodeid, location, "call")
+    return {0: reports}
+
+
+def unaccounted(per_rank: Mapping[int, Sequence[TestReport]], size: int) -> str | None:
+    """Why the launched rank 0 cannot account for a sub-world's test from the reports its rank 0
+    sent (None: it can): a rank of the sub-world with no report, or reports whose merge shows
+    no setup (the test would vanish from the report and from junit)."""
+    missing = [rank for rank in range(size) if not per_rank.get(rank)]
+    if missing:
+        return f"its sub-world's result held no report of rank(s) {missing} (of {size})"
+    if not any(report.when == "setup" for report in merge_test(per_rank, size)):
+        return "its sub-world's result held no report of its setup"
+    return None
+
+
 def rank_label(rank: int, size: int, launched: int, node: int) -> str:
     """A rank of a sub-world in both numberings: ``rank 1/2 (launched rank 3, node 1)``."""
     return f"rank {rank}/{size} (launched rank {launched}, node {node})"
 
 
+def rerun_note(world: World) -> str:
+    """Under a sub-world test's rerun command: where the rerun puts it, and where it ran."""
+    ran = ", ".join(map(str, world.members))
+    return (
+        f"\n(it runs on launched ranks 0-{world.size - 1} there; here it ran on launched ranks "
+        f"{ran}: the same ranks of its sub-world, seeded alike, but other local devices)"
+    )
+
+
 def relabel(
     merged: Sequence[TestReport], size: int, members: Sequence[int], nodes: Sequence[int]
 ) -> None:
-    """Every ``rank i/k`` the merge wrote names the launched rank and node too."""
+    """Every ``rank i/k`` label the merge wrote names the launched rank and node too; the test's
+    own text (its output, its assertion messages) is left as it is: section titles, the first
+    line of a section (the merge's ``[rank i/k]``), junit property names, a crash message's
+    leading tag, in the rank table the ``distrank:`` head line and each line's leading label
+    (``  rank i/k  failed in call: <the test's message>``, ``---- traceback of rank i/k``), and
+    the leading label of the shown rank's own traceback that the plugin wrote (a timeout's)."""
     pattern = re.compile(rf"\brank (\d+)/{size}(?![\d(])(?! \(launched)")
+    label = rf"rank \d+/{size}(?![\d(])(?! \(launched)"
+    tag = re.compile(rf"^\[{label}")  # the merge's [rank i/k] before a message or output
+    lead = re.compile(rf"^(\s*|-+ traceback of ){label}")  # the rank table's
 
     def sub(text: str) -> str:
         def one(match: re.Match[str]) -> str:
@@ -156,8 +198,20 @@ def relabel(
 
         return pattern.sub(one, text)
 
+    def head(text: str, start: re.Pattern[str] = tag) -> str:
+        """Only the label ``start`` finds at the start of ``text``."""
+        found = start.match(text)
+        return text if found is None else sub(text[: found.end()]) + text[found.end() :]
+
+    def first_line(text: str) -> str:
+        line, sep, rest = text.partition("\n")
+        return head(line) + sep + rest
+
+    def table(line: str) -> str:
+        return sub(line) if line.startswith("distrank: ") else head(line, lead)
+
     for report in merged:
-        report.sections = [(sub(title), sub(content)) for title, content in report.sections]
+        report.sections = [(sub(title), first_line(content)) for title, content in report.sections]
         report.user_properties = [
             (sub(key) if isinstance(key, str) else key, value)
             for key, value in report.user_properties
@@ -167,13 +221,17 @@ def relabel(
             continue
         crash = longrepr.reprcrash
         if crash is not None:
-            crash.message = sub(crash.message)
+            crash.message = head(crash.message)
         chain = longrepr.chain if isinstance(longrepr, ExceptionChainRepr) else None
         first_tb = chain[0][0] if chain else longrepr.reprtraceback
         entries = first_tb.reprentries
         if entries and isinstance(entries[0], ReprEntryNative):  # the merge's rank table
-            first_tb.reprentries = [
-                ReprEntryNative([sub(x) for x in entries[0].lines]),
-                *entries[1:],
+            # Then the shown rank's own, when the plugin wrote it (``rank i/k: Timeout: ...``).
+            own = [
+                ReprEntryNative([head(e.lines[0], lead), *e.lines[1:]])
+                if isinstance(e, ReprEntryNative) and e.lines
+                else e
+                for e in entries[1:]
             ]
-        longrepr.sections[:] = [(sub(t), sub(c), sep) for t, c, sep in longrepr.sections]
+            first_tb.reprentries = [ReprEntryNative([table(x) for x in entries[0].lines]), *own]
+        longrepr.sections[:] = [(sub(t), c, sep) for t, c, sep in longrepr.sections]

@@ -83,6 +83,50 @@ def test_sleep(i, rank):
 """
 )
 
+#: The session seed of the launched world (``--distrank-seed``).
+SEED = 4242
+
+#: Two pairs at once; the second runs on launched ranks 2 and 3 and draws what a pool's ranks 0
+#: and 1 draw (the seed is the sub-world rank's: the printed rerun puts it on ranks 0 and 1).
+#: Then two pairs at once re-initialise their default group from the environment (env://).
+SEEDED = (
+    f"{HEADER}from pytest_distrank.rank.seeding import seed_of\n"
+    + f"""
+@pytest.mark.parametrize("i", [0, 1])
+@pytest.mark.world_size(2)
+def test_seeded_as_in_a_pool(i, rank, request):
+    got = torch.randint(0, 2**30, (1,)).item()
+    mine = torch.Generator().manual_seed(seed_of({SEED}, request.node.nodeid, rank, "call"))
+    assert got == torch.randint(0, 2**30, (1,), generator=mine).item(), "another rank's seed"
+
+@pytest.mark.world_size(2)
+@pytest.mark.parametrize("val", [10, 1000])
+def test_reinit_from_the_environment(val, rank):
+    dist.destroy_process_group()
+    dist.init_process_group("gloo")  # env://: each pair meets its own ranks only
+    t = torch.tensor([float(val)])
+    dist.all_reduce(t)
+    assert (dist.get_world_size(), t.item()) == (2, 2.0 * val)
+    dist.destroy_process_group()
+"""
+)
+
+#: A module fixture on the group whose teardown runs a collective keeps the module's sub-world
+#: tests out (a sub-world would tear it down on some of its ranks only: a deadlock).
+WIDE = (
+    HEADER
+    + """
+@pytest.fixture(scope="module")
+def modfix(rank):
+    yield rank
+    dist.barrier()
+
+@pytest.mark.world_size(2)
+def test_wide_two(modfix):
+    pass
+"""
+)
+
 #: A pair deadlocks (its rank 1 waits in a barrier its rank 0 never enters) beside a pair that
 #: passes; the run ends after their batch: a rank stuck in a collective cannot be interrupted.
 HANG = (
@@ -184,13 +228,16 @@ class Quads(MultiProcessTestCase):
 
 def _two_agents(env: dict[str, str], folder: Path) -> Run:
     files = {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_0_harness.py": HARNESS}
+    files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE})
     write(folder, {**files, "test_z_hang.py": HANG})
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     cmds = [
         [
             sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={rdzv_id}",
-            *pytest_args(folder, "--distrank-failure-grace=1", "--junitxml=j.xml"),
+            *pytest_args(
+                folder, "--distrank-failure-grace=1", "--junitxml=j.xml", f"--distrank-seed={SEED}"
+            ),
         ]
         for _ in range(2)
     ]  # fmt: skip
@@ -249,6 +296,54 @@ def test_every_size_runs_in_a_launched_world_of_four(world: Callable[[], Run]) -
         ],
     )
     run.match(1 - out, ["distrank: rank ?/4 (torchrun): report on rank 0; log in *"])
+    # The rerun command says where it puts the test (issue 42 hostile pass 6).
+    run.match(
+        out,
+        [
+            "*torchrun --nnodes=2 --nproc-per-node=2 * test_a_mix.py::test_two_fails_on_its_rank*",
+            "(it runs on launched ranks 0-1 there; here it ran on launched ranks 2, 3: the same "
+            "ranks of its sub-world, seeded alike, but other local devices)",
+        ],
+    )
+
+
+@pytest.mark.timeout(300)
+def test_a_sub_worlds_ranks_draw_what_a_pools_ranks_draw(world: Callable[[], Run]) -> None:
+    """Issue 42 hostile pass (D): the test on launched ranks 2, 3 drew other numbers than the
+    printed rerun, which runs it on ranks 0, 1: ranks are seeded by their sub-world rank."""
+    outcomes = world().outcomes("test_c_seeded", "j.xml")
+    assert outcomes["test_seeded_as_in_a_pool[0]"] == "passed"
+    assert outcomes["test_seeded_as_in_a_pool[1]"] == "passed"
+
+
+@pytest.mark.timeout(300)
+def test_two_pairs_reinitialise_from_the_environment_at_once(world: Callable[[], Run]) -> None:
+    """Issue 42 hostile pass (P): both pairs destroyed their group and called
+    init_process_group("gloo") (env://) at once; MASTER_ADDR:MASTER_PORT was the launcher's one
+    store, so their keys met (gloo connection reset, a rank stuck). Each sub-world has its own."""
+    outcomes = world().outcomes("test_c_seeded", "j.xml")
+    assert outcomes["test_reinit_from_the_environment[10]"] == "passed"
+    assert outcomes["test_reinit_from_the_environment[1000]"] == "passed"
+
+
+@pytest.mark.timeout(300)
+def test_a_module_fixture_on_the_group_keeps_its_sub_world_tests_out(
+    world: Callable[[], Run],
+) -> None:
+    """Issue 42 hostile pass (B): a module fixture with a barrier in its teardown, used by a
+    pair: the pair is skipped, saying why (its file comes first: test_z_hang's deadlock, packed
+    with the pairs, ends the run before the tests after the pairs)."""
+    run = world()
+    assert run.outcomes("test_a0_wide", "j.xml") == {"test_wide_two": "skipped"}
+    run.match(
+        _reporting(run),
+        [
+            "SKIPPED [[]1[]] test_a0_wide.py:*: fixture modfix (wider than a test, used in "
+            "test_a0_wide.py) requests the process group or a rank fixture: *world size 2 in a "
+            "launched world of 4 runs on a sub-world, so it does not run here: run it in pool "
+            "mode (pytest without a launcher), or give the fixture function scope",
+        ],
+    )
 
 
 @pytest.mark.timeout(300)

@@ -9,7 +9,7 @@ runs them for real on two torchrun agents.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
@@ -20,12 +20,16 @@ from pytest_distrank.launch.plan import Step, next_shared, place
 from pytest_distrank.launch.subrun import batch_start, latest_sub
 from pytest_distrank.launch.subworld import (
     World,
+    lost_result,
     nodes_of,
     placement,
     rank_label,
     relabel,
+    rerun_note,
     schedule,
+    unaccounted,
 )
+from pytest_distrank.outcome.merge import merge_test
 
 #: A launched world: each rank's node, numbered as nodes_of numbers them (node by node).
 worlds = st.lists(st.integers(1, 5), min_size=1, max_size=4).map(
@@ -176,7 +180,208 @@ def test_relabel_maps_every_rank_to_its_launched_rank(k: int, data: st.DataObjec
     members = tuple(sorted(data.draw(st.sets(st.integers(0, 15), min_size=k, max_size=k))))
     nodes = [r // 4 for r in range(16)]
     text = " ".join(f"rank {r}/{k}" for r in range(k))
-    report = _report([("s", text)], [])
+    report = _report([(text, f"[rank {k - 1}/{k}]\n{text}")], [])
     relabel([report], k, members, nodes)
     expected = " ".join(rank_label(r, k, members[r], members[r] // 4) for r in range(k))
-    assert report.sections == [("s", expected)]
+    header = f"[{rank_label(k - 1, k, members[-1], members[-1] // 4)}]"
+    # The test's own output below the merge's header stays as the test wrote it.
+    assert report.sections == [(expected, f"{header}\n{text}")]
+
+
+def test_relabel_leaves_the_tests_own_text() -> None:
+    """Issue 42 hostile pass (A): print("... rank 0/2 here") and assertion messages were shown
+    as "rank 0/2 (launched rank 2, node 0) here"."""
+    from pytest_distrank._compat import (
+        ExceptionChainRepr,
+        ReprEntryNative,
+        ReprFileLocation,
+        ReprTracebackNative,
+    )
+
+    lines = [
+        "distrank: 1 of 2 ranks failed; root cause: rank 1/2\n",
+        "  rank 0/2  passed\n",
+        "  rank 1/2  failed in call: AssertionError: rank 1/2 disagrees\n",
+        "---------- traceback of rank 1/2 ----------\n",
+        "E   AssertionError: rank 1/2 disagrees\n",
+    ]
+    crash = ReprFileLocation("t.py", 2, "[rank 1/2] AssertionError: rank 1/2 disagrees")
+    report = _report([("Captured stdout call (rank 0/2)", "[rank 0/2]\nsays rank 0/2 here")], [])
+    report.longrepr = ExceptionChainRepr([(ReprTracebackNative(lines), crash, None)])
+    relabel([report], 2, (2, 3), [0, 0, 0, 0])
+    one, zero = "rank 1/2 (launched rank 3, node 0)", "rank 0/2 (launched rank 2, node 0)"
+    assert report.sections == [(f"Captured stdout call ({zero})", f"[{zero}]\nsays rank 0/2 here")]
+    assert crash.message == f"[{one}] AssertionError: rank 1/2 disagrees"
+    table = report.longrepr.chain[0][0].reprentries[0]
+    assert isinstance(table, ReprEntryNative)
+    assert table.lines == [
+        f"distrank: 1 of 2 ranks failed; root cause: {one}\n",
+        f"  {zero}  passed\n",
+        f"  {one}  failed in call: AssertionError: rank 1/2 disagrees\n",
+        f"---------- traceback of {one} ----------\n",
+        "E   AssertionError: rank 1/2 disagrees\n",
+    ]
+
+
+LOC = ("test_x.py", 3, "test_x")
+
+
+def _phase(when: str, outcome: str) -> TestReport:
+    longrepr = None if outcome == "passed" else ("test_x.py", 4, "boom")
+    return TestReport("test_x.py::test_x", LOC, {}, outcome, longrepr, when)  # type: ignore[arg-type]
+
+
+def test_a_lost_sub_world_result_fails_the_test_and_never_vanishes() -> None:
+    """Issue 42 hostile pass (I2, S, T): a result the launched rank 0 cannot use was a call
+    report alone, which the merge drops: the test vanished and the run passed."""
+    lost = lost_result("test_x.py::test_x", LOC, 2, "control store tampered with", "", 1.0)
+    merged = merge_test(lost, 2)
+    assert [(r.when, r.outcome) for r in merged] == [("setup", "passed"), ("call", "failed")]
+    assert "control store tampered with" in str(merged[1].longrepr)
+    assert unaccounted(lost, 1) is None
+
+
+phases = st.lists(
+    st.tuples(
+        st.sampled_from(["setup", "call", "teardown"]), st.sampled_from(["passed", "failed"])
+    ),
+    max_size=3,
+)
+
+
+@given(st.integers(1, 4), st.lists(phases, min_size=0, max_size=5))
+def test_a_result_rank_0_accepts_shows_the_test_for_every_rank(
+    size: int, stories: list[list[tuple[str, str]]]
+) -> None:
+    """Whatever a (forged or broken) result holds, rank 0 accepts it only when every rank of the
+    sub-world sent a report and the merge shows the test (a setup); otherwise it says why."""
+    per_rank = {rank: [_phase(w, o) for w, o in story] for rank, story in enumerate(stories)}
+    why = unaccounted(per_rank, size)
+    shown = any(r.when == "setup" for r in merge_test(per_rank, size))
+    complete = all(per_rank.get(rank) for rank in range(size))
+    assert (why is None) == (shown and complete), (why, per_rank)
+    if not complete:
+        assert why is not None and "no report of rank(s)" in why
+
+
+def test_a_result_with_a_call_but_no_setup_is_not_accepted() -> None:
+    per_rank = {0: [_phase("call", "failed")], 1: [_phase("call", "failed")]}
+    assert merge_test(per_rank, 2) == []  # what made the test vanish
+    assert unaccounted(per_rank, 2) == "its sub-world's result held no report of its setup"
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_every_rank_takes_pytest_timeouts_timer_for_every_distributed_test(rank: int) -> None:
+    """Issue 42 hostile pass (I, J): rank 0 waits for another sub-world's result inside the
+    test's protocol; pytest-timeout's timer, armed there, interrupted the wait (INTERNALERROR).
+    The watchdog owns the deadline of a test of several ranks wherever it runs; pytest-timeout
+    keeps the tests rank 0 runs alone."""
+    from pytest_distrank.launch.plugin import LaunchPlugin
+
+    plugin = LaunchPlugin.__new__(LaunchPlugin)
+    items = [cast(pytest.Item, object()) for _ in range(3)]
+    other = World(members=(2, 3), batch=0, slot=1, init=0)
+    plugin.steps = (
+        Step("sub", world=World((0, 1), 0, 0, 0)),
+        Step("sub", world=other),
+        Step("rank0"),
+    )
+    plugin.index_of = {id(item): i for i, item in enumerate(items)}
+    plugin.rank = rank
+    assert plugin.pytest_timeout_set_timer(items[1]) is True  # rank 0 waits for it: ours
+    assert plugin.pytest_timeout_cancel_timer(items[1]) is True
+    assert plugin.pytest_timeout_set_timer(items[0]) is True
+    assert plugin.pytest_timeout_set_timer(items[2]) is None  # rank 0's own: pytest-timeout's
+
+
+@pytest.mark.parametrize("stop", ["", "stopping after 1 failures"])
+def test_x_reports_the_rest_of_the_batch_that_ran_at_once(
+    stop: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 42 hostile pass (C): under -x rank 0 stopped after the batch's first test and never
+    reported the others, which had run (and failed) on their own sub-worlds."""
+    from types import SimpleNamespace
+
+    from pytest_distrank.launch import subrun
+
+    replayed: list[int] = []
+    monkeypatch.setattr(subrun, "replay", lambda plugin, item, index: replayed.append(index))
+    pair, other = World((0, 1), 0, 0, 0), World((2, 3), 0, 1, 0)
+    steps = (
+        Step("sub", world=pair),
+        Step("sub", world=other),
+        Step("sub", world=World((0, 1), 1, 0, 0)),
+    )
+    plugin = SimpleNamespace(
+        session=SimpleNamespace(shouldfail=stop, shouldstop=False),
+        steps=steps,
+        items=[0, 1, 2],
+        index=0,
+    )
+    subrun.stopping(cast(subrun.LaunchPlugin, plugin), 0)
+    assert replayed == ([1] if stop else [])  # the batch's other test; not the next batch's
+
+
+def test_the_run_ends_naming_the_launched_rank_that_stopped_serving() -> None:
+    """Issue 42 hostile pass (E2): launched rank 3 (rank 1 of its pair) was named "rank 1" in
+    why the run ended and in every later test's "not run" reason."""
+    from types import SimpleNamespace
+
+    from pytest_distrank.launch.current import Current
+    from pytest_distrank.launch.gather import stopped_serving
+    from pytest_distrank.launch.session import RankSession
+    from pytest_distrank.settings import Value
+
+    item = cast(pytest.Item, SimpleNamespace(nodeid="t.py::t", location=LOC))
+    cur = Current.begin(0, item, 2, Value(60.0, "default"), 0.2)
+    cur.stopped[1] = cast(Any, {"message": "KeyboardInterrupt was raised in t.py::t"})
+    assert stopped_serving(cur).startswith("rank 1 stopped serving: KeyboardInterrupt")
+    cur.view = cast(RankSession, SimpleNamespace(launched_rank=lambda rank: (2, 3)[rank]))
+    assert stopped_serving(cur).startswith("rank 3 stopped serving: KeyboardInterrupt was raised")
+
+
+def test_relabel_names_the_shown_ranks_own_timeout_in_both_numberings() -> None:
+    """Issue 42 hostile pass (E1): the shown rank's own traceback, which the plugin writes for
+    a timeout, began "rank 0/2: Timeout: ..." while every other label named the launched rank."""
+    from pytest_distrank.outcome.reports import passed_report, synthesized_failure
+
+    def timed_out(rank: int) -> list[TestReport]:
+        text = f"rank {rank}/2: Timeout: still in call after 6 s\nblocked in test_x at x.py:9"
+        late = synthesized_failure(LOC[0], LOC, "call", "Timeout", text, note="timed out")
+        return [passed_report(LOC[0], LOC, "setup"), late]
+
+    merged = merge_test({0: timed_out(0), 1: timed_out(1)}, 2)
+    relabel(merged, 2, (2, 3), [0, 0, 0, 0])
+    entries = merged[1].longrepr.chain[0][0].reprentries  # type: ignore[union-attr]
+    assert [e.lines[0] for e in entries] == [
+        "distrank: 2 of 2 ranks failed; root cause: rank 0/2 (launched rank 2, node 0)\n",
+        "rank 0/2 (launched rank 2, node 0): Timeout: still in call after 6 s\n",
+    ]
+    assert entries[1].lines[1] == "blocked in test_x at x.py:9\n"
+
+
+def test_a_sub_world_gets_its_own_rendezvous_for_env_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 42 hostile pass (P): env:// in two sub-worlds at once met in the launcher's one
+    store. Its rank 0 picks a free port and tells its members; torchrun's agent store is off."""
+    import socket
+
+    from pytest_distrank.launch.group import sub_world_master
+
+    class Store(dict[str, bytes]):
+        def set(self, key: str, value: str) -> None:
+            self[key] = value.encode()
+
+    store = Store()
+    leader = sub_world_master(store, 0)
+    assert sub_world_master(store, 1) == leader  # a member on rank 0's host: loopback
+    assert leader["MASTER_ADDR"] == "127.0.0.1" and int(leader["MASTER_PORT"]) > 0
+    assert leader["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+    monkeypatch.setattr(socket, "gethostname", lambda: "other-node")
+    assert sub_world_master(store, 1)["MASTER_ADDR"] != "127.0.0.1"  # rank 0's host by name
+
+
+def test_the_rerun_note_says_where_the_rerun_puts_the_test_and_where_it_ran() -> None:
+    assert rerun_note(World((2, 3), 0, 1, 0)) == (
+        "\n(it runs on launched ranks 0-1 there; here it ran on launched ranks 2, 3: the same "
+        "ranks of its sub-world, seeded alike, but other local devices)"
+    )
