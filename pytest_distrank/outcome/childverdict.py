@@ -33,6 +33,10 @@ class ChildResult:
     crash: str = ""
     #: Processes the function left running, which the child killed: one line each.
     left: tuple[str, ...] = ()
+    #: failed: the exception's class as ``module:qualname`` (``xfail(raises=...)`` compares it).
+    raised: str = ""
+    #: Warnings the function raised: ``(category as module:qualname, message, file, line)``.
+    warned: tuple[tuple[str, str, str, int], ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -79,12 +83,28 @@ def parse_result(raw: bytes | None) -> ChildResult | str | None:
     fields = {f.name for f in dataclasses.fields(ChildResult)}
     if not isinstance(data, dict) or set(data) != fields:
         return f"its result file holds {type(data).__name__} {_short(repr(data))}, not a result"
-    outcome, text, crash, left = (data[k] for k in ("outcome", "text", "crash", "left"))
-    if outcome not in OUTCOMES or not isinstance(text, str) or not isinstance(crash, str):
+    outcome, text, crash, left, raised, warned = (data[k] for k in _FIELDS)
+    if outcome not in OUTCOMES or not all(isinstance(v, str) for v in (text, crash, raised)):
         return f"its result file says outcome {_short(repr(outcome))}, not one of {OUTCOMES}"
     if not isinstance(left, list) or not all(isinstance(line, str) for line in left):
         return f"its result file's list of left processes is {_short(repr(left))}"
-    return ChildResult(outcome, text, crash, tuple(left))
+    if not isinstance(warned, list) or not all(map(_is_warning, warned)):
+        return f"its result file's list of warnings is {_short(repr(warned))}"
+    warnings = tuple((c, m, f, n) for c, m, f, n in warned)
+    return ChildResult(outcome, text, crash, tuple(left), raised, warnings)
+
+
+_FIELDS = ("outcome", "text", "crash", "left", "raised", "warned")
+
+
+def _is_warning(entry: object) -> bool:
+    """``[category, message, file, line]`` as the result file holds a warning."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and all(isinstance(v, str) for v in entry[:3])
+        and type(entry[3]) is int
+    )
 
 
 def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:

@@ -27,6 +27,13 @@ from pytest_distrank.outcome.childverdict import (
     trim_below_test,
 )
 
+
+def _fields(**changed: object) -> dict[str, object]:
+    """A result file's fields, "passed", with ``changed`` ones."""
+    base = {"outcome": "passed", "text": "", "crash": "", "left": [], "raised": "", "warned": []}
+    return {**base, **changed}
+
+
 lines = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 results = st.builds(
     ChildResult,
@@ -34,6 +41,8 @@ results = st.builds(
     text=lines,
     crash=lines,
     left=st.tuples() | st.tuples(lines) | st.tuples(lines, lines),
+    raised=st.sampled_from(["", "builtins:ValueError", "m:Outer.Error"]),
+    warned=st.tuples() | st.tuples(st.tuples(lines, lines, lines, st.integers(0, 10**6))),
 )
 #: What a result file may hold: a result, nothing, bytes that are no JSON, JSON of a wrong shape.
 garbled = st.binary(max_size=40).filter(lambda b: not _is_result(b)) | st.sampled_from(
@@ -46,6 +55,9 @@ garbled = st.binary(max_size=40).filter(lambda b: not _is_result(b)) | st.sample
         json.dumps({"outcome": "won", "text": "", "crash": "", "left": []}).encode(),
         json.dumps({"outcome": "passed", "text": 1, "crash": "", "left": []}).encode(),
         json.dumps({"outcome": "passed", "text": "", "crash": "", "left": [3]}).encode(),
+        json.dumps(_fields(warned=[["UserWarning", "m", "f.py", "7"]])).encode(),
+        json.dumps(_fields(warned=[["UserWarning", "m", "f.py"]])).encode(),
+        json.dumps(_fields(raised=None)).encode(),
     ]
 )
 raws = st.none() | results.map(ChildResult.to_json) | garbled
@@ -168,12 +180,16 @@ def test_leftovers_warn_by_default_and_fail_when_asked() -> None:
     assert judge(end, "fail").outcome == "failed"
 
 
+SECONDS = "seconds >= 0, or None for the default."
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"start": "forkserver"}, "in_child(start='forkserver'): start is one of fork, spawn."),
         ({"timeout": -1}, "in_child(timeout=-1): seconds >= 0, or None for the default."),
         ({"timeout": True}, "in_child(timeout=True): seconds >= 0, or None for the default."),
+        *(({"timeout": float(v)}, f"in_child(timeout={v}): {SECONDS}") for v in ("inf", "nan")),
         ({"leftovers": "ignore"}, "in_child(leftovers='ignore'): one of warn, fail."),
     ],
 )
