@@ -79,10 +79,22 @@ class Child:
             if pidfd >= 0:
                 os.close(pidfd)
 
-    def dump_stack(self) -> str:
-        """Ask the child for its stack (faulthandler, every thread) and read it back."""
+    def stopped_by(self) -> int:
+        """The signal that stopped the child (``SIGTTIN``: it read the terminal under ``-s``);
+        0 when it is not stopped."""
+        try:
+            found = os.waitid(os.P_PID, self.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return 0
+        return found.si_status if found is not None and found.si_code == os.CLD_STOPPED else 0
+
+    def dump_stack(self, stopped: bool = False) -> str:
+        """Ask the child for its stack (faulthandler, every thread) and read it back; a stopped
+        child is continued (its dump handler runs before it is stopped again)."""
         with contextlib.suppress(OSError):
             os.kill(self.pid, DUMP_SIGNAL)
+            if stopped:
+                os.kill(self.pid, signal.SIGCONT)
         path = Path(self.spec.folder, STACK)
         end, size = _monotonic() + DUMP_WAIT, -1
         while _monotonic() < end and not self._exited():

@@ -38,7 +38,6 @@ from typing import Any, TypeVar, cast
 import pytest
 
 from .. import _compat
-from .._compat import childcode
 from ..outcome.childverdict import ChildEnd, ChildResult, judge, parse_result
 from ..settings import Settings, Value, item_timeout
 from .childcall import filters_out, find_target
@@ -179,7 +178,8 @@ def _run(
             _for_spawn(spec, fn, args, kwargs, name)
         child = Child(spec, fn, args, kwargs, request)
         finished = child.wait(limit)
-        stack = "" if finished else child.dump_stack()
+        stopped = 0 if finished else child.stopped_by()
+        stack = "" if finished else child.dump_stack(stopped=bool(stopped))
         killed = child.end()
         end = ChildEnd(
             who=f"{name}'s child ({start}, pid {child.pid})",
@@ -190,6 +190,7 @@ def _run(
             stack=stack,
             test_file=inspect.getsourcefile(fn) or "",
             killed=tuple(killed),
+            stopped_by=stopped,
         )
         _copy_output(folder)
     finally:
@@ -246,7 +247,7 @@ def _xfail_matching(item: pytest.Item | None, result: object) -> str | None:
     one of its classes (pytest's own rule, on the class the child named); else None."""
     if item is None or not isinstance(result, ChildResult) or not result.raised:
         return None
-    xfailed = childcode.xfailed(item)
+    xfailed = _compat.xfailed(item)
     raises = getattr(xfailed, "raises", None)
     if not isinstance(raises, (type, tuple)):  # None is any failure: pytest's own rule holds
         return None

@@ -4,7 +4,8 @@ Runs in the process that started the child: the pytest process for an ordinary t
 a distributed one (:mod:`api.children` reads the child's result file and exit status, and raises
 what :func:`judge` decides). Pure: text and numbers in, a verdict out; no processes.
 
-The rule, strictest first: a child that did not end in time failed (its stack when stopped); a
+The rule, strictest first: a child that did not end in time failed (its stack when stopped, and
+the signal that had stopped it: ``SIGTTIN`` when it read the terminal under ``-s``); a
 child that wrote no result, or one that cannot be read, failed (naming its signal or exit code),
 whatever its exit status: a child runner that never called the function cannot pass (vLLM
 #41415); a result followed by a signal or a non-zero exit failed (naming both); otherwise the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 
 from .stacks import signal_name, where_blocked
 
@@ -60,6 +62,8 @@ class ChildEnd:
     test_file: str = ""
     #: Processes of the child's tree the parent killed (one line each).
     killed: tuple[str, ...] = ()
+    #: The signal that had stopped the child when its time was up (``SIGTTIN``...); 0: none.
+    stopped_by: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,6 +149,8 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
 def _hang(end: ChildEnd, left: str) -> str:
     limit = f"{end.timeout:g} s" if end.timeout is not None else "its timeout"
     lines = [f"{end.who} did not finish within {limit}: stopped and killed."]
+    if end.stopped_by:
+        lines.append(_stopped(end.stopped_by))
     if end.stack.strip():
         lines.append(f"It was {where_blocked(end.stack, end.test_file)}.")
         lines += ["Its stack when stopped (every thread, most recent call first):"]
@@ -156,6 +162,17 @@ def _hang(end: ChildEnd, left: str) -> str:
         "deadline less 10% and 1 s."
     )
     return _lines("\n".join(lines), left)
+
+
+def _stopped(signum: int) -> str:
+    name = signal_name(-signum).split("(")[0]
+    if signum in (signal.SIGTTIN, signal.SIGTTOU):
+        return (
+            f"It had been stopped by {name}: it used the terminal from outside the terminal's "
+            "foreground process group (under -s: input(), breakpoint(), pdb); a child cannot "
+            "read the terminal: give it its input another way, or debug it without in_child."
+        )
+    return f"It had been stopped by {name} (a stopped child does not go on by itself)."
 
 
 def trim_below_test(dump: str, test_file: str, most: int = 20) -> str:

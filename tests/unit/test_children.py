@@ -8,6 +8,7 @@ non-zero exit after a result, a timeout: each fails, naming what happened.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import signal
@@ -72,6 +73,7 @@ ends = st.builds(
     stack=st.sampled_from(["", 'Current thread 0x1 (most recent call first):\n  File "t.py"']),
     test_file=st.just("t.py"),
     killed=st.tuples() | st.tuples(st.just("pid 12: sleep 60")),
+    stopped_by=st.sampled_from([0, signal.SIGTTIN, signal.SIGSTOP]),
 )
 
 
@@ -245,3 +247,16 @@ def test_a_hangs_stack_keeps_each_thread_down_to_the_test_function() -> None:
         "Thread 0x2 (most recent call first):",
         '  File "threading.py", line 1 in wait',
     ]
+
+
+@pytest.mark.parametrize(
+    ("signum", "words"),
+    [
+        (signal.SIGTTIN, "It had been stopped by SIGTTIN: it used the terminal from outside"),
+        (signal.SIGSTOP, "It had been stopped by SIGSTOP (a stopped child does not go on"),
+    ],
+)
+def test_a_hang_of_a_stopped_child_says_what_stopped_it(signum: int, words: str) -> None:
+    end = ChildEnd("c", -9, None, timed_out=True, timeout=3.0, stopped_by=signum)
+    assert judge(end).message.splitlines()[1].startswith(words)
+    assert "stopped by" not in judge(dataclasses.replace(end, stopped_by=0)).message
