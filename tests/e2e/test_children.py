@@ -9,8 +9,12 @@ outlives it. The verdict's rule is property-tested in tests/unit/test_children.p
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
+from ..conftest import RunPytest
 from ..helpers import SharedSession
 from .test_faults import Session, Shared
 
@@ -536,3 +540,48 @@ def test_finalizers_added_in_the_child_run_there(kids: Shared) -> None:
     kids.section("test_fixture_teardown_runs").fnmatch_lines(
         ["RuntimeError: the fixture's teardown ran in the child (in test_fixture_teardown_runs*"]
     )
+
+
+PARENT_DIES = """
+import os, subprocess, time
+import pytest
+from pytest_distrank import in_child
+
+
+@pytest.fixture
+def slow_setup():
+    time.sleep(1.5)
+
+
+@pytest.mark.timeout(2, method="thread")  # counts the setup; ends the process with os._exit
+@in_child()
+def test_parent_dies(slow_setup):
+    worker = subprocess.Popen(["sleep", "1000"])
+    with open("worker.pid", "w") as f:
+        f.write(str(worker.pid))
+    time.sleep(100)
+"""
+
+
+def test_a_child_whose_parent_dies_ends_its_tree(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """pytest-timeout's thread method ends the test's process with ``os._exit``: the child is
+    told (its parent-death signal) and kills what it started. Its own session: the pytest
+    process dies in it."""
+    pytester.makepyfile(test_parent_dies=PARENT_DIES)
+    result = run_pytest("-p", "no:randomly")
+    result.stdout.fnmatch_lines(["*+ Timeout +*"])
+    pid = int(Path(pytester.path, "worker.pid").read_text())
+    end = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(pid), f"the child's worker (pid {pid}) outlived the test's process"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
