@@ -8,14 +8,16 @@ The rule, strictest first: a child that did not end in time failed (its stack wh
 the signal that had stopped it: ``SIGTTIN`` when it read the terminal under ``-s``); a
 child that wrote no result, or one that cannot be read, failed (naming its signal or exit code),
 whatever its exit status: a child runner that never called the function cannot pass (vLLM
-#41415); a result followed by a signal or a non-zero exit failed (naming both); otherwise the
-function's own outcome stands: passed, failed (its traceback), skipped or xfailed (its reason).
+#41415); a result followed by a signal or a non-zero exit failed (naming both); otherwise (a
+clean exit, or one another SIGCHLD handler reaped, so unknown) the function's own outcome
+stands: passed, failed (its traceback), skipped or xfailed (its reason).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 
 from .stacks import signal_name, where_blocked
@@ -130,7 +132,7 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
     if isinstance(result, str):
         first = f"{end.who} ended with {_status(end.status)}, but {result}."
         return Verdict("failed", _lines(first, left), left)
-    if end.status != 0:
+    if end.status not in (0, None):  # None: another handler reaped it; its result stands
         head = f"{end.who} ended with {_status(end.status)} after its function {result.outcome}"
         body = [f"{head}: a child must exit cleanly once its function returned."]
         if result.outcome == "failed":
@@ -138,12 +140,16 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
         return Verdict("failed", _lines("\n".join(body), left), left)
     if result.outcome == "failed":
         crash = (result.crash.splitlines() or [""])[0].strip() or "failed"
-        first = f"{crash} (in {end.who})"
+        first = crash if _NAMED_CHILD.search(crash) else f"{crash} (in {end.who})"
         return Verdict("failed", _lines(f"{first}\n{result.text}", left), left)
     if result.outcome == "passed" and left and leftovers == "fail":
         first = f"{end.who} passed, but left processes running (in_child(leftovers='fail'))"
         return Verdict("failed", _lines(first, left), left)
     return Verdict(result.outcome, result.text, left)
+
+
+#: The end of a failure's line that already names its child (an in_child inside an in_child).
+_NAMED_CHILD = re.compile(r"\(in .+'s child \((fork|spawn), pid \d+\)\)$")
 
 
 def _hang(end: ChildEnd, left: str) -> str:

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import RunPytest
-from ..helpers import SharedSession
+from ..helpers import RunPytest, SharedSession
 from .test_faults import Session, Shared
 
 ORDINARY = """
