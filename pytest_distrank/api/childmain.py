@@ -111,8 +111,11 @@ def run(
 ) -> ChildResult:
     """Call the function, then the finalizers it added; its outcome as the child reports it,
     with the warnings it raised (for the parent's warnings summary)."""
+    me = os.getpid()
     with warnings.catch_warnings(record=True) as caught:
         result = _call(fn, args, kwargs, spec, request)
+    if os.getpid() != me:  # a process the function forked fell out of it: not the child
+        _fell_out(result)
     warned = tuple(
         (_class_path(w.category), str(w.message), str(w.filename), int(w.lineno or 0))
         for w in caught
@@ -142,6 +145,20 @@ def _call(
         text = "\n".join(f"{name}:\n{tb}" for name, tb in subtests.failures)
         return ChildResult("failed", text, crash)
     return ChildResult("passed")
+
+
+def _fell_out(result: ChildResult) -> None:
+    """A process the function forked returned or raised out of it: it exits here, saying so on
+    stderr (its failure's traceback too), and writes no result: the child's own stands."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(
+            f"in_child: pid {os.getpid()}, forked by the test's function, {result.outcome} out "
+            "of it; it exits here (the child's own outcome is the test's)\n"
+        )
+        if result.outcome == "failed":
+            sys.stderr.write(result.text + "\n")
+        sys.stderr.flush()
+    os._exit(70 if result.outcome == "failed" else 0)
 
 
 def _class_path(cls: type) -> str:

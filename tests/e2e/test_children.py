@@ -268,6 +268,16 @@ def test_finalizer_runs(request):
 @in_child()
 def test_fixture_teardown_runs(request):
     request.getfixturevalue("torn")
+
+
+@in_child()
+def test_a_forked_helper_falls_out():
+    import os
+    pid = os.fork()
+    if pid == 0:
+        return  # the helper: its "passed" is not the child's
+    os.waitpid(pid, 0)
+    os._exit(0)
 """
 
 RANK_DEADLINE = """
@@ -538,6 +548,18 @@ def test_finalizers_added_in_the_child_run_there(kids: Shared) -> None:
     )
     kids.section("test_fixture_teardown_runs").fnmatch_lines(
         ["RuntimeError: the fixture's teardown ran in the child (in test_fixture_teardown_runs*"]
+    )
+
+
+def test_a_process_the_function_forked_writes_no_result(kids: Shared) -> None:
+    assert kids.outcome("test_a_forked_helper_falls_out") == "failed"
+    kids.section("test_a_forked_helper_falls_out").fnmatch_lines(
+        [
+            "test_a_forked_helper_falls_out's child (fork, pid *) ended with exit code 0 and wrote "
+            "no result: *",
+            "*- Captured stderr call -*",
+            "in_child: pid *, forked by the test's function, passed out of it; it exits here *",
+        ]
     )
 
 
