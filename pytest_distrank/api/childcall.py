@@ -1,6 +1,6 @@
 """What ``in_child``'s child does around the test's function: find it and take the test's
-warning filters (spawn), run the finalizers the function added, and record the failures of its
-unittest subtests.
+warning filters (spawn), run the finalizers the function added, record the failures of its
+unittest subtests, and turn its threads' uncaught exceptions into pytest's warning.
 
 Runs in the child process of :mod:`api.childmain` (:func:`find_target` also in the parent, to
 refuse before spawning). Each reaches into a private structure, named where it is used: pytest's
@@ -154,3 +154,27 @@ def subtest_recorder(case: Any) -> SubtestRecorder | None:
     outcome.result = recorder
     outcome.result_supports_subtests = True
     return recorder
+
+
+@contextlib.contextmanager
+def thread_errors_warned() -> Iterator[None]:
+    """A thread's uncaught exception, raised as pytest's ``PytestUnhandledThreadExceptionWarning``
+    (which the child's warnings carry to the parent): pytest's own hook reports it at the
+    test's teardown, which the child never runs."""
+    import threading
+    import traceback
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else "<unknown>"
+        error = (args.exc_type, args.exc_value, args.exc_traceback)
+        text = "".join(traceback.format_exception(*error))
+        warnings.warn(
+            pytest.PytestUnhandledThreadExceptionWarning(f"Exception in thread {name}\n\n{text}"),
+            stacklevel=1,
+        )
+
+    previous, threading.excepthook = threading.excepthook, hook
+    try:
+        yield
+    finally:
+        threading.excepthook = previous

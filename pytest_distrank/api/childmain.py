@@ -41,7 +41,13 @@ import pytest
 from .. import _compat
 from ..outcome.childverdict import ChildResult
 from ..rank import reaper
-from .childcall import filters_in, find_target, run_finalizers, subtest_recorder
+from .childcall import (
+    filters_in,
+    find_target,
+    run_finalizers,
+    subtest_recorder,
+    thread_errors_warned,
+)
 
 #: The signal the parent sends for the child's stack (a real-time one: no library uses it).
 DUMP_SIGNAL = signal.SIGRTMIN + 7
@@ -112,7 +118,7 @@ def run(
     """Call the function, then the finalizers it added; its outcome as the child reports it,
     with the warnings it raised (for the parent's warnings summary)."""
     me = os.getpid()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught, thread_errors_warned():
         result = _call(fn, args, kwargs, spec, request)
     if os.getpid() != me:  # a process the function forked fell out of it: not the child
         _fell_out(result)

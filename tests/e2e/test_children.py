@@ -251,6 +251,18 @@ def test_child_warns():
     warnings.warn("warned in the child", UserWarning)
 
 
+def boom():
+    raise RuntimeError("thread boom")
+
+
+@in_child()
+def test_a_thread_raises():
+    import threading
+    thread = threading.Thread(target=boom, name="booming")
+    thread.start()
+    thread.join()
+
+
 @pytest.fixture
 def torn():
     yield
@@ -529,12 +541,16 @@ def test_spawn_finds_the_function_below_a_plain_decorator_and_keeps_the_warning_
 
 
 def test_the_childs_warnings_reach_the_summary(kids: Shared) -> None:
-    assert kids.outcome("test_child_warns") == "passed"
+    assert kids.outcomes("test_child_warns", "test_a_thread_raises") == ["passed", "passed"]
     kids.result.stdout.fnmatch_lines(
         [
             "test_kids_fixes.py::test_child_warns",
             "  *test_kids_fixes.py:*: UserWarning: warned in the child",
-        ]
+            "test_kids_fixes.py::test_a_thread_raises",
+            "  *: PytestUnhandledThreadExceptionWarning: Exception in thread booming",
+            "*RuntimeError: thread boom",
+        ],
+        consecutive=False,
     )
 
 
