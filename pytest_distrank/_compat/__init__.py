@@ -22,7 +22,7 @@ docstring says why the private access is needed and what breaks if it changes; t
 - ``harness``: PyTorch's ``MultiProcessTestCase`` / ``MultiProcContinuousTest`` harness;
 - ``deepspeed``: DeepSpeed's ``DistributedTest`` harness (its test tree's ``unit/common.py``);
 - ``childcode``: a test module imported with its asserts rewritten, in ``in_child``'s spawned
-  child;
+  child; a test's evaluated xfail mark, for its parent;
 - ``plugins``: pytest-rerunfailures' decision functions, pytest-cov's controller and
   pytest-json-report's data on reports.
 """
@@ -40,7 +40,7 @@ from _pytest._code.code import (
     ReprTracebackNative,
 )
 
-from .childcode import import_rewritten
+from .childcode import import_rewritten, xfailed
 from .deepspeed import (
     DS_CHILD,
     DS_EXEC,
@@ -271,4 +271,5 @@ __all__ = [
     "user_temp_root",
     "watch_local_collectives",
     "with_group_members",
+    "xfailed",
 ]

@@ -1,4 +1,5 @@
-"""A test module imported in a spawned child as pytest imports it: with its asserts rewritten.
+"""A test module imported in a spawned child as pytest imports it: with its asserts rewritten;
+and the test's evaluated xfail mark, for ``in_child``'s parent to match ``raises=``.
 
 Runs in the fresh interpreter that ``in_child(start="spawn")`` starts (:mod:`api.childmain`),
 where no pytest session runs, so no import hook rewrites the test module's asserts. The
@@ -37,3 +38,14 @@ def import_rewritten(name: str, path: str) -> types.ModuleType:
     sys.modules[name] = module
     exec(code, module.__dict__)
     return module
+
+
+def xfailed(item: object) -> object:
+    """The test's evaluated ``xfail`` mark (pytest's private ``xfailed_key`` of the item's
+    stash: ``reason``, ``raises``, ...), None when it has none or the key moved."""
+    try:
+        from _pytest.skipping import xfailed_key
+    except ImportError:
+        return None
+    stash = getattr(item, "stash", None)
+    return stash.get(xfailed_key, None) if stash is not None else None

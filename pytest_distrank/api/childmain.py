@@ -21,14 +21,19 @@ import contextlib
 import ctypes
 import dataclasses
 import faulthandler
+import functools
 import os
 import pickle
+import shutil
 import signal
 import sys
-import time
 import traceback
+import unittest
+import warnings
 from collections.abc import Callable
 from pathlib import Path
+from time import monotonic as _monotonic  # at import: a test's patched clock is not this one's
+from time import sleep as _sleep
 from typing import Any
 
 import pytest
@@ -36,6 +41,13 @@ import pytest
 from .. import _compat
 from ..outcome.childverdict import ChildResult
 from ..rank import reaper
+from .childcall import (
+    filters_in,
+    find_target,
+    run_finalizers,
+    subtest_recorder,
+    thread_errors_warned,
+)
 
 #: The signal the parent sends for the child's stack (a real-time one: no library uses it).
 DUMP_SIGNAL = signal.SIGRTMIN + 7
@@ -43,6 +55,9 @@ DUMP_SIGNAL = signal.SIGRTMIN + 7
 RESULT, STACK, STDOUT, STDERR, SPEC = "result.json", "stack.txt", "out.txt", "err.txt", "spec"
 #: The attribute of an ``in_child`` wrapper that holds the function it wraps.
 WRAPPED = "__distrank_in_child__"
+#: The signal the child gets when its parent dies (pytest-timeout's thread method ends it with
+#: ``os._exit``): it kills its tree, then itself.
+PARENT_DIED = signal.SIGRTMIN + 8
 _PR_SET_PDEATHSIG = 1
 
 
@@ -64,12 +79,16 @@ class ChildSpec:
     qualname: str = ""
     sys_path: list[str] = dataclasses.field(default_factory=list)
     arguments: bytes = b""
+    #: spawn: the test's warning filters (its marks', ``-W``'s), as :func:`filters_out` gives.
+    filters: list[tuple[str, Any, str, Any, int]] = dataclasses.field(default_factory=list)
 
 
-def child_main(spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+def child_main(
+    spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any, request: Any = None
+) -> None:
     """A forked child, from fork to exit."""
     _prepare(spec)
-    _finish(spec, run(fn, args, kwargs, spec))
+    _finish(spec, run(fn, args, kwargs, spec, request))
 
 
 def spawned(spec_path: str) -> None:
@@ -79,11 +98,11 @@ def spawned(spec_path: str) -> None:
     _prepare(spec)
     try:
         module = _compat.import_rewritten(spec.module, spec.file)
-        target: Any = module
-        for part in spec.qualname.split("."):
-            target = getattr(target, part)
-        fn = getattr(target, WRAPPED, target)
+        fn = find_target(module, spec.qualname, WRAPPED)
         args, kwargs = pickle.loads(spec.arguments)
+        filters_in(spec.filters)
+    except pytest.fail.Exception as exc:  # the function not found: a message, no traceback
+        result = ChildResult("failed", str(exc.msg), f"Failed: {str(exc.msg).splitlines()[0]}")
     except BaseException as exc:  # the module's import, as pytest would show it
         result = ChildResult(
             "failed", "".join(traceback.format_exception(exc)), f"{type(exc).__name__}: {exc}"
@@ -93,17 +112,64 @@ def spawned(spec_path: str) -> None:
     _finish(spec, result)
 
 
-def run(fn: Callable[..., Any], args: Any, kwargs: Any, spec: ChildSpec) -> ChildResult:
-    """Call the function; its outcome as the child reports it."""
+def run(
+    fn: Callable[..., Any], args: Any, kwargs: Any, spec: ChildSpec, request: Any = None
+) -> ChildResult:
+    """Call the function, then the finalizers it added; its outcome as the child reports it,
+    with the warnings it raised (for the parent's warnings summary)."""
+    me = os.getpid()
+    with warnings.catch_warnings(record=True) as caught, thread_errors_warned():
+        result = _call(fn, args, kwargs, spec, request)
+    if os.getpid() != me:  # a process the function forked fell out of it: not the child
+        _fell_out(result)
+    warned = tuple(
+        (_class_path(w.category), str(w.message), str(w.filename), int(w.lineno or 0))
+        for w in caught
+    )
+    return dataclasses.replace(result, warned=warned) if warned else result
+
+
+def _call(
+    fn: Callable[..., Any], args: Any, kwargs: Any, spec: ChildSpec, request: Any
+) -> ChildResult:
+    subtests = subtest_recorder(args[0] if args else None)
     try:
-        fn(*args, **kwargs)
+        with run_finalizers(request):
+            fn(*args, **kwargs)
     except pytest.skip.Exception as exc:
         return ChildResult("skipped", str(exc.msg or "skipped in the child"))
+    except unittest.SkipTest as exc:
+        return ChildResult("skipped", str(exc) or "skipped in the child")
     except pytest.xfail.Exception as exc:  # before Failed: XFailed is one
         return ChildResult("xfailed", str(exc.msg or "xfailed in the child"))
     except BaseException as exc:
         return _failure(exc, fn, spec)
+    if subtests is not None and subtests.failures:
+        first = subtests.failures[0][0]
+        plural = "s" if len(subtests.failures) != 1 else ""
+        crash = f"{len(subtests.failures)} subtest{plural} failed, first {first}"
+        text = "\n".join(f"{name}:\n{tb}" for name, tb in subtests.failures)
+        return ChildResult("failed", text, crash)
     return ChildResult("passed")
+
+
+def _fell_out(result: ChildResult) -> None:
+    """A process the function forked returned or raised out of it: it exits here, saying so on
+    stderr (its failure's traceback too), and writes no result: the child's own stands."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(
+            f"in_child: pid {os.getpid()}, forked by the test's function, {result.outcome} out "
+            "of it; it exits here (the child's own outcome is the test's)\n"
+        )
+        if result.outcome == "failed":
+            sys.stderr.write(result.text + "\n")
+        sys.stderr.flush()
+    os._exit(70 if result.outcome == "failed" else 0)
+
+
+def _class_path(cls: type) -> str:
+    """``module:qualname`` of a class, for the parent to import and compare."""
+    return f"{cls.__module__}:{cls.__qualname__}"
 
 
 def _failure(exc: BaseException, fn: Callable[..., Any], spec: ChildSpec) -> ChildResult:
@@ -115,20 +181,31 @@ def _failure(exc: BaseException, fn: Callable[..., Any], spec: ChildSpec) -> Chi
     code = getattr(fn, "__code__", None)
     tb = excinfo.traceback
     if code is not None:
-        tb = tb.cut(path=Path(code.co_filename), firstlineno=code.co_firstlineno - 1) or tb
+        cut = tb.cut(path=Path(code.co_filename), firstlineno=code.co_firstlineno - 1)
+        tb = cut if cut is not tb else tb.filter(_not_ours)  # raised outside it: a finalizer
     excinfo.traceback = tb.filter(excinfo)
     style = spec.tbstyle if spec.tbstyle in ("long", "short", "line", "native") else "long"
     text = str(excinfo.getrepr(style=style, showlocals=spec.showlocals, truncate_locals=True))  # type: ignore[arg-type]
     crash = excinfo.exconly().splitlines()[0] if excinfo.exconly() else type(exc).__name__
-    return ChildResult("failed", text, crash)
+    return ChildResult("failed", text, crash, raised=_class_path(type(exc)))
+
+
+def _not_ours(entry: Any) -> bool:
+    """A traceback entry outside the plugin and contextlib (a finalizer's error, run here)."""
+    path = str(entry.path)
+    return not path.startswith(_PACKAGE) and not path.startswith(contextlib.__file__[:-3])
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])
 
 
 def _prepare(spec: ChildSpec) -> None:
     """Group, parent death, subreaper, stack dumps, output (the module's docstring)."""
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    signal.signal(PARENT_DIED, functools.partial(_parent_died, spec.folder))
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, PARENT_DIED, 0, 0, 0)
     if os.getppid() != spec.parent:  # the parent died before the death signal was armed
         os._exit(1)
     reaper.become_subreaper()
@@ -145,8 +222,17 @@ def _prepare(spec: ChildSpec) -> None:
         faulthandler.enable(file=sys.stderr, all_threads=True)
 
 
+def _parent_died(folder: str, signum: int, frame: Any) -> None:
+    """The parent is gone (pytest-timeout's thread method ends it with ``os._exit``): nobody
+    will end this tree (its processes are this subreaper's) nor remove the folder."""
+    reaper.kill_all(reaper.descendants([os.getpid()]))
+    shutil.rmtree(folder, ignore_errors=True)
+    os._exit(1)
+
+
 def _finish(spec: ChildSpec, result: ChildResult) -> None:
     """End what the function left running, write the result, exit without atexit."""
+    reaper.reap_children()  # adopted orphans that already ended: not "left running"
     left = tuple(end_tree([os.getpid()], include_roots=False))
     reaper.reap_children()
     if left:
@@ -185,7 +271,9 @@ def end_tree(roots: list[int], include_roots: bool) -> list[str]:
         if not new:
             break
         for pid in sorted(new):
-            named.append(command_line(pid))
+            state = reaper.proc_stat(pid)
+            if state is not None and state[0] not in ("Z", "X"):  # an ended one is not running
+                named.append(command_line(pid))
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGSTOP)
         stopped |= new
@@ -197,13 +285,13 @@ def end_tree(roots: list[int], include_roots: bool) -> list[str]:
 def _wait_gone(pids: set[int], bound: float = 2.0) -> None:
     """Reap the killed processes that are this one's children; wait (``bound``) until the others
     are gone or zombies, so that nobody names them again as running."""
-    end = time.monotonic() + bound
+    end = _monotonic() + bound
     for pid in sorted(pids):
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, 0)  # SIGKILLed: at once
             continue
-        while time.monotonic() < end:
+        while _monotonic() < end:
             state = reaper.proc_stat(pid)
             if state is None or state[0] in ("Z", "X"):
                 break
-            time.sleep(0.01)
+            _sleep(0.01)

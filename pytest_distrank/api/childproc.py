@@ -18,10 +18,11 @@ import select
 import signal
 import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from time import monotonic as _monotonic  # at import: a test's patched clock is not this one's
+from time import sleep as _sleep
 from typing import Any
 
 from . import childmain
@@ -39,7 +40,9 @@ SPAWN_CODE = (
 class Child:
     """One child of a test, from its start to its end."""
 
-    def __init__(self, spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> None:
+    def __init__(
+        self, spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any, request: Any = None
+    ) -> None:
         self.spec = spec
         #: Its exit code once reaped (``-N``: signal N); None while running, or when unknown.
         self.status: int | None = None
@@ -48,21 +51,21 @@ class Child:
         for name in (STDOUT, STDERR, STACK):
             Path(spec.folder, name).touch()
         if spec.start == "fork":
-            self.pid = _fork(spec, fn, args, kwargs)
+            self.pid = _fork(spec, fn, args, kwargs, request)
         else:
             self.process = _spawn(spec)
             self.pid = self.process.pid
 
     def wait(self, timeout: float | None) -> bool:
         """Wait until the child exits (not reaped yet) or ``timeout`` passed: whether it exited."""
-        end = None if timeout is None else time.monotonic() + timeout
+        end = None if timeout is None else _monotonic() + timeout
         try:
             pidfd = os.pidfd_open(self.pid)
         except (AttributeError, OSError):
             pidfd = -1
         try:
             while not self._exited():
-                left = None if end is None else end - time.monotonic()
+                left = None if end is None else end - _monotonic()
                 if left is not None and left <= 0:
                     return False
                 if pidfd >= 0:
@@ -70,24 +73,36 @@ class Child:
                     poll.register(pidfd, select.POLLIN)
                     poll.poll(None if left is None else max(1, int(left * 1000)))
                 else:
-                    time.sleep(min(0.02, left) if left is not None else 0.02)
+                    _sleep(min(0.02, left) if left is not None else 0.02)
             return True
         finally:
             if pidfd >= 0:
                 os.close(pidfd)
 
-    def dump_stack(self) -> str:
-        """Ask the child for its stack (faulthandler, every thread) and read it back."""
+    def stopped_by(self) -> int:
+        """The signal that stopped the child (``SIGTTIN``: it read the terminal under ``-s``);
+        0 when it is not stopped."""
+        try:
+            found = os.waitid(os.P_PID, self.pid, os.WSTOPPED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return 0
+        return found.si_status if found is not None and found.si_code == os.CLD_STOPPED else 0
+
+    def dump_stack(self, stopped: bool = False) -> str:
+        """Ask the child for its stack (faulthandler, every thread) and read it back; a stopped
+        child is continued (its dump handler runs before it is stopped again)."""
         with contextlib.suppress(OSError):
             os.kill(self.pid, DUMP_SIGNAL)
+            if stopped:
+                os.kill(self.pid, signal.SIGCONT)
         path = Path(self.spec.folder, STACK)
-        end, size = time.monotonic() + DUMP_WAIT, -1
-        while time.monotonic() < end and not self._exited():
+        end, size = _monotonic() + DUMP_WAIT, -1
+        while _monotonic() < end and not self._exited():
             now = path.stat().st_size
             if now and now == size:  # written, and no longer growing
                 break
             size = now
-            time.sleep(0.05)
+            _sleep(0.05)
         return path.read_text(errors="replace")
 
     def end(self) -> list[str]:
@@ -125,7 +140,7 @@ class Child:
             self.process.returncode = -1 if self.status is None else self.status
 
 
-def _fork(spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> int:
+def _fork(spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any, request: Any) -> int:
     with warnings.catch_warnings():  # Python 3.12+ warns of forking with threads: asked for
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
@@ -133,7 +148,7 @@ def _fork(spec: ChildSpec, fn: Callable[..., Any], args: Any, kwargs: Any) -> in
         return pid
     code = 0
     try:
-        childmain.child_main(spec, fn, args, kwargs)
+        childmain.child_main(spec, fn, args, kwargs, request)
     except BaseException:
         code = 70
         with contextlib.suppress(Exception):

@@ -21,22 +21,26 @@ signature when the function does not take it) to know its test and deadline.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
+import math
 import os
 import pickle
 import shutil
+import signal
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import pytest
 
 from .. import _compat
-from ..outcome.childverdict import ChildEnd, judge
+from ..outcome.childverdict import ChildEnd, ChildResult, judge, parse_result
 from ..settings import Settings, Value, item_timeout
+from .childcall import filters_out, find_target
 from .childmain import RESULT, STDERR, STDOUT, WRAPPED, ChildSpec
 from .childproc import Child
 
@@ -71,7 +75,10 @@ def in_child(
     if leftovers not in LEFTOVERS:
         raise ValueError(f"in_child(leftovers={leftovers!r}): one of {', '.join(LEFTOVERS)}.")
     if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout < 0
     ):
         raise ValueError(f"in_child(timeout={timeout!r}): seconds >= 0, or None for the default.")
 
@@ -86,12 +93,51 @@ def in_child(
             request = kwargs.get("request") if takes_request else kwargs.pop("request", None)
             _run(fn, args, kwargs, request, start, timeout, leftovers)
 
+        refused = _refused(fn)
+        if refused is not None:
+            wrapper = functools.wraps(fn)(refused)
         if not takes_request:
             wrapper.__signature__ = _with_request(signature)  # type: ignore[attr-defined]
         setattr(wrapper, WRAPPED, fn)
         return cast(F, wrapper)
 
     return decorate(fn) if fn is not None else decorate
+
+
+def _refused(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """A wrapper that refuses ``fn``, or None: a function whose call is not its run (a
+    coroutine's, a generator's) or that reports through its own process's pytest (the
+    ``subtests`` fixture) would pass unseen in a child. The wrapper is of ``fn``'s kind, so
+    pytest refuses it as it refuses such a test (its own words: an async def fails, a generator
+    does not collect); where pytest would run it (an async plugin), it fails saying why."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn):
+        message = f"in_child on {name}: an async def test is not run in a child; make it a def."
+
+        async def refuse_async(*args: Any, **kwargs: Any) -> None:
+            pytest.fail(message, pytrace=False)
+
+        return refuse_async
+    if inspect.isgeneratorfunction(fn):
+        message = f"in_child on {name}: a generator is not a test; make it a plain def."
+
+        def refuse_generator(*args: Any, **kwargs: Any) -> Iterator[None]:
+            pytest.fail(message, pytrace=False)
+            yield
+
+        return refuse_generator
+    if "subtests" in inspect.signature(fn).parameters:
+        message = (
+            f"in_child on {name}: the subtests fixture reports through the child's own pytest, "
+            "which reports nothing, so its failures would be lost; use "
+            "@pytest.mark.parametrize, or leave in_child out."
+        )
+
+        def refuse_subtests(*args: Any, **kwargs: Any) -> None:
+            pytest.fail(message, pytrace=False)
+
+        return refuse_subtests
+    return None
 
 
 def _with_request(signature: inspect.Signature) -> inspect.Signature:
@@ -115,6 +161,7 @@ def _run(
     item = _compat.request_item(request) if request is not None else None
     name = item.name if item is not None else getattr(fn, "__qualname__", repr(fn))
     limit = default_timeout(item) if timeout is None else (timeout or None)
+    limit = _within_timer(limit)
     config = item.config if item is not None else None
     folder = tempfile.mkdtemp(prefix="distrank-child-")
     spec = ChildSpec(
@@ -129,9 +176,10 @@ def _run(
     try:
         if start == "spawn":
             _for_spawn(spec, fn, args, kwargs, name)
-        child = Child(spec, fn, args, kwargs)
+        child = Child(spec, fn, args, kwargs, request)
         finished = child.wait(limit)
-        stack = "" if finished else child.dump_stack()
+        stopped = 0 if finished else child.stopped_by()
+        stack = "" if finished else child.dump_stack(stopped=bool(stopped))
         killed = child.end()
         end = ChildEnd(
             who=f"{name}'s child ({start}, pid {child.pid})",
@@ -142,6 +190,7 @@ def _run(
             stack=stack,
             test_file=inspect.getsourcefile(fn) or "",
             killed=tuple(killed),
+            stopped_by=stopped,
         )
         _copy_output(folder)
     finally:
@@ -149,6 +198,9 @@ def _run(
             child.end()
         shutil.rmtree(folder, ignore_errors=True)
     verdict = judge(end, leftovers)
+    result = parse_result(end.raw)
+    if isinstance(result, ChildResult):
+        _warn_again(result.warned)
     if verdict.left and verdict.outcome != "failed":
         code = getattr(fn, "__code__", None)
         warnings.warn_explicit(
@@ -158,11 +210,63 @@ def _run(
             code.co_firstlineno if code is not None else 0,
         )
     if verdict.outcome == "failed":
+        reason = _xfail_matching(item, result)
+        if reason is not None:
+            pytest.xfail(reason)
         pytest.fail(verdict.message, pytrace=False)
     if verdict.outcome == "skipped":
         raise _compat.skip_exception(verdict.message)
     if verdict.outcome == "xfailed":
         pytest.xfail(verdict.message)
+
+
+def _within_timer(limit: float | None) -> float | None:
+    """``limit``, or less where pytest-timeout's signal timer (armed before the test's setup)
+    fires sooner: its time left less 10% and 1 s, so the child is stopped, and its stack read,
+    before that timer ends the test without it."""
+    if signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.SIG_IGN, None):
+        return limit
+    left = signal.getitimer(signal.ITIMER_REAL)[0]
+    if left <= 0:
+        return limit
+    ours = round(max(left * 0.9 - 1.0, left / 2), 1)
+    return ours if limit is None else min(limit, ours)
+
+
+def _warn_again(warned: tuple[tuple[str, str, str, int], ...]) -> None:
+    """The child's warnings, raised again here: pytest's warnings summary lists them."""
+    for category, message, filename, lineno in warned:
+        cls = _import_class(category)
+        if not (isinstance(cls, type) and issubclass(cls, Warning)):
+            cls, message = UserWarning, f"{category.replace(':', '.')}: {message}"
+        warnings.warn_explicit(message, cls, filename, lineno)
+
+
+def _xfail_matching(item: pytest.Item | None, result: object) -> str | None:
+    """The reason of the test's ``xfail(raises=...)`` mark when the child's exception is of
+    one of its classes (pytest's own rule, on the class the child named); else None."""
+    if item is None or not isinstance(result, ChildResult) or not result.raised:
+        return None
+    xfailed = _compat.xfailed(item)
+    raises = getattr(xfailed, "raises", None)
+    if not isinstance(raises, (type, tuple)):  # None is any failure: pytest's own rule holds
+        return None
+    cls = _import_class(result.raised)
+    if isinstance(cls, type) and issubclass(cls, raises):
+        return str(getattr(xfailed, "reason", ""))
+    return None
+
+
+def _import_class(path: str) -> object:
+    """``module:qualname`` imported; None when it cannot be."""
+    module, _, qualname = path.partition(":")
+    try:
+        target: object = sys.modules.get(module) or importlib.import_module(module)
+        for part in qualname.split("."):
+            target = getattr(target, part)
+    except Exception:
+        return None
+    return target
 
 
 def default_timeout(item: pytest.Item | None) -> float | None:
@@ -201,7 +305,14 @@ def _for_spawn(
             "module or a class, so a fresh interpreter cannot import it; use start='fork'.",
             pytrace=False,
         )
+    if find_target(cast(Any, module), fn.__qualname__, WRAPPED) is not fn:
+        pytest.fail(
+            f"in_child(start='spawn') on {name}: {fn.__module__}.{fn.__qualname__} does not lead "
+            "to the test's function, so a spawned child cannot find it; use start='fork'.",
+            pytrace=False,
+        )
     spec.module, spec.file, spec.qualname = fn.__module__, str(file), fn.__qualname__
+    spec.filters = filters_out()
     spec.sys_path = list(sys.path)
     try:
         spec.arguments = pickle.dumps((args, kwargs))

@@ -4,17 +4,21 @@ Runs in the process that started the child: the pytest process for an ordinary t
 a distributed one (:mod:`api.children` reads the child's result file and exit status, and raises
 what :func:`judge` decides). Pure: text and numbers in, a verdict out; no processes.
 
-The rule, strictest first: a child that did not end in time failed (its stack when stopped); a
+The rule, strictest first: a child that did not end in time failed (its stack when stopped, and
+the signal that had stopped it: ``SIGTTIN`` when it read the terminal under ``-s``); a
 child that wrote no result, or one that cannot be read, failed (naming its signal or exit code),
 whatever its exit status: a child runner that never called the function cannot pass (vLLM
-#41415); a result followed by a signal or a non-zero exit failed (naming both); otherwise the
-function's own outcome stands: passed, failed (its traceback), skipped or xfailed (its reason).
+#41415); a result followed by a signal or a non-zero exit failed (naming both); otherwise (a
+clean exit, or one another SIGCHLD handler reaped, so unknown) the function's own outcome
+stands: passed, failed (its traceback), skipped or xfailed (its reason).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import signal
 
 from .stacks import signal_name, where_blocked
 
@@ -33,6 +37,10 @@ class ChildResult:
     crash: str = ""
     #: Processes the function left running, which the child killed: one line each.
     left: tuple[str, ...] = ()
+    #: failed: the exception's class as ``module:qualname`` (``xfail(raises=...)`` compares it).
+    raised: str = ""
+    #: Warnings the function raised: ``(category as module:qualname, message, file, line)``.
+    warned: tuple[tuple[str, str, str, int], ...] = ()
 
     def to_json(self) -> bytes:
         return json.dumps(dataclasses.asdict(self)).encode()
@@ -56,6 +64,8 @@ class ChildEnd:
     test_file: str = ""
     #: Processes of the child's tree the parent killed (one line each).
     killed: tuple[str, ...] = ()
+    #: The signal that had stopped the child when its time was up (``SIGTTIN``...); 0: none.
+    stopped_by: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,12 +89,28 @@ def parse_result(raw: bytes | None) -> ChildResult | str | None:
     fields = {f.name for f in dataclasses.fields(ChildResult)}
     if not isinstance(data, dict) or set(data) != fields:
         return f"its result file holds {type(data).__name__} {_short(repr(data))}, not a result"
-    outcome, text, crash, left = (data[k] for k in ("outcome", "text", "crash", "left"))
-    if outcome not in OUTCOMES or not isinstance(text, str) or not isinstance(crash, str):
+    outcome, text, crash, left, raised, warned = (data[k] for k in _FIELDS)
+    if outcome not in OUTCOMES or not all(isinstance(v, str) for v in (text, crash, raised)):
         return f"its result file says outcome {_short(repr(outcome))}, not one of {OUTCOMES}"
     if not isinstance(left, list) or not all(isinstance(line, str) for line in left):
         return f"its result file's list of left processes is {_short(repr(left))}"
-    return ChildResult(outcome, text, crash, tuple(left))
+    if not isinstance(warned, list) or not all(map(_is_warning, warned)):
+        return f"its result file's list of warnings is {_short(repr(warned))}"
+    warnings = tuple((c, m, f, n) for c, m, f, n in warned)
+    return ChildResult(outcome, text, crash, tuple(left), raised, warnings)
+
+
+_FIELDS = ("outcome", "text", "crash", "left", "raised", "warned")
+
+
+def _is_warning(entry: object) -> bool:
+    """``[category, message, file, line]`` as the result file holds a warning."""
+    return (
+        isinstance(entry, list)
+        and len(entry) == 4
+        and all(isinstance(v, str) for v in entry[:3])
+        and type(entry[3]) is int
+    )
 
 
 def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
@@ -106,7 +132,7 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
     if isinstance(result, str):
         first = f"{end.who} ended with {_status(end.status)}, but {result}."
         return Verdict("failed", _lines(first, left), left)
-    if end.status != 0:
+    if end.status not in (0, None):  # None: another handler reaped it; its result stands
         head = f"{end.who} ended with {_status(end.status)} after its function {result.outcome}"
         body = [f"{head}: a child must exit cleanly once its function returned."]
         if result.outcome == "failed":
@@ -114,7 +140,7 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
         return Verdict("failed", _lines("\n".join(body), left), left)
     if result.outcome == "failed":
         crash = (result.crash.splitlines() or [""])[0].strip() or "failed"
-        first = f"{crash} (in {end.who})"
+        first = crash if _NAMED_CHILD.search(crash) else f"{crash} (in {end.who})"
         return Verdict("failed", _lines(f"{first}\n{result.text}", left), left)
     if result.outcome == "passed" and left and leftovers == "fail":
         first = f"{end.who} passed, but left processes running (in_child(leftovers='fail'))"
@@ -122,9 +148,15 @@ def judge(end: ChildEnd, leftovers: str = "warn") -> Verdict:
     return Verdict(result.outcome, result.text, left)
 
 
+#: The end of a failure's line that already names its child (an in_child inside an in_child).
+_NAMED_CHILD = re.compile(r"\(in .+'s child \((fork|spawn), pid \d+\)\)$")
+
+
 def _hang(end: ChildEnd, left: str) -> str:
     limit = f"{end.timeout:g} s" if end.timeout is not None else "its timeout"
     lines = [f"{end.who} did not finish within {limit}: stopped and killed."]
+    if end.stopped_by:
+        lines.append(_stopped(end.stopped_by))
     if end.stack.strip():
         lines.append(f"It was {where_blocked(end.stack, end.test_file)}.")
         lines += ["Its stack when stopped (every thread, most recent call first):"]
@@ -136,6 +168,17 @@ def _hang(end: ChildEnd, left: str) -> str:
         "deadline less 10% and 1 s."
     )
     return _lines("\n".join(lines), left)
+
+
+def _stopped(signum: int) -> str:
+    name = signal_name(-signum).split("(")[0]
+    if signum in (signal.SIGTTIN, signal.SIGTTOU):
+        return (
+            f"It had been stopped by {name}: it used the terminal from outside the terminal's "
+            "foreground process group (under -s: input(), breakpoint(), pdb); a child cannot "
+            "read the terminal: give it its input another way, or debug it without in_child."
+        )
+    return f"It had been stopped by {name} (a stopped child does not go on by itself)."
 
 
 def trim_below_test(dump: str, test_file: str, most: int = 20) -> str:

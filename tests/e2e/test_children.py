@@ -9,9 +9,12 @@ outlives it. The verdict's rule is property-tested in tests/unit/test_children.p
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
-from ..helpers import SharedSession
+from ..helpers import RunPytest, SharedSession
 from .test_faults import Session, Shared
 
 ORDINARY = """
@@ -147,10 +150,168 @@ def test_rank_spawn_refuses_pg(pg):
     pass
 """
 
+#: The hostile pass's defects (issue 41 item 4): each of these passed, or failed, wrongly.
+FIXES = """
+import subprocess, time, unittest, warnings
+import pytest
+from pytest_distrank import in_child
+
+
+def wait_forever():
+    time.sleep(100)
+
+
+@in_child()
+async def test_async_refused():
+    raise AssertionError("never awaited")
+
+
+@in_child()
+def test_subtests_refused(subtests):
+    with subtests.test(i=1):
+        assert False
+
+
+class TestUnittest(unittest.TestCase):
+    @in_child()
+    def test_subtest_fails(self):
+        for i in range(3):
+            with self.subTest(i=i):
+                self.assertNotEqual(i, 1)
+
+    @in_child()
+    def test_skiptest(self):
+        self.skipTest("no engine in this case")
+
+
+@in_child()
+def test_unittest_skip():
+    raise unittest.SkipTest("no engine here either")
+
+
+@pytest.mark.xfail(raises=ValueError, reason="known ValueError")
+@in_child()
+def test_xfail_raises_matches():
+    raise ValueError("the known one")
+
+
+@pytest.mark.xfail(raises=KeyError, reason="known KeyError")
+@in_child()
+def test_xfail_raises_other():
+    raise ValueError("not the known one")
+
+
+@pytest.fixture
+def frozen(monkeypatch):  # what freezegun does
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0)
+
+
+@in_child(timeout=1)
+def test_frozen_clock(frozen):
+    wait_forever()
+
+
+@pytest.fixture
+def slow_setup():
+    time.sleep(1.5)
+
+
+@pytest.mark.timeout(3)
+@in_child()
+def test_setup_counts(slow_setup):
+    wait_forever()
+
+
+@in_child(leftovers="fail")
+def test_a_finished_job_is_not_left():
+    subprocess.run("sleep 0.1 & exit 0", shell=True)
+    time.sleep(0.5)
+
+
+def plain_decorator(f):
+    def inner(*args, **kwargs):
+        return f(*args, **kwargs)
+    return inner
+
+
+@plain_decorator
+@in_child(start="spawn", timeout=30)
+def test_spawn_under_a_plain_decorator():
+    pass
+
+
+@pytest.mark.filterwarnings("error")
+@in_child(start="spawn")
+def test_spawn_keeps_warning_filters():
+    warnings.warn("a warning as an error", UserWarning)
+
+
+@in_child()
+def test_child_warns():
+    warnings.warn("warned in the child", UserWarning)
+
+
+def boom():
+    raise RuntimeError("thread boom")
+
+
+@in_child()
+def test_a_thread_raises():
+    import threading
+    thread = threading.Thread(target=boom, name="booming")
+    thread.start()
+    thread.join()
+
+
+@pytest.fixture
+def torn():
+    yield
+    raise RuntimeError("the fixture's teardown ran in the child")
+
+
+@in_child()
+def test_finalizer_runs(request):
+    def fin():
+        raise RuntimeError("the finalizer ran in the child")
+
+    request.addfinalizer(fin)
+
+
+@in_child()
+def test_fixture_teardown_runs(request):
+    request.getfixturevalue("torn")
+
+
+@in_child()
+def test_a_forked_helper_falls_out():
+    import os
+    pid = os.fork()
+    if pid == 0:
+        return  # the helper: its "passed" is not the child's
+    os.waitpid(pid, 0)
+    os._exit(0)
+"""
+
+RANK_DEADLINE = """
+import pytest
+from pytest_distrank.api.children import default_timeout
+
+
+@pytest.mark.world_size(2)
+def test_rank_default_timeout(rank, request):
+    assert default_timeout(request.node) == 89.0  # --distrank-timeout=100, less 10% and 1 s
+"""
+
 CHILDREN = Session(
     "children",
-    {"test_kids.py": ORDINARY, "test_never_ran.py": NEVER_RAN, "test_kids_ranks.py": RANKS},
-    ("-ra", "-p", "no:randomly"),
+    {
+        "test_kids.py": ORDINARY,
+        "test_never_ran.py": NEVER_RAN,
+        "test_kids_ranks.py": RANKS,
+        "test_kids_fixes.py": FIXES,
+        "test_kids_deadline.py": RANK_DEADLINE,
+    },
+    ("-ra", "-p", "no:randomly", "--distrank-timeout=100"),
 )
 
 
@@ -307,3 +468,157 @@ def test_spawn_refuses_an_argument_that_does_not_pickle(kids: Shared) -> None:
             "test's arguments.",
         ]
     )
+
+
+def test_a_test_whose_call_is_not_its_run_is_refused(kids: Shared) -> None:
+    assert kids.outcomes("test_async_refused", "test_subtests_refused") == ["failed", "failed"]
+    kids.section("test_async_refused").fnmatch_lines(["*async def functions are not natively*"])
+    kids.section("test_subtests_refused").fnmatch_lines(
+        ["in_child on test_subtests_refused: the subtests fixture reports through the child's *"]
+    )
+
+
+def test_a_failed_unittest_subtest_fails_the_test(kids: Shared) -> None:
+    assert kids.outcome("test_subtest_fails") == "failed"
+    kids.section("TestUnittest.test_subtest_fails").fnmatch_lines(
+        [
+            "1 subtest failed, first test_subtest_fails (*) (i=1): AssertionError: 1 == 1 (in "
+            "TestUnittest.test_subtest_fails's child (fork, pid *))",
+            "test_kids_fixes.py:*: in test_subtest_fails",
+            "E   AssertionError: 1 == 1",
+        ]
+    )
+
+
+def test_unittest_skips_are_skips_and_xfail_raises_matches(kids: Shared) -> None:
+    assert kids.outcomes(
+        "test_skiptest",
+        "test_unittest_skip",
+        "test_xfail_raises_matches",
+        "test_xfail_raises_other",
+    ) == ["skipped", "skipped", "skipped", "failed"]
+    kids.result.stdout.fnmatch_lines(
+        [
+            "SKIPPED ?1? test_kids_fixes.py:*: no engine in this case",
+            "SKIPPED ?1? test_kids_fixes.py:*: no engine here either",
+            "XFAIL test_kids_fixes.py::test_xfail_raises_matches - known ValueError",
+        ],
+        consecutive=False,
+    )
+    kids.section("test_xfail_raises_other").fnmatch_lines(
+        ["ValueError: not the known one (in test_xfail_raises_other's child (fork, pid *))"]
+    )
+
+
+def test_the_childs_timeout_holds_whatever_the_test_does_to_the_clock(kids: Shared) -> None:
+    """A patched ``time.monotonic``; a setup that used most of pytest-timeout's timer (3 s,
+    1.5 s of it left: the child is stopped at 1.5 * 0.9 - 1 -> 0.8 s, at least half); a
+    rank's default from ``--distrank-timeout`` (100 -> 89 s)."""
+    kids.section("test_frozen_clock").fnmatch_lines(
+        ["test_frozen_clock's child (fork, pid *) did not finish within 1 s: stopped and killed."]
+    )
+    kids.section("test_setup_counts").fnmatch_lines(
+        ["test_setup_counts's child (fork, pid *) did not finish within 0.? s: stopped and killed."]
+    )
+    assert kids.outcome("test_rank_default_timeout") == "passed"
+
+
+def test_a_finished_background_job_is_not_left_running(kids: Shared) -> None:
+    assert kids.outcome("test_a_finished_job_is_not_left") == "passed"
+
+
+def test_spawn_finds_the_function_below_a_plain_decorator_and_keeps_the_warning_filters(
+    kids: Shared,
+) -> None:
+    """A decorator without functools.wraps: the child finds the function through its closure
+    (it used to call the decorator, which started in_child again, and again)."""
+    assert kids.outcomes(
+        "test_spawn_under_a_plain_decorator", "test_spawn_keeps_warning_filters"
+    ) == ["passed", "failed"]
+    kids.section("test_spawn_keeps_warning_filters").fnmatch_lines(
+        ["UserWarning: a warning as an error (in test_spawn_keeps_warning_filters's child *"]
+    )
+
+
+def test_the_childs_warnings_reach_the_summary(kids: Shared) -> None:
+    assert kids.outcomes("test_child_warns", "test_a_thread_raises") == ["passed", "passed"]
+    kids.result.stdout.fnmatch_lines(
+        [
+            "test_kids_fixes.py::test_child_warns",
+            "  *test_kids_fixes.py:*: UserWarning: warned in the child",
+            "test_kids_fixes.py::test_a_thread_raises",
+            "  *: PytestUnhandledThreadExceptionWarning: Exception in thread booming",
+            "*RuntimeError: thread boom",
+        ],
+        consecutive=False,
+    )
+
+
+def test_finalizers_added_in_the_child_run_there(kids: Shared) -> None:
+    assert kids.outcomes("test_finalizer_runs", "test_fixture_teardown_runs") == [
+        "failed",
+        "failed",
+    ]
+    kids.section("test_finalizer_runs").fnmatch_lines(
+        ["RuntimeError: the finalizer ran in the child (in test_finalizer_runs's child *"]
+    )
+    kids.section("test_fixture_teardown_runs").fnmatch_lines(
+        ["RuntimeError: the fixture's teardown ran in the child (in test_fixture_teardown_runs*"]
+    )
+
+
+def test_a_process_the_function_forked_writes_no_result(kids: Shared) -> None:
+    assert kids.outcome("test_a_forked_helper_falls_out") == "failed"
+    kids.section("test_a_forked_helper_falls_out").fnmatch_lines(
+        [
+            "test_a_forked_helper_falls_out's child (fork, pid *) ended with exit code 0 and wrote "
+            "no result: *",
+            "*- Captured stderr call -*",
+            "in_child: pid *, forked by the test's function, passed out of it; it exits here *",
+        ]
+    )
+
+
+PARENT_DIES = """
+import os, subprocess, time
+import pytest
+from pytest_distrank import in_child
+
+
+@pytest.fixture
+def slow_setup():
+    time.sleep(1.5)
+
+
+@pytest.mark.timeout(2, method="thread")  # counts the setup; ends the process with os._exit
+@in_child()
+def test_parent_dies(slow_setup):
+    worker = subprocess.Popen(["sleep", "1000"])
+    with open("worker.pid", "w") as f:
+        f.write(str(worker.pid))
+    time.sleep(100)
+"""
+
+
+def test_a_child_whose_parent_dies_ends_its_tree(
+    pytester: pytest.Pytester, run_pytest: RunPytest
+) -> None:
+    """pytest-timeout's thread method ends the test's process with ``os._exit``: the child is
+    told (its parent-death signal) and kills what it started. Its own session: the pytest
+    process dies in it."""
+    pytester.makepyfile(test_parent_dies=PARENT_DIES)
+    result = run_pytest("-p", "no:randomly")
+    result.stdout.fnmatch_lines(["*+ Timeout +*"])
+    pid = int(Path(pytester.path, "worker.pid").read_text())
+    end = time.monotonic() + 5
+    while _alive(pid) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not _alive(pid), f"the child's worker (pid {pid}) outlived the test's process"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

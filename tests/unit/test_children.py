@@ -8,6 +8,7 @@ non-zero exit after a result, a timeout: each fails, naming what happened.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import signal
@@ -27,6 +28,13 @@ from pytest_distrank.outcome.childverdict import (
     trim_below_test,
 )
 
+
+def _fields(**changed: object) -> dict[str, object]:
+    """A result file's fields, "passed", with ``changed`` ones."""
+    base = {"outcome": "passed", "text": "", "crash": "", "left": [], "raised": "", "warned": []}
+    return {**base, **changed}
+
+
 lines = st.text(st.characters(exclude_categories=["Cs"]), max_size=30)
 results = st.builds(
     ChildResult,
@@ -34,6 +42,8 @@ results = st.builds(
     text=lines,
     crash=lines,
     left=st.tuples() | st.tuples(lines) | st.tuples(lines, lines),
+    raised=st.sampled_from(["", "builtins:ValueError", "m:Outer.Error"]),
+    warned=st.tuples() | st.tuples(st.tuples(lines, lines, lines, st.integers(0, 10**6))),
 )
 #: What a result file may hold: a result, nothing, bytes that are no JSON, JSON of a wrong shape.
 garbled = st.binary(max_size=40).filter(lambda b: not _is_result(b)) | st.sampled_from(
@@ -46,6 +56,9 @@ garbled = st.binary(max_size=40).filter(lambda b: not _is_result(b)) | st.sample
         json.dumps({"outcome": "won", "text": "", "crash": "", "left": []}).encode(),
         json.dumps({"outcome": "passed", "text": 1, "crash": "", "left": []}).encode(),
         json.dumps({"outcome": "passed", "text": "", "crash": "", "left": [3]}).encode(),
+        json.dumps(_fields(warned=[["UserWarning", "m", "f.py", "7"]])).encode(),
+        json.dumps(_fields(warned=[["UserWarning", "m", "f.py"]])).encode(),
+        json.dumps(_fields(raised=None)).encode(),
     ]
 )
 raws = st.none() | results.map(ChildResult.to_json) | garbled
@@ -60,6 +73,7 @@ ends = st.builds(
     stack=st.sampled_from(["", 'Current thread 0x1 (most recent call first):\n  File "t.py"']),
     test_file=st.just("t.py"),
     killed=st.tuples() | st.tuples(st.just("pid 12: sleep 60")),
+    stopped_by=st.sampled_from([0, signal.SIGTTIN, signal.SIGSTOP]),
 )
 
 
@@ -83,7 +97,7 @@ def test_passed_only_for_a_readable_pass_a_clean_exit_and_in_time(
 ) -> None:
     verdict = judge(end, leftovers)
     result = parse_result(end.raw)
-    clean = not end.timed_out and end.status == 0 and isinstance(result, ChildResult)
+    clean = not end.timed_out and end.status in (0, None) and isinstance(result, ChildResult)
     assert verdict.outcome in OUTCOMES
     if verdict.outcome != "failed":
         assert clean and isinstance(result, ChildResult)
@@ -116,9 +130,9 @@ def test_every_failure_says_why(end: ChildEnd) -> None:
     elif end.status is not None and end.status < 0:
         assert signal.Signals(-end.status).name in verdict.message if _named(end.status) else True
         assert f"({end.status})" in verdict.message
-    elif end.status is None:
+    elif end.status is None and not isinstance(result, ChildResult):
         assert "unknown exit status" in verdict.message
-    elif end.status != 0:
+    elif end.status not in (0, None):
         assert f"exit code {end.status}" in verdict.message
     elif isinstance(result, ChildResult) and result.outcome == "failed":
         assert verdict.message.splitlines()[0].endswith(f"(in {end.who})")
@@ -168,12 +182,16 @@ def test_leftovers_warn_by_default_and_fail_when_asked() -> None:
     assert judge(end, "fail").outcome == "failed"
 
 
+SECONDS = "seconds >= 0, or None for the default."
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"start": "forkserver"}, "in_child(start='forkserver'): start is one of fork, spawn."),
         ({"timeout": -1}, "in_child(timeout=-1): seconds >= 0, or None for the default."),
         ({"timeout": True}, "in_child(timeout=True): seconds >= 0, or None for the default."),
+        *(({"timeout": float(v)}, f"in_child(timeout={v}): {SECONDS}") for v in ("inf", "nan")),
         ({"leftovers": "ignore"}, "in_child(leftovers='ignore'): one of warn, fail."),
     ],
 )
@@ -229,3 +247,33 @@ def test_a_hangs_stack_keeps_each_thread_down_to_the_test_function() -> None:
         "Thread 0x2 (most recent call first):",
         '  File "threading.py", line 1 in wait',
     ]
+
+
+@pytest.mark.parametrize(
+    ("signum", "words"),
+    [
+        (signal.SIGTTIN, "It had been stopped by SIGTTIN: it used the terminal from outside"),
+        (signal.SIGSTOP, "It had been stopped by SIGSTOP (a stopped child does not go on"),
+    ],
+)
+def test_a_hang_of_a_stopped_child_says_what_stopped_it(signum: int, words: str) -> None:
+    end = ChildEnd("c", -9, None, timed_out=True, timeout=3.0, stopped_by=signum)
+    assert judge(end).message.splitlines()[1].startswith(words)
+    assert "stopped by" not in judge(dataclasses.replace(end, stopped_by=0)).message
+
+
+def test_a_result_stands_when_another_handler_reaped_the_child() -> None:
+    """A SIGCHLD handler of the test reaped the child first: its exit status is unknown, its
+    result file says what came of the function."""
+    assert judge(ChildEnd("c", None, ChildResult("passed").to_json())).outcome == "passed"
+    failed = judge(ChildEnd("c", None, ChildResult("failed", "tb", "E: x").to_json()))
+    assert (failed.outcome, failed.message) == ("failed", "E: x (in c)\ntb")
+    assert "unknown exit status" in judge(ChildEnd("c", None, None)).message
+
+
+def test_a_nested_childs_failure_names_the_innermost_child_once() -> None:
+    crash = "Failed: AssertionError: x (in test_x's child (fork, pid 5))"
+    verdict = judge(
+        ChildEnd("test_x's child (spawn, pid 4)", 0, ChildResult("failed", "", crash).to_json())
+    )
+    assert verdict.message.splitlines()[0] == crash

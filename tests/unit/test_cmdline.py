@@ -83,7 +83,8 @@ def test_selection_and_what_the_controller_owns_do_not_act_in_ranks(
     assert option.debug is None and not (pytester.path / "dbg.log").exists()
     # Plugins whose work the controller does: every option at its default.
     assert (option.numprocesses, option.dist, option.tx) == (None, "no", [])
-    assert (option.cov_source, option.reruns, option.distrank_timeout) == (None, None, None)
+    assert (option.cov_source, option.reruns) == (None, None)
+    assert option.distrank_timeout == "9"  # carried: a rank's in_child counts from the deadline
     assert rank.pluginmanager.get_plugin("_cov") is None  # pytest-cov did not start measuring
     # The controller's verbosity (-v), and the rank's own options before a "--".
     assert option.verbose == 1

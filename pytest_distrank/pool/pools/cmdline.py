@@ -105,6 +105,8 @@ def rank_command_line(
         # The rank renders its failures: it must do so as verbosely as the controller does.
         verbose=_as_int(getattr(config.option, "verbose", 0)),
         continue_on_collection_errors=True,
+        # The distrank group is reset in ranks: the deadline a test's in_child counts from.
+        distrank_timeout=getattr(config.option, "distrank_timeout", None),
     )
     for name in FILTER_OPTIONS:  # rerunfailures' filters, judged in the rank that raised
         value = getattr(config.option, name, None)
