@@ -30,6 +30,7 @@ from pytest_distrank.settings import TREE_PYSPY_ENV
 from ..helpers import TAG_ENV, SharedSession, wait_gone
 
 DEADLINE = 3
+SETUP_DEADLINE = 2
 SHM_PREFIX = "distrank-e2e-tree-"
 
 WORKERS = '''
@@ -74,7 +75,7 @@ REFUSE = (
 )
 
 ORDINARY = f'''
-    import multiprocessing as mp, os, time
+    import multiprocessing as mp, os, subprocess, sys, time
     import pytest
     import torch.distributed as dist
     import workers
@@ -139,6 +140,50 @@ ORDINARY = f'''
     @pytest.mark.timeout({DEADLINE})
     def test_hung_refused():
         hang_two("spawn")
+
+    @pytest.fixture(scope="module")
+    def server():
+        p = subprocess.Popen(["sleep", "600"])
+        yield p
+        p.kill()
+        p.wait()
+
+    @pytest.mark.process_tree(deaths="fail")
+    def test_server_first(server):
+        assert server.poll() is None
+
+    @pytest.mark.process_tree(deaths="fail")
+    def test_server_second(server):
+        assert server.poll() is None, f"the module fixture's server is gone: {{server.returncode}}"
+
+    FORKSERVER_USER = (  # its own fork server: this session's is the plugin's
+        "import multiprocessing as mp, workers\\n"
+        "if __name__ == '__main__':\\n"
+        "    ctx = mp.get_context('forkserver')\\n"
+        "    q = ctx.Queue()\\n"
+        "    ps = [ctx.Process(target=workers.serve, args=(q,)) for i in (1, 2)]\\n"
+        "    [p.start() for p in ps]\\n"
+        "    print('started', flush=True)\\n"
+        "    [p.join() for p in ps]\\n"
+    )
+
+    @pytest.mark.process_tree
+    def test_leaves_forkserver_workers():
+        p = subprocess.Popen([sys.executable, "-c", FORKSERVER_USER], stdout=subprocess.PIPE)
+        assert p.stdout.readline() == b"started\\n"
+        p.stdout.close()
+        LEFT.append(p)  # held: no Popen.__del__ warning before the plugin ends it
+
+    LEFT = []
+
+    @pytest.fixture
+    def engine():
+        hang_two("spawn")
+
+    @pytest.mark.process_tree
+    @pytest.mark.timeout({SETUP_DEADLINE})
+    def test_setup_hangs(engine):
+        pass
 
     def test_after():
         pass
@@ -229,7 +274,40 @@ def _sections(lines: list[str], title: str) -> list[list[str]]:
 
 
 def test_tree_session_outcomes(tree: pytest.RunResult) -> None:
-    tree.assert_outcomes(passed=5, failed=7)
+    tree.assert_outcomes(passed=8, failed=7, errors=1)
+
+
+def test_a_module_fixtures_process_is_not_the_tests_and_survives(tree: pytest.RunResult) -> None:
+    tree.stdout.fnmatch_lines_random(
+        [
+            "PASSED test_own_workers.py::test_server_first",
+            "PASSED test_own_workers.py::test_server_second",
+        ]
+    )
+    assert not [line for line in tree.outlines if "(sleep 600)" in line]
+
+
+def test_forkserver_workers_left_running_are_ended(tree: pytest.RunResult) -> None:
+    # The leak check of the session proves they were: they wait on their queue forever.
+    sections = _sections(tree.outlines, "process tree (teardown)")
+    ended = [s[0] for s in sections if s[0].startswith("ended 3 process(es)")]
+    # the process that started them, then its fork server's two workers (not the server)
+    pytest.LineMatcher(ended).fnmatch_lines(
+        [
+            "ended 3 process(es) the test left running: "
+            "* (*-c import m*), * (*-c from*), * (*-c from*)"
+        ]
+    )
+
+
+def test_a_deadline_in_setup_attaches_the_stacks(tree: pytest.RunResult) -> None:
+    section = _section(tree, "ERROR at setup of test_setup_hangs", "process tree: stacks")
+    pytest.LineMatcher(section).fnmatch_lines(
+        [
+            f"at pytest-timeout's {SETUP_DEADLINE} s: * process(es) of the test's tree, *",
+            '    File "*workers.py", line 6 in serve',
+        ]
+    )
 
 
 def test_hung_workers_show_their_stacks_and_end_within_deadline_plus_5_s(
