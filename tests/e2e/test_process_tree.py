@@ -435,19 +435,22 @@ def test_the_session_goes_on_after_the_hangs(tree: pytest.RunResult) -> None:
     )
 
 
-INTERRUPTED = {
-    "ordinary": """
-        import multiprocessing as mp, os, pathlib, pytest, workers
+INTERRUPTED_ORDINARY = """
+    import multiprocessing as mp, os, pathlib, pytest, workers
 
-        @pytest.mark.process_tree
-        def test_waits():
-            ctx = mp.get_context("spawn")
-            q = ctx.Queue()
-            p = ctx.Process(target=workers.serve, args=(q,))
-            p.start()
-            pathlib.Path(os.environ["TREE_CASE_STARTED"]).touch()
-            p.join()
-    """,
+    @pytest.mark.process_tree
+    def test_waits():
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        p = ctx.Process(target=workers.serve, args=(q,))
+        p.start()
+        pathlib.Path(os.environ["TREE_CASE_STARTED"]).touch()
+        p.join()
+"""
+
+INTERRUPTED = {
+    "ordinary": INTERRUPTED_ORDINARY,
+    "twice": INTERRUPTED_ORDINARY,  # a second Ctrl-C while the stacks are taken
     "pool": """
         import multiprocessing as mp, os, pathlib, pytest, workers
 
@@ -467,8 +470,9 @@ INTERRUPTED = {
 
 def test_an_interrupt_shows_the_trees_stacks_and_ends_it(pytester: pytest.Pytester) -> None:
     """Ctrl-C (SIGINT) in an opted-in test: an ordinary test's tree's stacks are printed and the
-    tree ended; a distributed test's are in its interrupted report, one section per rank. Both
-    sessions run at once; no process outlives either."""
+    tree ended; a distributed test's are in its interrupted report, one section per rank; a
+    second Ctrl-C during the stacks still ends the tree. The sessions run at once; no process
+    outlives any."""
     runs: dict[str, tuple[Path, str, subprocess.Popen[bytes]]] = {}
     for mode, source in INTERRUPTED.items():
         case = pytester.path / mode
@@ -500,6 +504,8 @@ def test_an_interrupt_shows_the_trees_stacks_and_ends_it(pytester: pytest.Pytest
         time.sleep(0.5)  # the worker is in its queue's get()
         for _case, _tag, proc in runs.values():
             proc.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        runs["twice"][2].send_signal(signal.SIGINT)
         outputs = {}
         for mode, (case, tag, proc) in runs.items():
             proc.wait(60)
