@@ -19,7 +19,6 @@ import faulthandler
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,13 +28,12 @@ from typing import IO
 from ..settings import TREE_DIR_ENV as DIR_ENV
 from ..settings import TREE_PYSPY_ENV as PYSPY_ENV
 from . import reaped
+from .procs import FALLBACK_SIGNAL as TREE_SIGNAL
 from .procs import Proc
 from .reaped import OWN_CHILDREN
 
 MAX_PROCS = 16
 BOUND_S = 4.0
-#: faulthandler's signal in the tree's processes (SIGUSR1 and SIGUSR2 are the ranks' own).
-TREE_SIGNAL = signal.SIGRTMIN + 7
 #: What a refusal by ptrace rules looks like in py-spy's error output.
 _REFUSED = ("Permission denied", "Operation not permitted", "ptrace")
 
@@ -46,8 +44,10 @@ import faulthandler, importlib, os, sys
 _dir = os.environ.get("{env}")
 if _dir:
     try:
-        _file = open(os.path.join(_dir, "%d.stacks" % os.getpid()), "a")
-        faulthandler.register({signal}, file=_file, all_threads=True)
+        _path = os.path.join(_dir, "%d.stacks" % os.getpid())
+        # A descriptor, not a file object: no ResourceWarning at exit (python -X dev).
+        _fd = os.open(_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        faulthandler.register({signal}, file=_fd, all_threads=True)
         from _distrank_reaped import record_reaped  # a copy of tree/reaped.py: no torch import
         record_reaped(_dir)
     except (OSError, ImportError):

@@ -58,6 +58,8 @@ class Active:
     shm: set[str] = dataclasses.field(default_factory=shm_segments)  # /dev/shm at its start
     held: str = ""  # the segments and ports its tree left, in words
     stacks: str = ""  # the stacks taken at its deadline
+    based: bool = False  # whether its tree starts at its function-scoped fixtures yet
+    stacks_told: bool = False  # whether a report holds the stacks
 
 
 class TreePlugin:
@@ -65,8 +67,11 @@ class TreePlugin:
         self.in_rank = in_rank
         self.active: dict[str, Active] = {}
         self.own_folder: str | None = None
-        #: Every process this plugin ended in this session: its parent may reap it later.
-        self.ended: set[int] = set()
+        #: (pid, start time) of every process this plugin ended in this session: its parent
+        #: may reap it later.
+        self.ended: set[tuple[int, int]] = set()
+        #: pytest-timeout's thread method's timers, by test.
+        self.timers: dict[str, threading.Timer] = {}
 
     # -- the session ---------------------------------------------------------------------------
 
@@ -103,6 +108,23 @@ class TreePlugin:
         watch = Watch(os.getpid(), folder, self.ended)
         self.active[item.nodeid] = Active(watch, folder, saved, reaper, handler)
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_fixture_setup(self, fixturedef: Any, request: pytest.FixtureRequest) -> None:
+        if fixturedef.scope == "function":
+            self._tree_starts(request.node.nodeid)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> None:
+        self._tree_starts(item.nodeid)
+
+    def _tree_starts(self, nodeid: str) -> None:
+        """The test's tree is what its call and its function-scoped fixtures start: pytest sets
+        up the wider fixtures first, and what they start (a server) outlives the test."""
+        active = self.active.get(nodeid)
+        if active is not None and not active.based:
+            active.based = True
+            active.watch.rebase()
+
     def _folder(self) -> str:
         if self.own_folder is None:
             self.own_folder = tempfile.mkdtemp(prefix="distrank-tree-")
@@ -116,6 +138,9 @@ class TreePlugin:
         timeout = getattr(settings, "timeout", None)
         if self.in_rank or not timeout or not opted_in(item):
             return None
+        if getattr(settings, "method", "signal") == "thread":
+            self._thread_timer(item, settings, timeout)
+            return True
         if threading.current_thread() is not threading.main_thread():
             return None
 
@@ -133,10 +158,36 @@ class TreePlugin:
         signal.setitimer(signal.ITIMER_REAL, float(timeout))
         return True
 
+    def _thread_timer(self, item: pytest.Item, settings: Any, timeout: float) -> None:
+        """pytest-timeout's thread method, as it is (its stacks, then the session exits at
+        once), with the tree's stacks first and the tree ended (it would be orphaned)."""
+        from pytest_timeout import timeout_timer  # type: ignore[import-untyped]
+
+        def expired() -> None:
+            self._at_deadline(item, f"pytest-timeout's {timeout:g} s (method='thread')")
+            active = self.active.get(item.nodeid)
+            capman = item.config.pluginmanager.getplugin("capturemanager")
+            with contextlib.suppress(Exception):
+                if capman is not None:
+                    capman.suspend_global_capture(item)
+                terminal = item.config.get_terminal_writer()
+                terminal.sep("+", title=f"{STACKS_TITLE} of {item.nodeid}")
+                terminal.write(f"{active.stacks if active else ''}\n")
+            timeout_timer(item, settings)  # os._exit(1)
+
+        timer = threading.Timer(float(timeout), expired)
+        timer.name, timer.daemon = "distrank-tree-timeout", True
+        self.timers[item.nodeid] = timer
+        timer.start()
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_timeout_cancel_timer(self, item: pytest.Item) -> bool | None:
         if self.in_rank or not opted_in(item):
             return None
+        timer = self.timers.pop(item.nodeid, None)
+        if timer is not None:
+            timer.cancel()
+            return True
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
         return True
@@ -151,19 +202,30 @@ class TreePlugin:
         text = stacks_text(stacks, method, time.monotonic() - started)
         active.stacks = f"at {why}: {text}"
         active.watch.forget(living)
-        self.ended.update(p.pid for p in end_tree(living, os.getpid()))
+        self.ended.update(p.key for p in end_tree(living, os.getpid()))
 
     def pytest_keyboard_interrupt(self) -> None:
-        """An interrupt in an opted-in test: its tree's stacks on the terminal, then it ends."""
-        for nodeid, active in list(self.active.items()):
-            started = time.monotonic()
-            living = active.watch.living()
-            stacks, method = dump_tree(living, active.folder)
-            text = stacks_text(stacks, method, time.monotonic() - started)
-            with contextlib.suppress(Exception):
-                print(f"\n{STACKS_TITLE} of {nodeid} (interrupted):\n{text}", flush=True)
-            self.active.pop(nodeid, None)
-            self._finish(active)
+        """An interrupt in an opted-in test: its tree's stacks on the terminal, then it ends
+        (a second interrupt skips the stacks, never the end)."""
+        try:
+            for nodeid, active in list(self.active.items()):
+                started = time.monotonic()
+                living = active.watch.living()
+                stacks, method = dump_tree(living, active.folder)
+                text = stacks_text(stacks, method, time.monotonic() - started)
+                with contextlib.suppress(Exception):
+                    print(f"\n{STACKS_TITLE} of {nodeid} (interrupted):\n{text}", flush=True)
+        except KeyboardInterrupt:
+            print(
+                "\npytest-distrank: interrupted again: the tree's stacks are skipped, "
+                "its processes are ended",
+                flush=True,
+            )
+        finally:
+            with _signals_held():
+                for nodeid, active in list(self.active.items()):
+                    self.active.pop(nodeid, None)
+                    self._finish(active)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, None, None]:
@@ -189,7 +251,8 @@ class TreePlugin:
             ended = active.ended if active.ended is not None else self._finish(active)
         else:
             active.watch.poll()
-        if active.stacks and call.when == "call":
+        if active.stacks and not active.stacks_told:  # a deadline in setup or teardown too
+            active.stacks_told = True
             report.sections.append((STACKS_TITLE, active.stacks))
         deaths = active.watch.deaths[active.reported :]
         active.reported += len(deaths)
@@ -232,7 +295,7 @@ class TreePlugin:
         left = shm_segments() - active.shm
         left -= mapped_segments(os.getpid(), left)
         active.held = held_text(sorted(left), ports)
-        self.ended.update(p.pid for p in ended)
+        self.ended.update(p.key for p in ended)
         unregister_here(active.handler)
         stop_recording()
         for name, value in active.saved_env.items():
@@ -242,6 +305,21 @@ class TreePlugin:
                 os.environ[name] = value
         active.reaper.close()
         return ended
+
+
+@contextlib.contextmanager
+def _signals_held() -> Generator[None, None, None]:
+    """SIGINT and SIGTERM ignored while the block runs (in the main thread): the tree is
+    ended whatever the user presses."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 def register(config: pytest.Config) -> None:

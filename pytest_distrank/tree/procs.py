@@ -23,6 +23,9 @@ from ..rank.reaper import kill_all
 from .reaped import read_reaped
 
 POLL_S = 0.1
+#: faulthandler's signal in the tree's processes (SIGUSR1 and SIGUSR2 are the ranks' own). A
+#: process with no handler for it dies of it: the plugin's doing, not a death of the test's.
+FALLBACK_SIGNAL = signal.SIGRTMIN + 7
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 
@@ -36,6 +39,11 @@ class Proc:
     cmdline: str
     uid: int
     python: bool
+    start: int = 0  # its start time (/proc/<pid>/stat field 22): a pid with another is another
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.pid, self.start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,15 +63,33 @@ class Death:
         return (self.status >> 8) & 0xFF
 
 
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """State letter, parent pid and (for a zombie) exit status, from /proc/<pid>/stat."""
+def _fields(pid: int) -> list[bytes] | None:
+    """/proc/<pid>/stat's fields from the third (the state letter) on."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        code = int(fields[49]) if len(fields) > 49 else 0
-        return fields[0].decode(), int(fields[1]), code
-    except (OSError, IndexError, ValueError):
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
         return None
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """State letter, parent pid and (for a zombie) exit status, from /proc/<pid>/stat."""
+    fields = _fields(pid)
+    try:
+        code = int(fields[49]) if fields is not None and len(fields) > 49 else 0
+        return (fields[0].decode(), int(fields[1]), code) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
+
+
+def start_time(pid: int) -> int:
+    """When ``pid`` started (clock ticks since boot), 0 when unknown: with the pid, a process's
+    identity (a pid is reused)."""
+    fields = _fields(pid)
+    try:
+        return int(fields[19]) if fields is not None else 0
+    except (IndexError, ValueError):
+        return 0
 
 
 def read_proc(pid: int, ppid: int) -> Proc:
@@ -79,7 +105,7 @@ def read_proc(pid: int, ppid: int) -> Proc:
         uid = os.stat(f"/proc/{pid}").st_uid
     with contextlib.suppress(OSError):
         python = "python" in os.path.basename(os.readlink(f"/proc/{pid}/exe"))
-    return Proc(pid, ppid, cmdline, uid, python)
+    return Proc(pid, ppid, cmdline, uid, python, start_time(pid))
 
 
 def all_parents(zombies: dict[int, int] | None = None) -> dict[int, int]:
@@ -112,30 +138,45 @@ def descendants_of(roots: set[int], parents: dict[int, int] | None = None) -> di
     return found
 
 
-def is_helper(proc: Proc) -> bool:
+def is_helper(proc: Proc, parent_cmdline: str | None = None) -> bool:
     """A multiprocessing forkserver or resource tracker, an inductor compile worker: started
-    on first use and kept for the process's life, not a test's own worker."""
-    return any(h in proc.cmdline for h in PROCESS_HELPERS)
+    on first use and kept for the process's life, not a test's own worker. A fork server's
+    worker has its command line too, and its parent's (``parent_cmdline``, read from /proc when
+    not given): it is a worker."""
+    helper = next((h for h in PROCESS_HELPERS if h in proc.cmdline), None)
+    if helper is None:
+        return False
+    if parent_cmdline is None:
+        parent_cmdline = read_proc(proc.ppid, -1).cmdline if proc.ppid > 0 else ""
+    return helper not in parent_cmdline
 
 
 class Watch:
     """The tree of one running test: processes born under ``root`` since the start."""
 
-    def __init__(self, root: int, folder: str | None = None, ended: set[int] | None = None) -> None:
+    def __init__(
+        self, root: int, folder: str | None = None, ended: set[tuple[int, int]] | None = None
+    ) -> None:
         self.root = root
         self.folder = folder
-        self.started = time.monotonic()
-        self.wall = time.time()
-        self.before = set(descendants_of({root}))
-        self.procs: dict[int, Proc] = {}
-        self.deaths: list[Death] = []
-        #: Processes that are no longer watched: gone, or ended by the plugin (``ended``: in
-        #: earlier tests too; their parent may reap them during this one).
-        self._gone: set[int] = set(ended or ())
+        #: (pid, start time) of the processes the plugin ended in earlier tests: their parent
+        #: may reap them during this one. Keyed by start time too: their pids are reused.
+        self.ended = ended if ended is not None else set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self.rebase()
         self._thread = threading.Thread(target=self._loop, name="distrank-tree-watch", daemon=True)
         self._thread.start()
+
+    def rebase(self) -> None:
+        """The tree starts now: what runs now (a wider fixture's server) is not in it."""
+        with self._lock:
+            self.started = time.monotonic()
+            self.wall = time.time()
+            self.before = set(descendants_of({self.root}))
+            self.procs: dict[int, Proc] = {}
+            self.deaths: list[Death] = []
+            self._gone: set[int] = set()  # processes no longer watched: gone, or ended
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):
@@ -149,11 +190,11 @@ class Watch:
             live = descendants_of({self.root}, parents)
             for pid, ppid in live.items():
                 if pid not in self.before and pid not in self.procs:
-                    self.procs[pid] = read_proc(pid, ppid)
+                    self._add(pid, ppid)
             tree = {self.root, *live}
             for pid, ppid in zombies.items():  # died before a poll saw it alive, not reaped
                 if ppid in tree and pid not in self.procs and pid not in self.before:
-                    self.procs[pid] = read_proc(pid, ppid)
+                    self._add(pid, ppid)
             self._reaped(now)
             for pid, proc in self.procs.items():
                 if pid in live or pid in self._gone:
@@ -161,21 +202,31 @@ class Watch:
                 stat = _stat(pid)
                 if stat is not None and stat[0] == "Z":
                     self._gone.add(pid)
-                    if stat[2] != 0:
+                    if stat[2] != 0 and stat[2] & 0x7F != FALLBACK_SIGNAL:
                         self.deaths.append(Death(proc, stat[2], now))
                 elif stat is None or stat[1] != proc.ppid:
                     self._gone.add(pid)  # reaped (or the pid reused): status unknown
+
+    def _add(self, pid: int, ppid: int) -> None:
+        proc = read_proc(pid, ppid)
+        self.procs[pid] = proc
+        if proc.key in self.ended:  # ended in an earlier test, not reaped yet
+            self._gone.add(pid)
 
     def _reaped(self, now: float) -> None:
         """Statuses the tree's processes recorded as they reaped their children (reaped.py)."""
         if self.folder is None:
             return
         for pid, (reaper, status, wall) in read_reaped(self.folder).items():
-            if pid in self._gone or wall < self.wall:
+            if pid in self._gone or pid in self.before or wall < self.wall:
+                continue
+            if status & 0x7F == FALLBACK_SIGNAL:
                 continue
             proc = self.procs.get(pid)
             if proc is None:  # born and reaped between two polls: a child of the tree's
                 if reaper != self.root and reaper not in self.procs:
+                    continue
+                if any(pid == ended for ended, _ in self.ended):  # ended earlier, reaped now
                     continue
                 proc = Proc(
                     pid, reaper, f"a child of {reaper}, ended before it was seen", -1, False
@@ -210,7 +261,7 @@ def end_tree(procs: list[Proc], root: int) -> list[Proc]:
     that join no longer waits). Returns the processes killed."""
     import multiprocessing
 
-    victims = [p for p in procs if not is_helper(p)]
+    victims = [p for p in procs if not is_helper(p)]  # a fork server's workers are victims
     kill_all([p.pid for p in victims])
     managed = {child.pid for child in multiprocessing.active_children()}
     deadline = time.monotonic() + 2.0

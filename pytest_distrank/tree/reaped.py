@@ -14,18 +14,32 @@ import os
 import time
 from collections.abc import Callable
 
-_ORIGINAL: Callable[..., tuple[int, int]] = os.waitpid
 #: Children the plugin itself starts (py-spy): their statuses are not the tree's.
 OWN_CHILDREN: set[int] = set()
+#: The ``os.waitpid`` found when recording started (the built-in, or another's wrapper, as
+#: gevent's), put back when it stops; None while not recording.
+_FOUND: list[Callable[..., tuple[int, int]]] = []
+
+
+def is_death(status: int) -> bool:
+    """Whether a waitpid status is an end by a signal or a non-zero exit (not a stop or a
+    continue, which ``WUNTRACED`` and ``WCONTINUED`` report)."""
+    if os.WIFSTOPPED(status) or os.WIFCONTINUED(status):
+        return False
+    return status != 0
 
 
 def record_reaped(folder: str) -> None:
-    """Wrap ``os.waitpid`` in this process (idempotent)."""
+    """Wrap ``os.waitpid`` in this process (idempotent), over whatever ``os.waitpid`` is now."""
+    if _FOUND:
+        return
+    found = os.waitpid
+    _FOUND.append(found)
 
     def waitpid(pid: int, options: int) -> tuple[int, int]:
         __tracebackhide__ = True  # a test's traceback shows os.waitpid's caller, not this
-        got, status = _ORIGINAL(pid, options)
-        if got > 0 and status != 0 and got not in OWN_CHILDREN:
+        got, status = found(pid, options)
+        if got > 0 and is_death(status) and got not in OWN_CHILDREN:
             try:
                 path = os.path.join(folder, f"{os.getpid()}.reaped")
                 with open(path, "a") as f:
@@ -34,12 +48,13 @@ def record_reaped(folder: str) -> None:
                 pass
         return got, status
 
-    if os.waitpid is _ORIGINAL:
-        os.waitpid = waitpid
+    os.waitpid = waitpid
 
 
 def stop_recording() -> None:
-    os.waitpid = _ORIGINAL
+    """``os.waitpid`` as recording found it."""
+    if _FOUND:
+        os.waitpid = _FOUND.pop()
 
 
 def read_reaped(folder: str) -> dict[int, tuple[int, int, float]]:

@@ -5,21 +5,18 @@ deadline taken from pytest-timeout) and distributed ones (their deadline the poo
 side: workers that hang (their stacks, by py-spy, by the faulthandler fallback, and with py-spy
 refused), workers in a gloo group (the one blocked in ``barrier`` is marked), a worker that
 crashes (named; with ``deaths="fail"`` the test fails), a test that leaves a ``setsid`` daemon, a
-``/dev/shm`` segment and a listening port (ended, named), and plain tests after them (the session
-goes on and ends). The leak check of ``run_pytest`` proves no process outlived the session.
-Ctrl-C cannot share that session (it ends it): ``test_an_interrupt_...`` runs two small ones at
-once, an ordinary test and a distributed one.
+``/dev/shm`` segment and a listening port (ended, named), a module fixture's server that two
+tests use (not theirs: it survives), a fork server's workers left running (ended), a deadline in
+a fixture's setup (its stacks), and plain tests after them (the session goes on and ends).
+The leak check of ``run_pytest`` proves no process outlived the session.
+Ctrl-C cannot share that session (it ends it): test_process_tree_interrupt.py.
 """
 
 from __future__ import annotations
 
 import glob
 import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -27,9 +24,10 @@ import pytest
 
 from pytest_distrank.settings import TREE_PYSPY_ENV
 
-from ..helpers import TAG_ENV, SharedSession, wait_gone
+from ..helpers import SharedSession
 
 DEADLINE = 3
+SETUP_DEADLINE = 2
 SHM_PREFIX = "distrank-e2e-tree-"
 
 WORKERS = '''
@@ -74,7 +72,7 @@ REFUSE = (
 )
 
 ORDINARY = f'''
-    import multiprocessing as mp, os, time
+    import multiprocessing as mp, os, subprocess, sys, time
     import pytest
     import torch.distributed as dist
     import workers
@@ -139,6 +137,50 @@ ORDINARY = f'''
     @pytest.mark.timeout({DEADLINE})
     def test_hung_refused():
         hang_two("spawn")
+
+    @pytest.fixture(scope="module")
+    def server():
+        p = subprocess.Popen(["sleep", "600"])
+        yield p
+        p.kill()
+        p.wait()
+
+    @pytest.mark.process_tree(deaths="fail")
+    def test_server_first(server):
+        assert server.poll() is None
+
+    @pytest.mark.process_tree(deaths="fail")
+    def test_server_second(server):
+        assert server.poll() is None, f"the module fixture's server is gone: {{server.returncode}}"
+
+    FORKSERVER_USER = (  # its own fork server: this session's is the plugin's
+        "import multiprocessing as mp, workers\\n"
+        "if __name__ == '__main__':\\n"
+        "    ctx = mp.get_context('forkserver')\\n"
+        "    q = ctx.Queue()\\n"
+        "    ps = [ctx.Process(target=workers.serve, args=(q,)) for i in (1, 2)]\\n"
+        "    [p.start() for p in ps]\\n"
+        "    print('started', flush=True)\\n"
+        "    [p.join() for p in ps]\\n"
+    )
+
+    @pytest.mark.process_tree
+    def test_leaves_forkserver_workers():
+        p = subprocess.Popen([sys.executable, "-c", FORKSERVER_USER], stdout=subprocess.PIPE)
+        assert p.stdout.readline() == b"started\\n"
+        p.stdout.close()
+        LEFT.append(p)  # held: no Popen.__del__ warning before the plugin ends it
+
+    LEFT = []
+
+    @pytest.fixture
+    def engine():
+        hang_two("spawn")
+
+    @pytest.mark.process_tree
+    @pytest.mark.timeout({SETUP_DEADLINE})
+    def test_setup_hangs(engine):
+        pass
 
     def test_after():
         pass
@@ -229,7 +271,40 @@ def _sections(lines: list[str], title: str) -> list[list[str]]:
 
 
 def test_tree_session_outcomes(tree: pytest.RunResult) -> None:
-    tree.assert_outcomes(passed=5, failed=7)
+    tree.assert_outcomes(passed=8, failed=7, errors=1)
+
+
+def test_a_module_fixtures_process_is_not_the_tests_and_survives(tree: pytest.RunResult) -> None:
+    tree.stdout.fnmatch_lines_random(
+        [
+            "PASSED test_own_workers.py::test_server_first",
+            "PASSED test_own_workers.py::test_server_second",
+        ]
+    )
+    assert not [line for line in tree.outlines if "(sleep 600)" in line]
+
+
+def test_forkserver_workers_left_running_are_ended(tree: pytest.RunResult) -> None:
+    # The leak check of the session proves they were: they wait on their queue forever.
+    sections = _sections(tree.outlines, "process tree (teardown)")
+    ended = [s[0] for s in sections if s[0].startswith("ended 3 process(es)")]
+    # the process that started them, then its fork server's two workers (not the server)
+    pytest.LineMatcher(ended).fnmatch_lines(
+        [
+            "ended 3 process(es) the test left running: "
+            "* (*-c import m*), * (*-c from*), * (*-c from*)"
+        ]
+    )
+
+
+def test_a_deadline_in_setup_attaches_the_stacks(tree: pytest.RunResult) -> None:
+    section = _section(tree, "ERROR at setup of test_setup_hangs", "process tree: stacks")
+    pytest.LineMatcher(section).fnmatch_lines(
+        [
+            f"at pytest-timeout's {SETUP_DEADLINE} s: * process(es) of the test's tree, *",
+            '    File "*workers.py", line 6 in serve',
+        ]
+    )
 
 
 def test_hung_workers_show_their_stacks_and_end_within_deadline_plus_5_s(
@@ -354,95 +429,4 @@ def test_a_ranks_crashed_worker_is_named(tree: pytest.RunResult) -> None:
 def test_the_session_goes_on_after_the_hangs(tree: pytest.RunResult) -> None:
     tree.stdout.fnmatch_lines_random(
         ["PASSED test_own_workers.py::test_after", "PASSED test_pool_workers.py::test_pool_after"]
-    )
-
-
-INTERRUPTED = {
-    "ordinary": """
-        import multiprocessing as mp, os, pathlib, pytest, workers
-
-        @pytest.mark.process_tree
-        def test_waits():
-            ctx = mp.get_context("spawn")
-            q = ctx.Queue()
-            p = ctx.Process(target=workers.serve, args=(q,))
-            p.start()
-            pathlib.Path(os.environ["TREE_CASE_STARTED"]).touch()
-            p.join()
-    """,
-    "pool": """
-        import multiprocessing as mp, os, pathlib, pytest, workers
-
-        @pytest.mark.process_tree
-        @pytest.mark.world_size(2)
-        def test_waits(rank):
-            ctx = mp.get_context("fork")
-            q = ctx.Queue()
-            p = ctx.Process(target=workers.serve, args=(q,))
-            p.start()
-            if rank == 0:
-                pathlib.Path(os.environ["TREE_CASE_STARTED"]).touch()
-            p.join()
-    """,
-}
-
-
-def test_an_interrupt_shows_the_trees_stacks_and_ends_it(pytester: pytest.Pytester) -> None:
-    """Ctrl-C (SIGINT) in an opted-in test: an ordinary test's tree's stacks are printed and the
-    tree ended; a distributed test's are in its interrupted report, one section per rank. Both
-    sessions run at once; no process outlives either."""
-    runs: dict[str, tuple[Path, str, subprocess.Popen[bytes]]] = {}
-    for mode, source in INTERRUPTED.items():
-        case = pytester.path / mode
-        case.mkdir()
-        (case / "workers.py").write_text(textwrap.dedent(WORKERS))
-        (case / "test_waits.py").write_text(textwrap.dedent(source))
-        tag = f"tree-{mode}-{os.getpid()}-{time.time_ns()}"
-        env = {**os.environ, TAG_ENV: tag, "TREE_CASE_STARTED": str(case / "started")}
-        env.pop("PYTEST_ADDOPTS", None)
-        args = ["-p", "distrank", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA"]
-        with open(case / "output", "w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest", *args, f"--basetemp={case / 'tmp'}"],
-                cwd=case,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-            )
-        runs[mode] = (case, tag, proc)
-    try:
-        end = time.monotonic() + 120
-        for mode, (case, _tag, proc) in runs.items():
-            while not (case / "started").exists():
-                assert time.monotonic() < end and proc.poll() is None, (
-                    f"{mode}: {(case / 'output').read_text()}"
-                )
-                time.sleep(0.1)
-        time.sleep(0.5)  # the worker is in its queue's get()
-        for _case, _tag, proc in runs.values():
-            proc.send_signal(signal.SIGINT)
-        outputs = {}
-        for mode, (case, tag, proc) in runs.items():
-            proc.wait(60)
-            left = wait_gone(tag, 15)
-            outputs[mode] = (case / "output").read_text()
-            assert not left, f"{mode}: alive after the interrupt: {left}\n{outputs[mode]}"
-    finally:
-        for _case, _tag, proc in runs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    ordinary = pytest.LineMatcher(outputs["ordinary"].splitlines())
-    ordinary.fnmatch_lines(
-        [
-            "process tree: stacks of test_waits.py::test_waits (interrupted):",
-            "* process(es) of the test's tree, stacks by py-spy in *",
-            '    File "*workers.py", line 6 in serve',
-            "*KeyboardInterrupt*",
-        ]
-    )
-    pool = pytest.LineMatcher(outputs["pool"].splitlines())
-    pool.fnmatch_lines(
-        ["*process tree: stacks (rank 0/2)*", '    File "*workers.py", line 6 in serve']
     )
