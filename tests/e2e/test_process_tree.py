@@ -288,12 +288,10 @@ def test_forkserver_workers_left_running_are_ended(tree: pytest.RunResult) -> No
     # The leak check of the session proves they were: they wait on their queue forever.
     sections = _sections(tree.outlines, "process tree (teardown)")
     ended = [s[0] for s in sections if s[0].startswith("ended 3 process(es)")]
-    # the process that started them, then its fork server's two workers (not the server)
+    # the process that started them, then its fork server's two workers (not the server: a
+    # fourth); command lines are cut to a width, so a long interpreter path hides their ends
     pytest.LineMatcher(ended).fnmatch_lines(
-        [
-            "ended 3 process(es) the test left running: "
-            "* (*-c import m*), * (*-c from*), * (*-c from*)"
-        ]
+        ["ended 3 process(es) the test left running: * (*python*), * (*python*), * (*python*)"]
     )
 
 
