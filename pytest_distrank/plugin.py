@@ -29,7 +29,6 @@ from .settings import (
     Settings,
     resolve,
 )
-from .tree import plugin as tree
 from .tree.options import MARKER as TREE_MARKER
 
 if TYPE_CHECKING:
@@ -127,6 +126,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for line in (*MARKERS, TREE_MARKER):
         config.addinivalue_line("markers", line)
+    from .tree import plugin as tree  # imported where used (16 ms at every pytest start)
+
     tree.register(config)
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "distrank-fixtures")

@@ -25,6 +25,7 @@ SHARED_WITH_PYTEST = ["torch", "torch.distributed", "pytest", "pytest_distrank.p
 PRELOAD = [
     *SHARED_WITH_PYTEST,
     "pytest_distrank.pool.worker.entry",
+    "pytest_distrank.tree.plugin",  # every rank registers it at configure (plugin.py)
     "pytest_distrank.pool.worker.preload",
 ]
 #: The library modules a test file's imports may add to the preload list (the distributed stack
