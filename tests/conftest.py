@@ -31,10 +31,12 @@ from .helpers import (
     RunPytest,
     SharedSession,
     TerminalRun,
+    describe_process,
     run_in_terminal,
     session_families,
     wait_gone,
 )
+from .zygote import ZYGOTE, Zygote
 
 #: The property tests' profile, here and in CI alike: no per-example deadline and no too-slow
 #: check (a loaded 2-core machine under ``-n 3`` flakes on both), a fixed number of examples, and
@@ -111,17 +113,29 @@ def _inner_environment(monkeypatch: pytest.MonkeyPatch, tag: str) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(scope="session")
+def zygote() -> Iterator[Zygote]:
+    """The warm process inner sessions are forked from (``tests/zygote.py``), one per outer
+    process, started at its first session and ended with the outer session."""
+    yield ZYGOTE
+    ZYGOTE.close()
+
+
 def _assert_none_left(tag: str) -> None:
-    """No process of the inner session tagged ``tag`` may outlive it (15 s to end)."""
-    leftover = wait_gone(tag, 15)
+    """No process of the inner session tagged ``tag`` (or forked from the zygote) may outlive it
+    (15 s to end)."""
+    leftover = {pid: describe_process(pid) for pid in wait_gone(tag, 15)}
     for pid in leftover:
         os.kill(pid, signal.SIGKILL)
     assert not leftover, f"processes outlived their pytest session: {leftover}"
 
 
 @pytest.fixture
-def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> Iterator[RunPytest]:
-    """Run ``pytest -p distrank ARGS`` in a subprocess; fail the test if a process outlives it."""
+def run_pytest(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, zygote: Zygote
+) -> Iterator[RunPytest]:
+    """Run ``pytest -p distrank ARGS`` in a process of its own (forked from the suite's zygote,
+    or a subprocess); fail the test if a process outlives it."""
     tag = uuid.uuid4().hex
     _inner_environment(monkeypatch, tag)
     monkeypatch.setenv("COLUMNS", "200")  # short summary lines are not trimmed
@@ -131,7 +145,7 @@ def run_pytest(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> It
     monkeypatch.setenv(REPLAY.env, "off")
 
     def run(*args: str, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
-        return pytester.runpytest_subprocess("-p", "distrank", *args, timeout=timeout)
+        return zygote.runpytest(pytester, "-p", "distrank", *args, timeout=timeout)
 
     yield run
     _assert_none_left(tag)

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+from .zygote import ZYGOTE
+
 TAG_ENV = "DISTRANK_TEST_TAG"
 #: Bound on one inner pytest run; a deadlocked case fails instead of hanging CI.
 RUN_TIMEOUT = 180
@@ -54,11 +56,23 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
+def describe_process(pid: int) -> str:
+    """``pid``'s command line and parent, for a message (empty if it is gone)."""
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+    except (OSError, IndexError):
+        return ""
+    return f"{command.strip()[:200]} (parent {parent})"
+
+
 def wait_gone(tag: str, seconds: float) -> list[int]:
-    """Wait until no tagged process is left; return the ones still alive after ``seconds``."""
+    """Wait until no tagged process is left, nor one that a session forked from the suite's zygote
+    left (``zygote.ZYGOTE``: its environment is not the session's); return the ones still alive
+    after ``seconds``."""
     end = time.monotonic() + seconds
     while True:
-        alive = tagged_pids(tag)
+        alive = tagged_pids(tag) + ZYGOTE.descendants()
         if not alive or time.monotonic() > end:
             return alive
         time.sleep(0.1)

@@ -324,7 +324,7 @@ def test_a_proven_deadlock_ends_early_and_names_its_root_cause(
 ) -> None:
     shared = DEADLOCKS.run(shared_session)
     assert shared.outcome(test) == "failed"
-    assert _took(shared, *clocks) < 10  # the deadline is 60 s
+    assert _took(shared, *clocks) < 30  # the deadline is 60 s (a loaded machine: 11 s seen)
     shared.section(test).fnmatch_lines([f"distrank: * ranks failed; root cause: {cause}"])
     ended = "*ended in call after * s: a deadlock (deadline was 60 s)*"
     shared.section(test).fnmatch_lines([ended])

@@ -133,7 +133,8 @@ def test_delay(rank, faults):
     faults.delay(rank=0, at="barrier", seconds=0.5)
     started = time.monotonic()
     dist.barrier()
-    assert time.monotonic() - started >= 0.5
+    if rank == 0:  # the delayed rank (its peer may start its clock after the delay began)
+        assert time.monotonic() - started >= 0.5
 
 
 @pytest.mark.world_size(2)
