@@ -206,8 +206,9 @@ class StepData(TypedDict):
     batch: int
     slot: int
     init: int
-    #: A test of PyTorch's harness classes (on a home sub-world, :func:`subworld.home_slots`).
-    harness: bool
+    #: Who makes the test's process group (:attr:`plan.Step.group`): ``plugin``, ``own``
+    #: (``init_process_group=False``), ``harness`` (PyTorch's harness classes).
+    group: str
 
 
 class PlanData(TypedDict):

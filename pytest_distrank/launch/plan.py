@@ -51,8 +51,15 @@ class Step:
     #: ``sub``: the test's world size (before the plan places it), then where it runs.
     size: int = 0
     world: World | None = None
-    #: A test of PyTorch's harness classes (:mod:`harness`): on a home sub-world, no group.
-    harness: bool = False
+    #: Who makes the test's process group: the plugin (``plugin``); the test itself
+    #: (``own``: ``world_size(..., init_process_group=False)``); the class of a test of PyTorch's
+    #: harness classes (``harness``, :mod:`harness`), on a home sub-world.
+    group: str = "plugin"
+
+    @property
+    def harness(self) -> bool:
+        """A test of PyTorch's harness classes: on a home sub-world (subworld.home_slots)."""
+        return self.group == "harness"
 
     def runs_on(self, rank: int) -> bool:
         """Does launched rank ``rank`` run this test (with its peers)?"""
@@ -186,13 +193,13 @@ def place(
     for i, step in enumerate(steps):
         if step.kind != "sub":
             continue
-        key = (step.size, step.harness)
+        key = (step.size, step.harness)  # an "own" test runs where the plugin's would
         if key not in slots:
             home = home_slots(nodes, local_ranks, step.size)
             slots[key] = home if step.harness else placement(nodes, step.size)
         if not slots[key]:
             steps[i] = Step("skip", harness_does_not_fit(step.size, nodes))
-    groups = [(s.size, s.harness, s.backend) if s.kind == "sub" else None for s in steps]
+    groups = [(s.size, s.harness, s.backend, s.group) if s.kind == "sub" else None for s in steps]
     order, where = schedule(groups, lambda group: len(slots[group[:2]]))  # type: ignore[index]
     placed = list(steps)
     for i, (batch, slot, init) in where.items():
@@ -222,7 +229,7 @@ def _step_data(step: Step) -> keys.StepData:
         "batch": world.batch if world else -1,
         "slot": world.slot if world else -1,
         "init": world.init if world else -1,
-        "harness": step.harness,
+        "group": step.group,
     }
 
 
@@ -231,7 +238,7 @@ def _step_of(data: keys.StepData) -> Step:
     if data["members"]:
         world = World(tuple(data["members"]), data["batch"], data["slot"], data["init"])
     size = len(data["members"])
-    return Step(data["kind"], data["reason"], data["backend"], size, world, data["harness"])
+    return Step(data["kind"], data["reason"], data["backend"], size, world, data["group"])
 
 
 def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
@@ -249,7 +256,10 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
     if got.spec is not None:
         k = got.spec.world_size
         if harness_case(item):  # on a home sub-world, even at the launched size (subworld.py)
-            return Step("sub", backend=got.spec.backend, size=k, harness=True)
+            return Step("sub", backend=got.spec.backend, size=k, group="harness")
+        if not got.spec.init_process_group:  # a sub-world even at the launched size: env:// of
+            # its own, never the launcher's one store (group.GroupKeeper.without_group)
+            return Step("sub", backend=got.spec.backend, size=k, group="own")
         if k < ws:  # a sub-world of the launched one (subworld.py)
             return Step("sub", backend=got.spec.backend, size=k)
         return Step("all", backend=got.spec.backend)
@@ -287,12 +297,6 @@ def _launched(
         )
     elif _compat.ds_harness_base(getattr(item, "cls", None)) is not None:
         why = f"DeepSpeed's DistributedTest classes run in pool mode only ({launcher})"
-    elif not spec.init_process_group and not harness_case(item):
-        why = (
-            "world_size(..., init_process_group=False) does not run in launcher mode: the "
-            "launcher's MASTER_ADDR:MASTER_PORT store is shared by the whole run; use the pg "
-            "fixture, or run this test without a launcher"
-        )
     else:
         return None
     return ItemPlan(spec, skip=why)

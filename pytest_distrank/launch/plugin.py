@@ -285,7 +285,7 @@ class LaunchPlugin:
         where = step.world or subrun.latest_sub(self.steps, cur.index)
         try:
             assert self.session is not None
-            self.group.ensure(step.backend, self.session, cur.index, where, step.harness)
+            self.group.ensure(step.backend, self.session, cur.index, where, step.group)
         except Exception:
             message = (
                 f"{self.launch.label()}: could not initialise the process group (backend "

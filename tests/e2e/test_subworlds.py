@@ -111,6 +111,49 @@ def test_reinit_from_the_environment(val, rank):
 """
 )
 
+#: Tests that make their own group (``init_process_group=False``): no group of the plugin's, the
+#: sub-world's RANK, WORLD_SIZE and MASTER_ADDR:MASTER_PORT (a port of its own per test: two pairs
+#: at once, then a pair after a pair that left its group up), and at the launched size too.
+OWN = (
+    HEADER
+    + """
+def _own_world(rank, size):
+    assert not dist.is_initialized()  # the plugin made no group
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(rank), str(size))
+    dist.init_process_group("gloo")  # env://
+    t = torch.ones(1) * (rank + 1)
+    dist.all_reduce(t)
+    assert (dist.get_world_size(), t.item()) == (size, size * (size + 1) / 2)
+
+@pytest.mark.world_size(2, init_process_group=False)
+@pytest.mark.parametrize("i", range(2))
+def test_own_pair(i, rank, world_size):
+    _own_world(rank, world_size)
+    dist.destroy_process_group()
+
+@pytest.mark.world_size(2, init_process_group=False)
+def test_own_left_up(rank):
+    _own_world(rank, 2)  # the plugin destroys what the test left
+
+@pytest.mark.world_size(2, init_process_group=False)
+def test_own_fails_on_rank_1(rank):
+    _own_world(rank, 2)
+    assert rank == 0, f"rank {rank} of the own pair disagrees"
+
+@pytest.mark.world_size(2, init_process_group=False)
+def test_own_asks_for_pg(pg):
+    pass
+
+@pytest.mark.world_size(1, init_process_group=False)
+def test_own_one(rank):
+    _own_world(rank, 1)
+
+@pytest.mark.world_size(4, init_process_group=False)
+def test_own_four(rank):
+    _own_world(rank, 4)
+"""
+)
+
 #: A module fixture on the group whose teardown runs a collective keeps the module's sub-world
 #: tests out (a sub-world would tear it down on some of its ranks only: a deadlock).
 WIDE = (
@@ -228,7 +271,7 @@ class Quads(MultiProcessTestCase):
 
 def _two_agents(env: dict[str, str], folder: Path) -> Run:
     files = {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_0_harness.py": HARNESS}
-    files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE})
+    files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE, "test_a00_own.py": OWN})
     write(folder, {**files, "test_z_hang.py": HANG})
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     cmds = [
@@ -344,6 +387,27 @@ def test_a_module_fixture_on_the_group_keeps_its_sub_world_tests_out(
             "mode (pytest without a launcher), or give the fixture function scope",
         ],
     )
+
+
+@pytest.mark.timeout(300)
+def test_tests_that_make_their_own_group_run_as_in_a_pool(
+    world: Callable[[], Run], run_pytest: RunPytest, pytester: pytest.Pytester
+) -> None:
+    """Brief A46 item 1: ``world_size(k, init_process_group=False)`` tests ran nowhere under a
+    launcher (skipped); on sub-worlds with an env:// of their own, they have pool mode's
+    outcomes for the same file."""
+    launched = world().outcomes("test_a00_own", "j.xml")
+    (pytester.path / "test_a00_own.py").write_text(OWN)
+    result = run_pytest("test_a00_own.py", "--junitxml=own.xml", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, failed=1, errors=1)
+    assert launched == Run([], [], pytester.path, 0.0).outcomes("test_a00_own", "own.xml")
+    assert launched["test_own_pair[1]"] == "passed" and launched["test_own_four"] == "passed"
+    run = world()
+    run.match(
+        _reporting(run),
+        ["  rank 1/2 (launched rank ?, node ?)  failed in call: AssertionError: rank 1 of the own "
+         "pair disagrees*"],
+    )  # fmt: skip
 
 
 @pytest.mark.timeout(300)

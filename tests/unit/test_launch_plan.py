@@ -125,13 +125,12 @@ def test_a_smaller_world_size_runs_on_a_sub_world() -> None:
     assert not step.runs_on(0)  # not placed yet
 
 
-def test_init_process_group_false_does_not_run_under_a_launcher() -> None:
-    step = _decide(_Item(pytest.mark.world_size(2, init_process_group=False)))
-    assert step.kind == "skip"
-    assert step.reason.startswith(
-        "world_size(..., init_process_group=False) does not run in launcher mode: the launcher's "
-        "MASTER_ADDR:MASTER_PORT store is shared by the whole run"
-    )
+def test_init_process_group_false_runs_on_a_sub_world_even_at_the_launched_size() -> None:
+    # Never the launcher's one store: env:// of its own per test (group.GroupKeeper).
+    for size in (1, 2):
+        step = _decide(_Item(pytest.mark.world_size(size, init_process_group=False)))
+        assert step == Step("sub", backend="gloo", size=size, group="own")
+        assert not step.harness
 
 
 def test_a_simulated_world_runs_in_pool_mode_only() -> None:
