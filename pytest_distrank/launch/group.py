@@ -96,7 +96,8 @@ class GroupKeeper:
         #: After a harness class's test: why this rank's class group is not to be trusted ("").
         self.harness_problem: Callable[[], str] = lambda: ""
         #: The test runs without the keeper's group and makes its own (``init_process_group=
-        #: False``): a group it leaves up is destroyed before the next test, not a problem.
+        #: False``, DeepSpeed's harness): a group it leaves up is destroyed before the next test
+        #: (:meth:`after_test`), not a problem.
         self.own = False
         #: The launcher's rendezvous variables, which a sub-world's tests see replaced.
         self.launched_env = {k: os.environ[k] for k in MASTER_ENV if k in os.environ}
@@ -110,9 +111,11 @@ class GroupKeeper:
 
         ``harness``: a ``MultiProcContinuousTest`` class's group stays up between its tests in
         one run of batches (same key), as the class's worker keeps it. ``own``
-        (``init_process_group=False``): ``RANK``, ``WORLD_SIZE`` and ``MASTER_ADDR``/
-        ``MASTER_PORT`` are the sub-world's, with a port of its own for every test, as a pool
-        serves a store of its own for every test (two tests' ``env://`` keys never meet).
+        (``init_process_group=False``) and ``deepspeed`` (the child's part of DeepSpeed's
+        harness, which sets its own variables over these): ``RANK``, ``WORLD_SIZE`` and
+        ``MASTER_ADDR``/``MASTER_PORT`` are the sub-world's, with a port of its own for every
+        test, as a pool serves a store of its own for every test (two tests' ``env://`` keys
+        never meet).
         """
         import torch.distributed as dist
 
@@ -126,7 +129,7 @@ class GroupKeeper:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         old = self.ctx
-        self.own = group == "own"
+        self.own = group != "harness"
         if self.own:
             master = sub_world_master(self.rs.channel.pg_store(f"own.{name}"), rank)
             self._environ(rank, size, master)
@@ -148,6 +151,18 @@ class GroupKeeper:
                 os.environ[name] = master[name]
             else:
                 os.environ.pop(name, None)
+
+    def after_test(self, failed: bool) -> None:
+        """After a test that made its own group (:attr:`own`) and failed on this rank: destroy
+        the group it left up now, as a pool's rank does: that is what errors out a peer left
+        waiting in a collective this rank will never enter (DeepSpeed's harness relies on it:
+        its ``_dist_destroy`` barrier after the test). A test that passed leaves its group to
+        the next test's set-up, when every member is past this test."""
+        import torch.distributed as dist
+
+        if self.own and failed and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
 
     def healthy(self) -> bool:
         """Is the default group still the one this rank initialised?"""

@@ -308,7 +308,8 @@ class LaunchPlugin:
             finally:
                 self.rs.leave_if_fork(cur.index, item.nodeid)
         forks = self.rs.end_forks()
-        if step.harness and self.group.harness_problem():
+        self.group.after_test(any(report.failed for report in cur.reports))
+        if step.group == "harness" and self.group.harness_problem():
             return False  # a continuous class's group may be out of step: every rank's anew
         if forks:
             after, ws, now = f"The rank killed it. {FRESH_GROUP}", rs.world_size, time.time()

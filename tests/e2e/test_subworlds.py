@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, SharedSession
+from .test_deepspeed_suites import TESTS as DS_TESTS
+from .test_deepspeed_suites import pool_outcomes, write_ds
 from .test_existing_suites import CONTINUOUS
 from .test_launch import HEADER, Run, free_port, launch_env, pytest_args, start, write
 
@@ -273,6 +275,9 @@ def _two_agents(env: dict[str, str], folder: Path) -> Run:
     files = {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_0_harness.py": HARNESS}
     files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE, "test_a00_own.py": OWN})
     write(folder, {**files, "test_z_hang.py": HANG})
+    # Collected first: before the deadlock ends the run. Without TestSizes, whose harness runs
+    # it on rank 0 alone (as in a pool's controller) in processes it starts: 11 s here.
+    write_ds(folder, "test_0_ds.py", DS_TESTS.split("\n\nclass TestSizes")[0])
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     cmds = [
         [
@@ -291,13 +296,16 @@ _RUN: list[Run | str] = []
 
 
 @pytest.fixture
-def world(pytester: pytest.Pytester, launch_env: dict[str, str]) -> Callable[[], Run]:
-    """The launched world, run by the first test that asks (its leak check covers it)."""
+def world(
+    tmp_path_factory: pytest.TempPathFactory, launch_env: dict[str, str]
+) -> Callable[[], Run]:
+    """The launched world, run by the first test that asks (its leak check covers it), in a
+    folder of its own (a test's own folder may hold a pool session's files)."""
 
     def get() -> Run:
         if not _RUN:
             try:
-                _RUN.append(_two_agents(launch_env, pytester.path))
+                _RUN.append(_two_agents(launch_env, tmp_path_factory.mktemp("world")))
             except (Exception, pytest.fail.Exception) as exc:
                 _RUN.append(f"{type(exc).__name__}: {exc}")
         run = _RUN[0]
@@ -408,6 +416,30 @@ def test_tests_that_make_their_own_group_run_as_in_a_pool(
         ["  rank 1/2 (launched rank ?, node ?)  failed in call: AssertionError: rank 1 of the own "
          "pair disagrees*"],
     )  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_deepspeed_tests_run_on_home_sub_worlds_as_in_a_pool(
+    world: Callable[[], Run], shared_session: SharedSession
+) -> None:
+    """Brief A46 item 2: DeepSpeed's ``DistributedTest`` (the look-alike harness of
+    test_deepspeed_suites.py) ran nowhere under a launcher (skipped); on home sub-worlds its
+    outcomes are those of the shared pool session of the same file."""
+    run = world()
+    classes = ("TestWarm", "TestFixtures", "TestUnpicklable")
+    launched = {
+        f"{cls}.{name}": outcome
+        for cls in classes
+        for name, outcome in run.outcomes(f"test_0_ds.{cls}", "j.xml").items()
+    }
+    pooled = pool_outcomes(shared_session)
+    assert launched == {name: got for name, got in pooled.items() if "TestSizes" not in name}
+    assert launched["TestWarm.test_all_reduce"] == "passed"
+    assert launched["TestFixtures.test_fails_on_rank_1[7]"] == "failure"
+    run.match(
+        _reporting(run),
+        ["  rank 1/2 (launched rank ?, node ?)  failed in call: AssertionError: rank 1 disagrees*"],
+    )
 
 
 @pytest.mark.timeout(300)
