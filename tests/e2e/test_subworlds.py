@@ -207,6 +207,7 @@ import unittest
 
 from torch.distributed.tensor import Shard, distribute_tensor
 from torch.testing._internal.common_distributed import MultiProcessTestCase
+from torch.testing._internal.common_fsdp import FSDPTest
 from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
 
 LAUNCHER = ("RANK", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")
@@ -256,6 +257,17 @@ class Mesh(DTensorTestBase):
     def test_shard(self):
         t = distribute_tensor(torch.arange(4.0), self.build_device_mesh(), [Shard(0)])
         self.assertEqual((t.to_local().numel(), t.full_tensor().sum().item()), (2, 6.0))
+
+
+class Sharded(FSDPTest):  # on CPU its _run exits with the "multi-gpu-2" skip code
+    @property
+    def world_size(self):
+        return 2
+
+    def test_fully_shard(self):
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(torch.nn.Linear(4, 4))(torch.ones(2, 4)).sum().backward()
 
 
 class Quads(MultiProcessTestCase):
@@ -521,23 +533,23 @@ def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
     run = world()
     launched = {
         f"{cls}.{name}": outcome
-        for cls in ("Pairs", "Continuous", "Mesh", "Quads")
+        for cls in ("Pairs", "Continuous", "Mesh", "Sharded", "Quads")
         for name, outcome in run.outcomes(f"test_0_harness.{cls}", "j.xml").items()
     }
     assert launched.pop("Quads.test_four") == "skipped"
     (pytester.path / "test_0_harness.py").write_text(HARNESS)
-    result = run_pytest("test_0_harness.py", "-k", "not Quads", "--junitxml=pool.xml")
-    result.assert_outcomes(passed=4, failed=1, skipped=1, deselected=1)
+    result = run_pytest("test_0_harness.py", "-k", "not Quads", "--junitxml=pool.xml", "-rs")
+    result.assert_outcomes(passed=4, failed=1, skipped=2, deselected=1)
     pooled = Run([], [], pytester.path, 0.0)
     assert launched == {
         f"{cls}.{name}": outcome
-        for cls in ("Pairs", "Continuous", "Mesh")
+        for cls in ("Pairs", "Continuous", "Mesh", "Sharded")
         for name, outcome in pooled.outcomes(f"test_0_harness.{cls}", "pool.xml").items()
     }
     assert launched == {
         "Pairs.test_sum": "passed", "Pairs.test_fails_on_rank_1": "failure",
         "Pairs.test_skips": "skipped", "Continuous.test_a": "passed", "Continuous.test_b": "passed",
-        "Mesh.test_shard": "passed",
+        "Mesh.test_shard": "passed", "Sharded.test_fully_shard": "skipped",
     }  # fmt: skip
     out = _reporting(run)
     run.match(
@@ -557,3 +569,7 @@ def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
             "most 2 ranks. *",
         ],
     )
+    # FSDPTest on CPU: its _run's skip exit code, with the reason pool mode gives.
+    fsdp_skip = "SKIPPED [[]1[]] test_0_harness.py:*: Need at least 2 CUDA devices"
+    run.match(out, [fsdp_skip])
+    result.stdout.fnmatch_lines([fsdp_skip])
