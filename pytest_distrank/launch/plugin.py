@@ -400,7 +400,10 @@ class LaunchPlugin:
         rerun += rerun_note(world)
         pids = self.rs.view(world.members).pids
         name = functools.partial(relabel, size=world.size, members=world.members, nodes=self.nodes)
-        return finish_test(item, per_rank, world.size, pids, rerun, warned, after=[name])
+        where = [(r, self.nodes[r] if r < len(self.nodes) else 0) for r in world.members]
+        return finish_test(
+            item, per_rank, world.size, pids, rerun, warned, after=[name], launched=where
+        )
 
     def _log_not_run(self, item: pytest.Item, reason: str) -> None:
         ihook = item.ihook
