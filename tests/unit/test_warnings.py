@@ -37,8 +37,13 @@ def _ranks(words: str, world_size: int) -> list[int]:
         return [int(one.group(1))]
     many = re.fullmatch(rf"ranks (.+) of {world_size}", words)
     assert many, words
+    return _expand(many.group(1))
+
+
+def _expand(words: str) -> list[int]:
+    """``0-3, 5`` -> ``[0, 1, 2, 3, 5]``."""
     out: list[int] = []
-    for part in many.group(1).split(", "):
+    for part in words.split(", "):
         first, _, last = part.partition("-")
         out += range(int(first), int(last or first) + 1)
     return out
@@ -114,14 +119,6 @@ def test_a_sub_worlds_words_are_the_pools_with_the_launched_ranks_added(
         expect = {launched[r][0] for r in ranks}
         assert _expand(shown.group(1)) == sorted(expect)
         assert _expand(shown.group(2)) == sorted({launched[r][1] for r in ranks})
-
-
-def _expand(words: str) -> list[int]:
-    out: list[int] = []
-    for part in words.split(", "):
-        first, _, last = part.partition("-")
-        out += range(int(first), int(last or first) + 1)
-    return out
 
 
 def test_a_rank_that_sent_nothing_did_not_raise_it() -> None:
