@@ -60,7 +60,7 @@ from ..rank import seeding
 from ..rank.groupstate import sequence_numbers
 from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
-from . import harness, keys, subrun
+from . import harness, keys, liveness, subrun
 from .channel import ChannelError
 from .current import Current
 from .deadwatch import Judge
@@ -92,6 +92,7 @@ def start_launched(config: pytest.Config, launch: Launch, suites: harness.Suites
     if suites is not None:
         harness.register(config, launch, plugin.group, suites)
     seeding.register(config, plugin.seed.value, plugin.rank, plugin.is_distributed)
+    liveness.hook_exit(rs, lambda: plugin.current)
     plugin.watchdog.start()
 
 

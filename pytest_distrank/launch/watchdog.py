@@ -5,6 +5,8 @@ a C++ collective, where no Python signal handler runs and nothing can interrupt 
 does not need it:
 
 - rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
+  the other ranks write a sign of life every second, and rank 0 reports a rank whose signs
+  stopped and whose process is gone (:mod:`liveness`);
 - with ``--distrank-deadlocks=end`` (the default) every rank watches its own progress in the
   running test and says when it stands still, and rank 0 judges whether the ranks' records prove
   a deadlock (:mod:`deadwatch`): then the test ends now, as at its deadline;
@@ -46,6 +48,7 @@ from .current import Current
 from .deadwatch import Judge, SelfWatch
 from .frrecords import own_records
 from .gather import poll_early, poll_finished, warning_records
+from .liveness import Liveness, beat
 from .session import RankSession, open_log
 
 TICK = 0.05
@@ -69,6 +72,11 @@ class Watchdog(threading.Thread):
         self.current = current
         self.finish = finish
         self._beat_at = 0.0
+        self._beats = 0
+        #: The test and phase of the last sign of life.
+        self._where: tuple[int, str] | None = None
+        #: Rank 0: the other ranks' signs of life (:mod:`liveness`).
+        self.liveness = Liveness(rs)
         self._complained = False
         #: The running test's watch for a proven deadlock (:mod:`deadwatch`).
         self._watch: SelfWatch | None = None
@@ -96,10 +104,16 @@ class Watchdog(threading.Thread):
     def tick(self) -> None:
         rs = self.rs
         now = time.monotonic()
-        if rs.rank == 0 and now - self._beat_at >= HEARTBEAT_EVERY:
-            rs.channel.add(keys.HEARTBEAT, 1)
-            self._beat_at = now
         cur = self.current()
+        where = (cur.index, cur.when) if cur is not None else None
+        if now - self._beat_at >= HEARTBEAT_EVERY or (rs.rank != 0 and where != self._where):
+            self._beats += 1
+            if rs.rank == 0:
+                rs.channel.add(keys.HEARTBEAT, 1)
+                self.liveness.look(now)
+            else:  # every second, and as soon as it is in another test or phase
+                beat(rs, cur, self._beats)
+            self._beat_at, self._where = now, where
         if cur is None or cur.done:
             return
         rs = cur.view or rs  # a sub-world's test: its rank 0 watches its peers

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest, SharedSession
+from ..helpers import RunPytest, SharedSession, failure_section
 from .test_deepspeed_suites import TESTS as DS_TESTS
 from .test_deepspeed_suites import pool_outcomes, write_ds
 from .test_existing_suites import CONTINUOUS
-from .test_launch import HEADER, Run, free_port, launch_env, pytest_args, start, write
+from .test_launch import HEADER, Run, by_hand, free_port, launch_env, pytest_args, start, write
 
 __all__ = ["launch_env"]  # the fixture, used by the tests here
 
@@ -358,6 +358,12 @@ def test_every_size_runs_in_a_launched_world_of_four(world: Callable[[], Run]) -
             "node 1)[]] *",
         ],
     )
+    # Its rank table once (brief A46 item 7: a replayed sub-world's was shown twice, the second
+    # time in the sub-world's numbering only, under the root cause's traceback title).
+    section = failure_section(run.outputs[out].splitlines(), "test_two_fails_on_its_rank_1")
+    assert [line for line in section.lines if line.startswith("distrank: ")] == [
+        "distrank: 1 of 2 ranks failed; root cause: rank 1/2 (launched rank 3, node 1)"
+    ]
     run.match(1 - out, ["distrank: rank ?/4 (torchrun): report on rank 0; log in *"])
     # The rerun command says where it puts the test (issue 42 hostile pass 6).
     run.match(
@@ -573,3 +579,65 @@ def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
     fsdp_skip = "SKIPPED [[]1[]] test_0_harness.py:*: Need at least 2 CUDA devices"
     run.match(out, [fsdp_skip])
     result.stdout.fnmatch_lines([fsdp_skip])
+
+
+#: Three sub-worlds of one rank at once in a world of three: on launched rank 1 the process is
+#: killed (SIGKILL), on rank 2 it calls os._exit(3); then a test of all three.
+DIES = (
+    HEADER
+    + """import signal
+
+@pytest.mark.world_size(1)
+@pytest.mark.parametrize("how", ["beside", "killed", "exits"])
+def test_dies(how, rank):
+    time.sleep(0.2)  # its watchdog says it is in call (every 50 ms)
+    if how == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if how == "exits":
+        os._exit(3)
+    time.sleep(0.5)
+
+@pytest.mark.world_size(3)
+def test_after(rank):
+    pass
+"""
+)
+
+
+@pytest.mark.timeout(300)
+def test_a_sub_world_whose_rank_dies_fails_in_seconds(
+    launch_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Brief A46 item 4: a sub-world whose rank 0 died (a launcher that lets the others run on:
+    srun, or this hand-made env:// world) failed only after the test's deadline (300 s), its
+    failure grace and 30 s; now in seconds, naming the rank in both numberings and how its
+    process ended, and the session ends with its report and exit code."""
+    write(tmp_path, {"test_dies.py": DIES})
+    ranks = [
+        {"RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": "3"}
+        for r in range(3)
+    ]
+    run = by_hand(launch_env, tmp_path, ranks, "--junitxml=j.xml", "--distrank-failure-grace=1")
+    assert run.codes == [1, -9, 3], run.outputs
+    assert run.outcomes("test_dies", "j.xml") == {
+        "test_dies[beside]": "passed", "test_dies[killed]": "failure",
+        "test_dies[exits]": "failure", "test_after": "skipped",
+    }  # fmt: skip
+    run.match(
+        0,
+        [
+            "  rank 0/1 (launched rank 1, node 0)  stopped serving in call: launched rank 1 "
+            "(pid * on *) sent no sign of life for ? s in call of test_dies.py::test_dies[[]killed"
+            "[]]: its process killed by signal 9 (SIGKILL)*",
+        ],
+    )
+    run.match(
+        0,
+        [
+            "  rank 0/1 (launched rank 2, node 0)  stopped serving in call: launched rank 2 "
+            "called os._exit(3) in test_dies.py::test_dies[[]exits[]]*",
+        ],
+    )
+    run.match(0, ["SKIPPED [[]1[]] test_dies.py:*: not run: rank 1 stopped serving: *"])
+    print(f"the launched world took {run.seconds:.1f} s")
+    assert run.seconds < 60, run.outputs  # deadline 300 s: it did not wait for it
