@@ -39,11 +39,16 @@ from .session import RankSession
 GONE_AFTER = 5.0
 
 
-def beat(rs: RankSession, cur: Current | None, count: int) -> None:
+#: The last sign of life of a rank whose watchdog waits for rank 0's end (a test left it stuck):
+#: it says no more, and rank 0 does not count its silence.
+LEAVING = "leaving"
+
+
+def beat(rs: RankSession, cur: Current | None, count: int, when: str = "") -> None:
     """A rank other than 0 (its watchdog): this rank lives, in ``cur`` (None: between tests)."""
     payload: keys.Alive = {
         "beat": count,
-        "when": cur.when if cur is not None else "",
+        "when": when or (cur.when if cur is not None else ""),
         **keys.identity(cur.index if cur is not None else -1, cur.item.nodeid if cur else ""),
     }
     rs.channel.put(keys.alive(rs.rank), payload)
@@ -99,6 +104,8 @@ class Liveness:
                 with contextlib.suppress(ChannelError):
                     data = rs.channel.get(key, keys.read_alive)
                     self.alive[rank], beat = data, data["beat"]
+            if rank in self.alive and self.alive[rank]["when"] == LEAVING:
+                continue
             last = self.seen.get(rank)
             if last is None or beat != last[0]:
                 self.seen[rank] = (beat, now)

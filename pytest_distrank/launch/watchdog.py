@@ -48,7 +48,7 @@ from .current import Current
 from .deadwatch import Judge, SelfWatch
 from .frrecords import own_records
 from .gather import poll_early, poll_finished, warning_records
-from .liveness import Liveness, beat
+from .liveness import LEAVING, Liveness, beat
 from .session import RankSession, open_log
 
 TICK = 0.05
@@ -178,6 +178,8 @@ class Watchdog(threading.Thread):
                 return  # the main thread finished after all; rank 0's verdict reaches it
             cur.taken_over = True
         where = where_blocked(dump_threads(rs.main_ident), str(cur.item.path))
+        with contextlib.suppress(ChannelError):
+            beat(rs, cur, -1, LEAVING)  # no more signs of life: it waits for rank 0's end
         rs.log(
             f"distrank: {rs.launch.label()}: rank 0 ended the test while this rank was still "
             f"in {cur.when} of {cur.item.nodeid} ({where}); leaving with rank 0's exit code"

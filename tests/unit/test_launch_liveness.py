@@ -15,7 +15,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pytest_distrank.launch import keys
-from pytest_distrank.launch.liveness import GONE_AFTER, Liveness, exit_words, process_end
+from pytest_distrank.launch.liveness import (
+    GONE_AFTER,
+    LEAVING,
+    Liveness,
+    exit_words,
+    process_end,
+)
 from pytest_distrank.launch.session import RankSession
 
 
@@ -106,3 +112,18 @@ def test_rank_0_reports_a_silent_rank_gone_only_where_its_process_ended() -> Non
     assert "cannot be looked at from here" in elsewhere
     assert channel.data[keys.BYE] == 2  # rank 1 counted once
     child.wait()
+
+
+def test_a_rank_that_said_it_leaves_is_not_reported() -> None:
+    """A rank left stuck waits for rank 0's end in its watchdog, which then says nothing more."""
+    channel = _Channel()
+    rs = SimpleNamespace(
+        pids=(1, 99), world_size=2, exit_code=None, exiting=False, channel=channel,
+        logs={1: "elsewhere:/l1"}, log=lambda text: None,
+        launch=SimpleNamespace(label=lambda: "rank 0/2"),
+    )  # fmt: skip
+    watch = Liveness(cast(RankSession, rs))
+    channel.put(keys.alive(1), {**_alive(-1), "when": LEAVING})
+    watch.look(0.0)
+    watch.look(10 * GONE_AFTER)
+    assert "fatal/1" not in channel.data
