@@ -47,7 +47,7 @@ from .channel import LOST_EXIT, ChannelError, dump_threads
 from .current import Current
 from .deadwatch import Judge, SelfWatch
 from .frrecords import own_records
-from .gather import poll_early, poll_finished, warning_records
+from .gather import poll_early, poll_finished, stuck_words, warning_records
 from .liveness import LEAVING, Liveness, beat
 from .session import RankSession, open_log
 
@@ -223,7 +223,10 @@ class Watchdog(threading.Thread):
         dump = dump_threads(rs.main_ident)
         with contextlib.suppress(OSError), open_log(rs.log_path, append=True) as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
-        own = explain({0: load(own_records(cur))}, {0: cur.started_ns})
+        records = own_records(cur)
+        own = explain({0: load(records)}, {0: cur.started_ns})
+        collective = own.lines.get(0, "") if own else ""
+        cur.stuck_at[0] = stuck_words(collective, dump, bool(records), str(item.path))
         info = Unfinished(
             pos,
             dump,
@@ -231,7 +234,7 @@ class Watchdog(threading.Thread):
             "stuck",
             cur.game,
             time.monotonic(),
-            collective=own.lines.get(0, "") if own else "",
+            collective=collective,
         )
         report = unfinished_report(
             item.nodeid, item.location, str(item.path), 0, rs.world_size, info, time.time()
