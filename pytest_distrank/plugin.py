@@ -173,9 +173,10 @@ def _launched_suites(config: pytest.Config) -> Suites | None:
         return None
     from .launch.harness import Suites
     from .pool.worker import harnessenv
+    from .pool.worker.dsrank import DeepSpeedRunner
     from .pool.worker.suiterank import SuiteRunner
 
-    return Suites(SuiteRunner(), harnessenv.remember)
+    return Suites(SuiteRunner(), harnessenv.remember, DeepSpeedRunner())
 
 
 @pytest.hookimpl(tryfirst=True)

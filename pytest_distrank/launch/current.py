@@ -56,6 +56,8 @@ class Current:
     caught: list[warnings.WarningMessage] = dataclasses.field(default_factory=list)
     #: Rank 0: the ranks whose pytest session ended (their ``fatal/<rank>`` payloads).
     stopped: dict[int, keys.Fatal] = dataclasses.field(default_factory=dict)
+    #: Rank 0: what is known of where each rank left stuck is (:func:`gather.stuck_words`).
+    stuck_at: dict[int, str] = dataclasses.field(default_factory=dict)
     #: Rank 0: when to look for ended sessions again without a sign (monotonic).
     fatal_at: float = 0.0
     #: Rank 0: what the peers sent with their last reports: warnings, sequence numbers.

@@ -52,6 +52,7 @@ from ..outcome.reports import (
     stopped_report,
     unfinished_report,
 )
+from ..outcome.stacks import where_blocked
 from ..outcome.warnings import warning_record
 from . import keys
 from .channel import POLL_MAX, Malformed
@@ -326,15 +327,41 @@ def stopped_serving(cur: Current) -> str:
     )
 
 
-def left_stuck(cur: Current, ranks: list[int]) -> str:
-    """Why the run ends after ``cur`` left ``ranks`` stuck (the remaining tests' skip reason)."""
-    names = ", ".join(str(r) for r in ranks)
+def left_stuck(cur: Current, stuck: list[int]) -> str:
+    """Why the run ends after ``cur`` left ``stuck`` (its world's ranks) stuck (the remaining
+    tests' skip reason), each named as the launched world numbers it, with what is known of
+    where it is (:func:`stuck_words`): in a collective, or in Python code with no collective in
+    flight (its stack is in the test's report)."""
+    view = cur.view
+    names = [str(view.launched_rank(r) if view is not None else r) for r in stuck]
     game = cur.game
     why = game.trigger or ("a proven deadlock" if game.deadlock_at is not None else "timeout")
-    return (
-        f"{cur.item.nodeid} left rank(s) {names} stuck ({why}); a rank "
-        "stuck in a collective cannot be interrupted, so the launched world stops here"
+    known = "; ".join(
+        f"rank {name} {cur.stuck_at[rank]}"
+        for rank, name in zip(stuck, names, strict=True)
+        if rank in cur.stuck_at
     )
+    return (
+        f"{cur.item.nodeid} left rank(s) {', '.join(names)} stuck ({why})"
+        + (f": {known}" if known else "")
+        + "; a rank still inside its test cannot be taken out of it (a collective cannot be "
+        "interrupted, and the plugin raises nothing into Python code), so the launched world "
+        "stops here"
+    )
+
+
+def stuck_words(collective: str, dump: str, records: bool, test_file: str) -> str:
+    """Where a stuck rank is, as far as it is known: ``collective`` (the flight recorder's
+    pending collective, "" for none), its stack ``dump`` ("" when it sent none) and whether its
+    flight ``records`` were on."""
+    if not dump:
+        return "sent no stack (it holds the GIL, or its process died)"
+    where = where_blocked(dump, test_file)
+    if collective:
+        return f"{collective} ({where})"
+    if records:
+        return f"in no collective ({where})"
+    return f"{where}; whether in a collective is not known (no flight records)"
 
 
 def _conclude(
@@ -406,6 +433,11 @@ def _judge(
         for own in per_rank.get(0, []):
             note_verdict(own, 0, story.verdict)
     stuck = [rank for rank in missing if rank not in reported]
+    for rank in stuck:
+        got = stacks.get(rank)
+        line = story.lines.get(rank, "") if story else ""
+        dump, records = (got["dump"], bool(got["records"])) if got else ("", False)
+        cur.stuck_at[rank] = stuck_words(line, dump, records, test_file)
     healthy = all(reported[rank]["healthy"] for rank in reported)
     for rank in missing:
         log = rs.logs.get(rank, "?")

@@ -95,18 +95,33 @@ class GroupKeeper:
         self.end_harness: Callable[[], None] = lambda: None
         #: After a harness class's test: why this rank's class group is not to be trusted ("").
         self.harness_problem: Callable[[], str] = lambda: ""
+        #: The test runs without the keeper's group and makes its own (``init_process_group=
+        #: False``, DeepSpeed's harness): a group it leaves up is destroyed before the next test
+        #: (:meth:`after_test`), not a problem.
+        self.own = False
         #: The launcher's rendezvous variables, which a sub-world's tests see replaced.
         self.launched_env = {k: os.environ[k] for k in MASTER_ENV if k in os.environ}
 
-    def harness(self, backend: str, session: pytest.Session, world: World) -> None:
-        """For a test of PyTorch's harness classes on the home sub-world ``world``: no group of
-        the keeper's (the class makes its own); a context with the test's rank and world size.
-        A ``MultiProcContinuousTest`` class's group stays up between its tests in one run of
-        batches (same key), as the class's worker keeps it."""
+    def without_group(
+        self, backend: str, session: pytest.Session, index: int, world: World, group: str
+    ) -> None:
+        """For a test whose group is not the keeper's (``group``, :attr:`plan.Step.group`), on
+        the sub-world ``world``: no group up (the test or its class makes its own); a context
+        with the test's rank and world size.
+
+        ``harness``: a ``MultiProcContinuousTest`` class's group stays up between its tests in
+        one run of batches (same key), as the class's worker keeps it. ``own``
+        (``init_process_group=False``) and ``deepspeed`` (the child's part of DeepSpeed's
+        harness, which sets its own variables over these): ``RANK``, ``WORLD_SIZE`` and
+        ``MASTER_ADDR``/``MASTER_PORT`` are the sub-world's, with a port of its own for every
+        test, as a pool serves a store of its own for every test (two tests' ``env://`` keys
+        never meet).
+        """
         import torch.distributed as dist
 
         rank, size = world.members.index(self.rs.rank), world.size
-        key = (f"harness:{backend}", self.gen, world.group_id())
+        name = world.group_id() if group == "harness" else f"{world.group_id()}.t{index}"
+        key = (f"{group}:{backend}", self.gen, name)
         if self.key == key and self.healthy():
             return
         self.end_harness()
@@ -114,21 +129,50 @@ class GroupKeeper:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         old = self.ctx
+        self.own = group != "harness"
+        if self.own:
+            master = sub_world_master(self.rs.channel.pg_store(f"own.{name}"), rank)
+            self._environ(rank, size, master)
         store = self.rs.channel.user_store
         self.ctx = RankContext(rank, size, self.rs.launch.local_rank, backend, store, None)
         self.rs.config.stash[RANK_CONTEXT] = self.ctx
         self.flight_mark = flight_mark()
         self.key = key
-        if old is not None and old.pg is not None:
-            self._reset_group_fixtures(session, True)
+        if old is not None:
+            self._reset_group_fixtures(session, (old.rank, old.world_size) != (rank, size))
+
+    def _environ(self, rank: int, size: int, master: dict[str, str]) -> None:
+        """Code under test that reads the environment sees its world: ``RANK``, ``WORLD_SIZE``,
+        and ``master`` (:data:`MASTER_ENV`: ``env://`` finds its own world's store); LOCAL_RANK
+        stays the node-local GPU (DeviceMesh picks its device from it)."""
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
+        for name in MASTER_ENV:
+            if name in master:
+                os.environ[name] = master[name]
+            else:
+                os.environ.pop(name, None)
+
+    def after_test(self, failed: bool) -> None:
+        """After a test that made its own group (:attr:`own`) and failed on this rank: destroy
+        the group it left up now, as a pool's rank does: that is what errors out a peer left
+        waiting in a collective this rank will never enter (DeepSpeed's harness relies on it:
+        its ``_dist_destroy`` barrier after the test). A test that passed leaves its group to
+        the next test's set-up, when every member is past this test."""
+        import torch.distributed as dist
+
+        if self.own and failed and dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
 
     def healthy(self) -> bool:
         """Is the default group still the one this rank initialised?"""
         import torch.distributed as dist
 
         ctx = self.ctx
-        if ctx is not None and ctx.pg is None:  # a harness test's: its class left no group up
-            return not dist.is_initialized()
+        if ctx is not None and ctx.pg is None:
+            # A harness class leaves no group up; a group an "own" test left is the next
+            # test's to destroy (every member is past this test then), as a pool destroys it.
+            return self.own or not dist.is_initialized()
         return ctx is not None and dist.is_initialized() and dist.group.WORLD is ctx.pg
 
     def ensure(
@@ -137,7 +181,7 @@ class GroupKeeper:
         session: pytest.Session,
         index: int,
         world: Where = None,
-        harness: bool = False,
+        group: str = "plugin",
     ) -> None:
         """Initialise the default group for test ``index``: of the launched world, or of the
         sub-world ``world`` (its members' ranks and size); unless it is up already.
@@ -146,12 +190,12 @@ class GroupKeeper:
         before it (its group replaced the world's on some ranks: every rank re-creates it).
         Every group gets a key space of its own in the store, named after the test that creates
         it (every member creates it in the same test) and the sub-world's id from rank 0's plan.
-        A ``harness`` test's class makes its own group (:meth:`harness`).
+        A test whose ``group`` is not the plugin's makes its own (:meth:`without_group`).
         """
         import torch.distributed as dist
 
-        if harness and isinstance(world, World):
-            self.harness(backend, session, world)
+        if group != "plugin" and isinstance(world, World):
+            self.without_group(backend, session, index, world, group)
             return
         rs = self.rs
         if isinstance(world, World):
@@ -180,15 +224,9 @@ class GroupKeeper:
             backend, store=store, rank=rank, world_size=size, device_id=device_id
         )
         twin_of_world()  # every rank is here: a rank that skips a check is named at once
-        # Code under test that reads the environment sees the group's world; LOCAL_RANK stays
-        # the node-local GPU (DeviceMesh picks its device from it).
-        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(rank), str(size)
-        own = sub_world_master(store, rank) if isinstance(world, World) else self.launched_env
-        for name in MASTER_ENV:  # env:// in a test finds its own world's store
-            if name in own:
-                os.environ[name] = own[name]
-            else:
-                os.environ.pop(name, None)
+        master = sub_world_master(store, rank) if isinstance(world, World) else self.launched_env
+        self._environ(rank, size, master)
+        self.own = False
         self.ctx = RankContext(
             rank, size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
         )

@@ -1,20 +1,24 @@
 """Launcher mode: PyTorch's harness classes (``MultiProcessTestCase``, ``MultiProcContinuousTest``)
-on sub-worlds, run as pool mode runs them.
+and DeepSpeed's ``DistributedTest`` on sub-worlds, run as pool mode runs them.
 
 Runs in every rank of a launched world: :func:`register` at configure time (from
-:func:`plugin.start_launched`). Pool mode's two pieces do the work here too, handed over by the
+:func:`plugin.start_launched`). Pool mode's pieces do the work here too, handed over by the
 plugin's gate (:class:`Suites`; launcher mode imports nothing of pool mode):
 ``pool.suites.SuitesPlugin`` makes each test of such a class a test of the class's world size
 with ``init_process_group=False`` (the same on every rank, as rank 0's plan needs), and
-``pool.worker.suiterank.SuiteRunner`` runs it in the rank the way the class's own harness runs
-it in the child it spawns. Rank 0's plan puts these tests on home sub-worlds only
-(:func:`subworld.home_slots`: the test's rank i is its node's local rank i), where no group of the
-plugin's is up (:meth:`group.GroupKeeper.harness`): the class makes its own.
+``pool.worker.suiterank.SuiteRunner`` (``pool.worker.dsrank.DeepSpeedRunner``) runs it in the
+rank the way the class's own harness runs it in the child it spawns. Rank 0's plan puts these
+tests on home sub-worlds only (:func:`subworld.home_slots`: the test's rank i is its node's local
+rank i, and the file the ranks meet in is on their own node), where no group of the plugin's is
+up (:meth:`group.GroupKeeper.without_group`): the class makes its own.
 
-The environment rule is pool mode's (:mod:`pool.worker.harnessenv`): for the length of the test
-the rank's environment is what the harness's child would have, its parent's (the pytest
-process's) without what the launcher gave this process (:func:`child_env`). Code under test that
-reads ``RANK``, ``MASTER_PORT`` or ``TORCHELASTIC_*`` sees what it sees under the harness.
+The environment rule for PyTorch's classes is pool mode's (:mod:`pool.worker.harnessenv`): for
+the length of the test the rank's environment is what the harness's child would have, its
+parent's (the pytest process's) without what the launcher gave this process (:func:`child_env`).
+Code under test that reads ``RANK``, ``MASTER_PORT`` or ``TORCHELASTIC_*`` sees what it sees
+under the harness. DeepSpeed's child's part sets its own (``RANK``, ``LOCAL_RANK``,
+``WORLD_SIZE``, ``LOCAL_SIZE``...) over the rank's, as over a pool rank's, and they are put back
+after it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,9 @@ class Suites:
 
     runner: Runner
     remember: Callable[[dict[str, str]], None]
+    #: Pool mode's runner of DeepSpeed's ``DistributedTest`` tests (``dsrank.DeepSpeedRunner``,
+    #: a pytest plugin): the child's part in this rank, over the test's shared folder.
+    deepspeed: object = None
 
 
 def register(config: pytest.Config, launch: Launch, keeper: GroupKeeper, suites: Suites) -> None:
@@ -78,6 +85,8 @@ def register(config: pytest.Config, launch: Launch, keeper: GroupKeeper, suites:
     suites.remember(child_env(os.environ, launch))
     runner = suites.runner
     config.pluginmanager.register(runner, "distrank-suite-runner")
+    if suites.deepspeed is not None:
+        config.pluginmanager.register(suites.deepspeed, "distrank-deepspeed-runner")
 
     def end_harness() -> None:  # before the keeper replaces a continuous class's group
         if keeper.ctx is not None:

@@ -23,6 +23,8 @@ key                                writer    meaning
 ``abort/<test>``                   0         :class:`Abort`: stop waiting, send your stacks
 ``stack/<test>/<rank>``            N wdog    :class:`Stack`: the rank's threads and reports
 ``fatal/<rank>``                   N main    :class:`Fatal`: the rank's pytest session ended
+                                   (0 wdog: the rank is gone, :mod:`liveness`)
+``alive/<rank>``                   N wdog    :class:`Alive`: the rank lives, and where it is
 ``stray/<test>`` (counter)         forks     how many forked processes said they left
 ``stray/<test>/<rank>``            forks     :class:`Identity` of a forked process
 ``count/<test>``                   0 main    rank 0 asks for collective counts after the test
@@ -108,6 +110,10 @@ def fatal(rank: int) -> str:
     return f"fatal/{rank}"
 
 
+def alive(rank: int) -> str:
+    return f"alive/{rank}"
+
+
 def stray_count(index: int) -> str:
     return f"stray/{index}"
 
@@ -150,7 +156,7 @@ def world(index: int) -> str:
 
 
 #: Keys whose one number is the rank that writes them (in the others it is the test index).
-_RANK_KEYS = ("collect", "fatal")
+_RANK_KEYS = ("collect", "fatal", "alive")
 
 
 def subject(key: str) -> tuple[int, int]:
@@ -206,8 +212,9 @@ class StepData(TypedDict):
     batch: int
     slot: int
     init: int
-    #: A test of PyTorch's harness classes (on a home sub-world, :func:`subworld.home_slots`).
-    harness: bool
+    #: Who makes the test's process group (:attr:`plan.Step.group`): ``plugin``, ``own``
+    #: (``init_process_group=False``), ``harness`` (PyTorch's harness classes).
+    group: str
 
 
 class PlanData(TypedDict):
@@ -264,6 +271,14 @@ class Fatal(Identity):
     when: str
     reports: list[dict[str, Any]]
     warnings: list[WarningRecord]
+
+
+class Alive(Identity):
+    """A rank's sign of life (its watchdog, every second), and the test and phase it is in
+    (index -1: between tests)."""
+
+    beat: int
+    when: str
 
 
 class Abort(TypedDict):
@@ -406,6 +421,7 @@ read_early = _reader(Early)
 read_peer_report = _reader(PeerReport)
 read_stack = _reader(Stack)
 read_fatal = _reader(Fatal)
+read_alive = _reader(Alive)
 read_abort = _reader(Abort)
 read_records = _reader(Records)
 read_still = _reader(Still)

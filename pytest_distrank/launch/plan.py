@@ -36,6 +36,8 @@ from .session import RankSession
 from .subworld import World, home_slots, nodes_of, placement, schedule
 from .widefix import refusals, wide_group_fixtures
 
+#: The groups (:attr:`Step.group`) whose tests run on home sub-worlds only.
+HOME = ("harness", "deepspeed")
 #: Bound on the other ranks' collection, counted from rank 0's.
 COLLECT_TIMEOUT = 120.0
 
@@ -51,8 +53,16 @@ class Step:
     #: ``sub``: the test's world size (before the plan places it), then where it runs.
     size: int = 0
     world: World | None = None
-    #: A test of PyTorch's harness classes (:mod:`harness`): on a home sub-world, no group.
-    harness: bool = False
+    #: Who makes the test's process group: the plugin (``plugin``); the test itself
+    #: (``own``: ``world_size(..., init_process_group=False)``); on a home sub-world, the class
+    #: of a test of PyTorch's harness classes (``harness``, :mod:`harness`) or the child's part of
+    #: DeepSpeed's ``DistributedTest`` (``deepspeed``).
+    group: str = "plugin"
+
+    @property
+    def home(self) -> bool:
+        """Runs on a home sub-world (:func:`subworld.home_slots`): its rank is its GPU index."""
+        return self.group in HOME
 
     def runs_on(self, rank: int) -> bool:
         """Does launched rank ``rank`` run this test (with its peers)?"""
@@ -186,26 +196,27 @@ def place(
     for i, step in enumerate(steps):
         if step.kind != "sub":
             continue
-        key = (step.size, step.harness)
+        key = (step.size, step.home)  # an "own" test runs where the plugin's would
         if key not in slots:
             home = home_slots(nodes, local_ranks, step.size)
-            slots[key] = home if step.harness else placement(nodes, step.size)
+            slots[key] = home if step.home else placement(nodes, step.size)
         if not slots[key]:
-            steps[i] = Step("skip", harness_does_not_fit(step.size, nodes))
-    groups = [(s.size, s.harness, s.backend) if s.kind == "sub" else None for s in steps]
+            steps[i] = Step("skip", harness_does_not_fit(step.size, nodes, step.group))
+    groups = [(s.size, s.home, s.backend, s.group) if s.kind == "sub" else None for s in steps]
     order, where = schedule(groups, lambda group: len(slots[group[:2]]))  # type: ignore[index]
     placed = list(steps)
     for i, (batch, slot, init) in where.items():
-        world = World(slots[(steps[i].size, steps[i].harness)][slot], batch, slot, init)
+        world = World(slots[(steps[i].size, steps[i].home)][slot], batch, slot, init)
         placed[i] = dataclasses.replace(steps[i], world=world)
     return placed, order
 
 
-def harness_does_not_fit(k: int, nodes: list[int]) -> str:
+def harness_does_not_fit(k: int, nodes: list[int], group: str = "harness") -> str:
     """Why a harness class's test of world size ``k`` is skipped: no node has ``k`` ranks."""
     most = max((nodes.count(node) for node in set(nodes)), default=0)
+    what = "PyTorch's harness classes" if group == "harness" else "DeepSpeed's DistributedTest"
     return (
-        f"a test of PyTorch's harness classes of world size {k} runs on the ranks of one node "
+        f"a test of {what} of world size {k} runs on the ranks of one node "
         f"(its rank is its GPU index and its peers meet in a file); the nodes of this launched "
         f"world have at most {most} ranks. Run it with a launcher of {k} ranks per node, or "
         "without a launcher"
@@ -222,7 +233,7 @@ def _step_data(step: Step) -> keys.StepData:
         "batch": world.batch if world else -1,
         "slot": world.slot if world else -1,
         "init": world.init if world else -1,
-        "harness": step.harness,
+        "group": step.group,
     }
 
 
@@ -231,7 +242,7 @@ def _step_of(data: keys.StepData) -> Step:
     if data["members"]:
         world = World(tuple(data["members"]), data["batch"], data["slot"], data["init"])
     size = len(data["members"])
-    return Step(data["kind"], data["reason"], data["backend"], size, world, data["harness"])
+    return Step(data["kind"], data["reason"], data["backend"], size, world, data["group"])
 
 
 def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
@@ -248,8 +259,12 @@ def decide(rs: RankSession, settings: Settings, item: pytest.Item) -> Step:
         return Step("error", got.error) if got.error else Step("skip", str(got.skip))
     if got.spec is not None:
         k = got.spec.world_size
-        if harness_case(item):  # on a home sub-world, even at the launched size (subworld.py)
-            return Step("sub", backend=got.spec.backend, size=k, harness=True)
+        home = "harness" if harness_case(item) else "deepspeed" if deepspeed_case(item) else ""
+        if home:  # on a home sub-world, even at the launched size (subworld.py)
+            return Step("sub", backend=got.spec.backend, size=k, group=home)
+        if not got.spec.init_process_group:  # a sub-world even at the launched size: env:// of
+            # its own, never the launcher's one store (group.GroupKeeper.without_group)
+            return Step("sub", backend=got.spec.backend, size=k, group="own")
         if k < ws:  # a sub-world of the launched one (subworld.py)
             return Step("sub", backend=got.spec.backend, size=k)
         return Step("all", backend=got.spec.backend)
@@ -285,13 +300,11 @@ def _launched(
             f"{shape}needs world_size {spec.world_size}, this launched world has {ws} {ranks} "
             f"({launcher})"
         )
-    elif _compat.ds_harness_base(getattr(item, "cls", None)) is not None:
-        why = f"DeepSpeed's DistributedTest classes run in pool mode only ({launcher})"
-    elif not spec.init_process_group and not harness_case(item):
+    elif _compat.ds_harness_base(getattr(item, "cls", None)) and not deepspeed_case(item):
         why = (
-            "world_size(..., init_process_group=False) does not run in launcher mode: the "
-            "launcher's MASTER_ADDR:MASTER_PORT store is shared by the whole run; use the pg "
-            "fixture, or run this test without a launcher"
+            f"a DeepSpeed DistributedTest not taken over (--distrank-suites=own, or a "
+            f"world_size marker of the plugin's with a group on it) runs in pool mode only "
+            f"({launcher})"
         )
     else:
         return None
@@ -307,6 +320,17 @@ def harness_case(item: pytest.Item) -> bool:
         module is not None
         and isinstance(cls, type)
         and _compat.harness_kind(cls, module) is not None
+    )
+
+
+def deepspeed_case(item: pytest.Item) -> bool:
+    """Is ``item`` a test of DeepSpeed's ``DistributedTest`` that the pool's suites plugin took
+    over (one world size: it marked it ``world_size(k, init_process_group=False)``)?"""
+    marker = item.get_closest_marker("world_size")
+    return (
+        _compat.ds_harness_base(getattr(item, "cls", None)) is not None
+        and marker is not None
+        and marker.kwargs.get("init_process_group") is False
     )
 
 

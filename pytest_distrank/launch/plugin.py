@@ -11,7 +11,8 @@ world. The plugin starts no rank processes of its own. Every rank:
    when the ranks collected different tests, an error naming the ranks and node ids, and no test
    runs), and the order they run in;
 3. runs the tests of the launched world size in lock-step with the same fixtures as pool mode
-   (those of a smaller size in batches on sub-worlds, :mod:`subrun`),
+   (each rank's part and what follows it, :mod:`testrun`; those of a smaller size in batches on
+   sub-worlds, :mod:`subrun`),
    and sends its phase reports to rank 0 (with the test's warnings, its groups' sequence numbers
    and its pid), which merges them (:func:`merge.merge_test`) and replays one report per phase,
    each distinct warning once (:mod:`outcome.warnings`); ranks other than 0 wait for rank 0's
@@ -44,7 +45,6 @@ import time
 import traceback
 import warnings
 from collections.abc import Generator
-from typing import TextIO, cast
 
 import pytest
 from pytest import CollectReport, TestReport
@@ -57,20 +57,15 @@ from ..outcome.stacks import interruption_message
 from ..parsing import MAX_SEED, file_safe
 from ..planning.order import order_seed, reorder, session_seed
 from ..rank import seeding
-from ..rank.groupstate import sequence_numbers
 from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
-from . import harness, keys, subrun
+from . import harness, keys, liveness, subrun, testrun
 from .channel import ChannelError
 from .current import Current
-from .deadwatch import Judge
 from .env import Launch, rerun_command
 from .gather import (
-    gather,
     publish_early,
     publish_stopped,
-    warning_records,
-    warnings_of,
 )
 from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
@@ -92,6 +87,7 @@ def start_launched(config: pytest.Config, launch: Launch, suites: harness.Suites
     if suites is not None:
         harness.register(config, launch, plugin.group, suites)
     seeding.register(config, plugin.seed.value, plugin.rank, plugin.is_distributed)
+    liveness.hook_exit(rs, lambda: plugin.current)
     plugin.watchdog.start()
 
 
@@ -213,7 +209,7 @@ class LaunchPlugin:
                 if self.ended is not None and not subrun.same_batch(self, index):
                     self._log_not_run(item, self.ended)
                 elif step.runs_on(0):
-                    self._run_rank0(item, index)
+                    testrun.run_rank0(self, item, index)
                 elif step.kind == "sub":
                     subrun.replay(self, item, index)
                 else:
@@ -225,7 +221,7 @@ class LaunchPlugin:
                 if step.world is not None and step.world.members[0] == self.rank:
                     subrun.run_leader(self, item, index)
                 else:
-                    self._run_peer(item, index)
+                    testrun.run_peer(self, item, index)
             return True
         except ChannelError as exc:
             self.rs.lost(exc)
@@ -285,7 +281,7 @@ class LaunchPlugin:
         where = step.world or subrun.latest_sub(self.steps, cur.index)
         try:
             assert self.session is not None
-            self.group.ensure(step.backend, self.session, cur.index, where, step.harness)
+            self.group.ensure(step.backend, self.session, cur.index, where, step.group)
         except Exception:
             message = (
                 f"{self.launch.label()}: could not initialise the process group (backend "
@@ -308,7 +304,8 @@ class LaunchPlugin:
             finally:
                 self.rs.leave_if_fork(cur.index, item.nodeid)
         forks = self.rs.end_forks()
-        if step.harness and self.group.harness_problem():
+        self.group.after_test(any(report.failed for report in cur.reports))
+        if step.group == "harness" and self.group.harness_problem():
             return False  # a continuous class's group may be out of step: every rank's anew
         if forks:
             after, ws, now = f"The rank killed it. {FRESH_GROUP}", rs.world_size, time.time()
@@ -316,71 +313,6 @@ class LaunchPlugin:
             cur.reports.append(report)
             publish_early(rs, cur, report)
         return not forks
-
-    def _run_rank0(self, item: pytest.Item, index: int) -> None:
-        ihook = item.ihook
-        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
-        cur = self.start_test(item, index)
-        group = self.group
-        inits = group.inits
-        fine = self.run_here(cur)
-        with self.rs.lock:
-            cur.done = True
-            taken = cur.taken_over
-        if taken:
-            park()  # the watchdog reports this test and ends the run; it exits the process
-        healthy = fine and group.healthy()
-        sequence = sequence_numbers() if healthy else {}
-        view = cur.view or self.rs
-        look = Judge(view, cur).look if cur.end_deadlocks else None
-        per_rank, stuck, peers_healthy = gather(view, cur, look=look)
-        if group.inits != inits:
-            group.sequence_base = {}  # a new group: its sequence numbers start from 0
-        if healthy and peers_healthy and not stuck:
-            cur.sequences[0] = sequence
-            if cur.view is None:
-                healthy = group.check_collectives(cur, per_rank)
-            else:
-                healthy = subrun.in_step(self, cur)
-        if not (healthy and peers_healthy):
-            group.gen += 1  # every rank re-initialises its group before the next test
-        merged = self.finish(item, per_rank, warnings_of(cur))
-        self.current = None
-        for report in merged:
-            ihook.pytest_runtest_logreport(report=report)
-        ended = subrun.why_ended(cur, stuck)
-        if ended is not None:
-            self.aborted = self.aborted or bool(stuck or cur.stopped)
-            subrun.end_run(self, index, ended)
-        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
-
-    def _run_peer(self, item: pytest.Item, index: int) -> None:
-        rs = self.rs
-        cur = self.start_test(item, index)
-        fine = self.run_here(cur)
-        with rs.lock:
-            cur.done = True
-            taken = cur.taken_over
-        if taken:
-            park()  # the watchdog is leaving with rank 0's exit code
-        healthy = fine and self.group.healthy()
-        rank = cur.view.rank if cur.view is not None else self.rank
-        payload: keys.PeerReport = {
-            "reports": [rs.serialize(r) for r in cur.reports],
-            "healthy": healthy,
-            "warnings": warning_records(cur.caught),
-            "sequence": sequence_numbers() if healthy else {},
-            **keys.identity(index, item.nodeid),
-        }
-        rs.channel.put(keys.report(index, rank), payload)
-        rs.channel.add(keys.done_count(index), 1)
-        self.group.last_index, self.group.last_rank = index, rank
-        self.group.last_started_ns = cur.started_ns
-        self.current = None
-        rs.log(f"{item.nodeid}: " + ", ".join(f"{r.when} {r.outcome}" for r in cur.reports))
-        for report in cur.reports:
-            if report.failed and rs.log_stream is not None:
-                report.toterminal(_compat.terminal_writer(cast(TextIO, rs.log_stream)))
 
     def finish(
         self,
@@ -399,7 +331,10 @@ class LaunchPlugin:
         rerun += rerun_note(world)
         pids = self.rs.view(world.members).pids
         name = functools.partial(relabel, size=world.size, members=world.members, nodes=self.nodes)
-        return finish_test(item, per_rank, world.size, pids, rerun, warned, after=[name])
+        where = [(r, self.nodes[r] if r < len(self.nodes) else 0) for r in world.members]
+        return finish_test(
+            item, per_rank, world.size, pids, rerun, warned, after=[name], launched=where
+        )
 
     def _log_not_run(self, item: pytest.Item, reason: str) -> None:
         ihook = item.ihook

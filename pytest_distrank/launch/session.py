@@ -327,6 +327,7 @@ class RankSession:
         print(message, file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
+        self.exiting = True  # nothing to tell (liveness.hook_exit)
         os._exit(LOST_EXIT)
 
 

@@ -41,6 +41,7 @@ from .current import Current
 from .deadwatch import Judge
 from .gather import gather, left_stuck, stopped_reports, stopped_serving, warnings_of
 from .group import GroupKeeper
+from .liveness import LEAVING, beat
 from .plan import Step
 from .session import RankSession, park
 from .subworld import lost_result, unaccounted
@@ -126,12 +127,10 @@ def in_step(plugin: LaunchPlugin, cur: Current) -> bool:
 def why_ended(cur: Current, stuck: list[int]) -> str | None:
     """Why the launched world cannot go on after ``cur`` (None: it can), ranks named as the
     launched world numbers them."""
-    view = cur.view
     if stuck or cur.stopped:
         if cur.stopped:
             return stopped_serving(cur)
-        ranks = [view.launched_rank(r) for r in stuck] if view is not None else stuck
-        return left_stuck(cur, ranks)
+        return left_stuck(cur, stuck)
     if cur.forged:
         return next(iter(cur.forged.values())).ends_run(cur.item.nodeid)
     return None
@@ -179,6 +178,8 @@ def leader_stuck(plugin: LaunchPlugin, cur: Current, own: list[TestReport]) -> i
     ended = why_ended(cur, [0, *stuck]) or "a sub-world's rank 0 was left stuck"
     _send(plugin, cur, per_rank, ended, False)
     plugin.current = None
+    with contextlib.suppress(ChannelError):
+        beat(rs, cur, -1, LEAVING)  # no more signs of life from this watchdog (liveness.py)
     rs.log(f"distrank: {rs.launch.label()}: stuck in {cur.item.nodeid}; waiting for rank 0's end")
     try:
         found = rs.channel.wait_any([keys.EXIT], time.monotonic() + RESULT_SLACK * 4, True)

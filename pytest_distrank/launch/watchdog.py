@@ -5,6 +5,8 @@ a C++ collective, where no Python signal handler runs and nothing can interrupt 
 does not need it:
 
 - rank 0 bumps a heartbeat key every second (the other ranks' waits on rank 0 are bounded by it);
+  the other ranks write a sign of life every second, and rank 0 reports a rank whose signs
+  stopped and whose process is gone (:mod:`liveness`);
 - with ``--distrank-deadlocks=end`` (the default) every rank watches its own progress in the
   running test and says when it stands still, and rank 0 judges whether the ranks' records prove
   a deadlock (:mod:`deadwatch`): then the test ends now, as at its deadline;
@@ -45,7 +47,8 @@ from .channel import LOST_EXIT, ChannelError, dump_threads
 from .current import Current
 from .deadwatch import Judge, SelfWatch
 from .frrecords import own_records
-from .gather import poll_early, poll_finished, warning_records
+from .gather import poll_early, poll_finished, stuck_words, warning_records
+from .liveness import LEAVING, Liveness, beat
 from .session import RankSession, open_log
 
 TICK = 0.05
@@ -69,6 +72,11 @@ class Watchdog(threading.Thread):
         self.current = current
         self.finish = finish
         self._beat_at = 0.0
+        self._beats = 0
+        #: The test and phase of the last sign of life.
+        self._where: tuple[int, str] | None = None
+        #: Rank 0: the other ranks' signs of life (:mod:`liveness`).
+        self.liveness = Liveness(rs)
         self._complained = False
         #: The running test's watch for a proven deadlock (:mod:`deadwatch`).
         self._watch: SelfWatch | None = None
@@ -96,10 +104,16 @@ class Watchdog(threading.Thread):
     def tick(self) -> None:
         rs = self.rs
         now = time.monotonic()
-        if rs.rank == 0 and now - self._beat_at >= HEARTBEAT_EVERY:
-            rs.channel.add(keys.HEARTBEAT, 1)
-            self._beat_at = now
         cur = self.current()
+        where = (cur.index, cur.when) if cur is not None else None
+        if now - self._beat_at >= HEARTBEAT_EVERY or (rs.rank != 0 and where != self._where):
+            self._beats += 1
+            if rs.rank == 0:
+                rs.channel.add(keys.HEARTBEAT, 1)
+                self.liveness.look(now)
+            else:  # every second, and as soon as it is in another test or phase
+                beat(rs, cur, self._beats)
+            self._beat_at, self._where = now, where
         if cur is None or cur.done:
             return
         rs = cur.view or rs  # a sub-world's test: its rank 0 watches its peers
@@ -164,6 +178,8 @@ class Watchdog(threading.Thread):
                 return  # the main thread finished after all; rank 0's verdict reaches it
             cur.taken_over = True
         where = where_blocked(dump_threads(rs.main_ident), str(cur.item.path))
+        with contextlib.suppress(ChannelError):
+            beat(rs, cur, -1, LEAVING)  # no more signs of life: it waits for rank 0's end
         rs.log(
             f"distrank: {rs.launch.label()}: rank 0 ended the test while this rank was still "
             f"in {cur.when} of {cur.item.nodeid} ({where}); leaving with rank 0's exit code"
@@ -207,7 +223,10 @@ class Watchdog(threading.Thread):
         dump = dump_threads(rs.main_ident)
         with contextlib.suppress(OSError), open_log(rs.log_path, append=True) as log:
             log.write(f"stacks of all threads in {pos.when} of {item.nodeid}:\n{dump}\n")
-        own = explain({0: load(own_records(cur))}, {0: cur.started_ns})
+        records = own_records(cur)
+        own = explain({0: load(records)}, {0: cur.started_ns})
+        collective = own.lines.get(0, "") if own else ""
+        cur.stuck_at[0] = stuck_words(collective, dump, bool(records), str(item.path))
         info = Unfinished(
             pos,
             dump,
@@ -215,7 +234,7 @@ class Watchdog(threading.Thread):
             "stuck",
             cur.game,
             time.monotonic(),
-            collective=own.lines.get(0, "") if own else "",
+            collective=collective,
         )
         report = unfinished_report(
             item.nodeid, item.location, str(item.path), 0, rs.world_size, info, time.time()

@@ -32,15 +32,17 @@ def finish_test(
     warnings: Mapping[int, Sequence[WarningRecord]],
     before: Sequence[Step] = (),
     after: Sequence[Step] = (),
+    launched: Sequence[tuple[int, int]] = (),
 ) -> list[TestReport]:
-    """One report per phase for ``item`` from every rank's, ready to log."""
+    """One report per phase for ``item`` from every rank's, ready to log (``launched``: a
+    launched world's sub-world, ``(launched rank, node)`` of each of its ranks)."""
     merged: list[TestReport] | None = item.ihook.pytest_distrank_merge_reports(
         item=item, reports=per_rank
     )
     if merged is None:
         merged = merge_test(per_rank, world_size)
     merged = _apply(before, merged)
-    forward_warnings(item, warnings, world_size)
+    forward_warnings(item, warnings, world_size, launched)
     annotate(merged, per_rank, world_size, pids, rerun)
     return _apply(after, merged)
 

@@ -17,6 +17,7 @@ contents without their titles).
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -176,7 +177,9 @@ def _failure(
     verdict = next((getattr(r, VERDICT_ATTR) for _, r in phase if hasattr(r, VERDICT_ATTR)), "")
     table = head(world_size, stories, found, collateral, verdict)
     tag = found.tag
-    longrepr = root_report.longrepr
+    # A copy: the ranks' reports stay as they came (merged twice, as launcher mode's check of a
+    # sub-world's result and then its report do, they got the table twice).
+    longrepr = copy.deepcopy(root_report.longrepr)
     shown = {_same_failure_key(str(longrepr)): root}
     if not isinstance(longrepr, ExceptionRepr):
         # A plain-text failure (fixture lookup error, strict XPASS): give it a crash line, so

@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from .merge import label, ranks_words
+from .merge import label, rank_ranges, ranks_words
 from .records import WarningRecord
 
 
 def merge_warnings(
-    per_rank: Mapping[int, Sequence[WarningRecord]], world_size: int
+    per_rank: Mapping[int, Sequence[WarningRecord]],
+    world_size: int,
+    launched: Sequence[tuple[int, int]] = (),
 ) -> list[tuple[WarningRecord, str | None]]:
     """Each distinct warning of a test once, with the ranks that raised it in words.
 
@@ -31,6 +33,8 @@ def merge_warnings(
     in first-seen order (ranks in order), with ``None`` when every rank of the world raised it
     (rank 0 to ``world_size - 1``; a rank that sent no record did not), else ``"rank 1/2"`` for
     one rank or ``"ranks 0, 2 of 3"`` for several (``merge.ranks_words``: ``ranks 0-3, 6 of 8``).
+    ``launched``: a launched world's sub-world, ``(launched rank, node)`` of each of its ranks;
+    the words name both numberings, as its failures do (:func:`ranks_named`).
     """
     ranks_of: dict[WarningRecord, list[int]] = {}
     for rank in sorted(per_rank):
@@ -42,11 +46,23 @@ def merge_warnings(
     for record, ranks in ranks_of.items():
         if ranks == list(range(world_size)):
             out.append((record, None))
-        elif len(ranks) == 1:
-            out.append((record, label(ranks[0], world_size)))
         else:
-            out.append((record, f"{ranks_words(ranks)} of {world_size}"))
+            out.append((record, ranks_named(ranks, world_size, launched)))
     return out
+
+
+def ranks_named(ranks: Sequence[int], world_size: int, launched: Sequence[tuple[int, int]]) -> str:
+    """``rank 1/2`` or ``ranks 0, 2 of 3``; in a sub-world (``launched``, as in
+    :func:`merge_warnings`) with the launched ranks and their nodes: ``rank 1/2 (launched rank 3,
+    node 1)``, ``ranks 0, 1 of 2 (launched ranks 2, 3, node 1)``."""
+    many = f"{ranks_words(ranks)} of {world_size}"
+    words = label(ranks[0], world_size) if len(ranks) == 1 else many
+    where = [launched[rank] for rank in ranks if rank < len(launched)]
+    if not where or len(where) != len(ranks):
+        return words
+    nodes = sorted({node for _, node in where})
+    node_words = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {rank_ranges(nodes)}"
+    return f"{words} (launched {ranks_words(r for r, _ in where)}, {node_words})"
 
 
 def _warning(record: WarningRecord, ranks: str | None) -> tuple[type[Warning], Warning]:
@@ -69,9 +85,11 @@ def forward_warnings(
     item: pytest.Item,
     per_rank: Mapping[int, Sequence[WarningRecord]],
     world_size: int,
+    launched: Sequence[tuple[int, int]] = (),
 ) -> None:
-    """The ranks' warnings into this session's warnings summary, each distinct one once."""
-    for record, ranks in merge_warnings(per_rank, world_size):
+    """The ranks' warnings into this session's warnings summary, each distinct one once
+    (``launched``: see :func:`merge_warnings`)."""
+    for record, ranks in merge_warnings(per_rank, world_size, launched):
         category, message = _warning(record, ranks)
         item.config.hook.pytest_warning_recorded.call_historic(
             kwargs={

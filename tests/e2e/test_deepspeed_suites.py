@@ -13,6 +13,7 @@ and the harness's own processes are told apart.
 from __future__ import annotations
 
 import os
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -216,17 +217,35 @@ class TestSizes(DistributedTest):
 _RAN_IN: list[Path] = []
 
 
-def _write(folder: Path) -> None:
-    _RAN_IN.append(folder)
+def write_ds(folder: Path, name: str = "test_ds.py", tests: str = TESTS) -> None:
+    """DeepSpeed's conftest, its harness's stand-in and ``tests`` (as ``name``) in ``folder``."""
+    if name == "test_ds.py":
+        _RAN_IN.append(folder)
     (folder / "conftest.py").write_text(CONFTEST)
     (folder / "unit").mkdir()
     (folder / "unit" / "common.py").write_text(COMMON)
-    (folder / "test_ds.py").write_text(TESTS)
+    (folder / name).write_text(tests)
+
+
+def pool_outcomes(shared_session: SharedSession) -> dict[str, str]:
+    """The outcome of each test of the shared pool session, by ``Class.test`` (junit)."""
+    shared_session("deepspeed", write_ds, *DS_ARGS)
+    found = {}
+    for case in ET.parse(_RAN_IN[0] / "ds.xml").getroot().iter("testcase"):
+        tags = {child.tag for child in case}
+        outcome = next((t for t in ("failure", "error", "skipped") if t in tags), "passed")
+        found[f"{str(case.get('classname')).split('.')[-1]}.{case.get('name')}"] = outcome
+    return found
+
+
+#: The shared pool session's arguments (test_subworlds.py compares a launched world's outcomes
+#: with its junit file).
+DS_ARGS = ("-rA", "-p", "no:cacheprovider", "--junitxml=ds.xml")
 
 
 @pytest.fixture
 def ds(shared_session: SharedSession) -> pytest.RunResult:
-    return shared_session("deepspeed", _write, "-rA", "-p", "no:cacheprovider")
+    return shared_session("deepspeed", write_ds, *DS_ARGS)
 
 
 def _pids(name: str) -> dict[str, str]:

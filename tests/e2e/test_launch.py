@@ -917,8 +917,10 @@ def test_torchrun_hang_times_out_with_every_ranks_stack(world: Callable[[str], R
         0,
         [
             "SKIPPED [[]1[]] *: not run: test_z_hang.py::test_hang left rank(s) 0, 1 stuck "
-            "(timeout); a rank stuck in a collective cannot be interrupted, so the launched world "
-            "stops here",
+            "(timeout): rank 0 in barrier #1 on the default group (blocked in barrier at *); "
+            "rank 1 in no collective (*); a rank still inside its test cannot be taken out of it "
+            "(a collective cannot be interrupted, and the plugin raises nothing into Python "
+            "code), so the launched world stops here",
             "FAILED test_z_hang.py::test_hang - [[]rank 1/2[]] never entered barrier #1 on the "
             "default group (rank 0 waits in it); Timeout: still in call after 3 s *",
         ],
@@ -1290,8 +1292,9 @@ def test_torchrun_a_proven_deadlock_ends_early_and_slow_ranks_do_not(
         [
             "*rank 0/3: Deadlock: still in call after *.* s, which can never finish: ended early "
             "(deadline was 60 s, timeout from @pytest.mark.timeout(60))",
-            "*left rank(s) 0, 1 stuck (a proven deadlock); a rank stuck in a collective cannot be "
-            "interrupted, so the launched world stops here",
+            "*left rank(s) 0, 1 stuck (a proven deadlock): rank 0 in * (*); rank 1 in * (*); a "
+            "rank still inside its test cannot be taken out of it *, so the launched world stops "
+            "here",
         ],
     )
 

@@ -4,10 +4,11 @@ Runs two torchrun agents on loopback as two nodes of two ranks each (``--nnodes=
 --nproc-per-node=2``, c10d rendezvous on a free port), each agent a subprocess of this (outer)
 pytest process; every run has a timeout and must leave no process behind on either agent
 (``launch_env``'s check). One launched world serves every test here: a mix of world sizes 1, 2, 3
-and 4, a batch of sleeping tests of 2 ranks, classes of PyTorch's harness (on each node's two
-ranks), and last a sub-world that deadlocks beside one that passes (it ends the run after its
-batch, so it is the last file). Placement and packing have
-their properties in ``tests/unit/test_subworld.py``.
+and 4, a batch of sleeping tests of 2 ranks, tests that make their own group, classes of PyTorch's
+harness and DeepSpeed's (on each node's two ranks), and last a sub-world that deadlocks beside one
+that passes (it ends the run after its batch, so it is the last file). The files' texts are in
+``subworld_files.py``; a world whose ranks die is ``test_subworld_deaths.py``'s. Placement and
+packing have their properties in ``tests/unit/test_subworld.py``.
 """
 
 from __future__ import annotations
@@ -20,216 +21,21 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest
-from .test_existing_suites import CONTINUOUS
-from .test_launch import HEADER, Run, free_port, launch_env, pytest_args, start, write
+from ..helpers import RunPytest, SharedSession, failure_section
+from .subworld_files import HANG, HARNESS, MIX, OWN, SEED, SEEDED, SLEEP, SLEEPERS, WIDE
+from .test_deepspeed_suites import TESTS as DS_TESTS
+from .test_deepspeed_suites import pool_outcomes, write_ds
+from .test_launch import Run, free_port, launch_env, pytest_args, start, write
 
 __all__ = ["launch_env"]  # the fixture, used by the tests here
 
-#: The sizes of the launched world: what runs on one rank, a node, more than a node, all.
-MIX = (
-    HEADER
-    + """
-@pytest.mark.world_size(1)
-@pytest.mark.parametrize("i", range(2))
-def test_one(i, rank, world_size, pg):
-    t = torch.ones(1)
-    dist.all_reduce(t)  # the default group is the sub-world's
-    assert (rank, world_size, dist.get_world_size(), t.item()) == (0, 1, 1, 1.0)
-    assert os.environ["WORLD_SIZE"] == "1" and os.environ["RANK"] == "0"
-
-@pytest.mark.world_size(3)
-def test_three(rank, world_size, device):
-    t = torch.ones(1, device=device)
-    dist.all_reduce(t)
-    assert (world_size, t.item()) == (3, 3.0)
-
-@pytest.mark.world_size(4)
-def test_four(rank, world_size, pg):
-    t = torch.ones(1)
-    dist.all_reduce(t, group=pg)
-    assert (world_size, t.item(), os.environ["WORLD_SIZE"]) == (4, 4.0, "4")
-
-def test_plain():
-    pass
-
-@pytest.mark.world_size(2)
-def test_two(rank, world_size, dist_store):
-    t = torch.ones(1) * (rank + 1)
-    dist.all_reduce(t)
-    assert (world_size, t.item()) == (2, 3.0)
-    dist_store.set(f"k{rank}", "v")
-    assert dist_store.get(f"k{1 - rank}") == b"v"  # the test's own key space, its own peer
-
-@pytest.mark.world_size(2)
-def test_two_fails_on_its_rank_1(rank):
-    assert rank == 0, f"rank {rank} of the pair disagrees"
-"""
-)
-
-#: Four tests of 2 ranks that sleep: two at a time in a launched world of 4.
-SLEEP = 3.0
-SLEEPERS = (
-    HEADER
-    + f"""
-@pytest.mark.world_size(2)
-@pytest.mark.parametrize("i", range(4))
-def test_sleep(i, rank):
-    start = time.time()
-    time.sleep({SLEEP})
-    here = os.path.dirname(__file__)
-    with open(os.path.join(here, f"sleep{{i}}-{{rank}}.times"), "w") as out:
-        out.write(f"{{start}} {{time.time()}}")
-"""
-)
-
-#: The session seed of the launched world (``--distrank-seed``).
-SEED = 4242
-
-#: Two pairs at once; the second runs on launched ranks 2 and 3 and draws what a pool's ranks 0
-#: and 1 draw (the seed is the sub-world rank's: the printed rerun puts it on ranks 0 and 1).
-#: Then two pairs at once re-initialise their default group from the environment (env://).
-SEEDED = (
-    f"{HEADER}from pytest_distrank.rank.seeding import seed_of\n"
-    + f"""
-@pytest.mark.parametrize("i", [0, 1])
-@pytest.mark.world_size(2)
-def test_seeded_as_in_a_pool(i, rank, request):
-    got = torch.randint(0, 2**30, (1,)).item()
-    mine = torch.Generator().manual_seed(seed_of({SEED}, request.node.nodeid, rank, "call"))
-    assert got == torch.randint(0, 2**30, (1,), generator=mine).item(), "another rank's seed"
-
-@pytest.mark.world_size(2)
-@pytest.mark.parametrize("val", [10, 1000])
-def test_reinit_from_the_environment(val, rank):
-    dist.destroy_process_group()
-    dist.init_process_group("gloo")  # env://: each pair meets its own ranks only
-    t = torch.tensor([float(val)])
-    dist.all_reduce(t)
-    assert (dist.get_world_size(), t.item()) == (2, 2.0 * val)
-    dist.destroy_process_group()
-"""
-)
-
-#: A module fixture on the group whose teardown runs a collective keeps the module's sub-world
-#: tests out (a sub-world would tear it down on some of its ranks only: a deadlock).
-WIDE = (
-    HEADER
-    + """
-@pytest.fixture(scope="module")
-def modfix(rank):
-    yield rank
-    dist.barrier()
-
-@pytest.mark.world_size(2)
-def test_wide_two(modfix):
-    pass
-"""
-)
-
-#: A pair deadlocks (its rank 1 waits in a barrier its rank 0 never enters) beside a pair that
-#: passes; the run ends after their batch: a rank stuck in a collective cannot be interrupted.
-HANG = (
-    HEADER
-    + """
-@pytest.mark.world_size(2)
-@pytest.mark.timeout(60)
-def test_z_deadlock(rank):
-    if rank == 1:
-        dist.barrier()
-
-@pytest.mark.world_size(2)
-def test_z_beside(rank):
-    time.sleep(0.5)
-
-@pytest.mark.world_size(4)
-def test_z_after(rank):
-    pass
-"""
-)
-
-
-#: PyTorch's harness classes, unmodified: a MultiProcessTestCase, a MultiProcContinuousTest and a
-#: DTensorTestBase of 2 ranks (each on one node's local ranks 0 and 1, two at a time), and one of
-#: 4, which no node of 2 ranks can hold.
-#: Collected first: the pairs of the other files, the deadlocked one among them, run as one run
-#: of batches, after which the run ends.
-HARNESS = (
-    CONTINUOUS
-    + """
-import os
-import unittest
-
-from torch.distributed.tensor import Shard, distribute_tensor
-from torch.testing._internal.common_distributed import MultiProcessTestCase
-from torch.testing._internal.distributed._tensor.common_dtensor import DTensorTestBase, with_comms
-
-LAUNCHER = ("RANK", "LOCAL_RANK", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "GROUP_RANK")
-
-
-class Pairs(MultiProcessTestCase):
-    world_size = 2
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
-    def test_sum(self):
-        assert [name for name in LAUNCHER if name in os.environ] == []  # the harness's child's
-        dist.init_process_group(
-            "gloo", init_method=f"file://{self.file_name}", rank=self.rank, world_size=2
-        )
-        t = torch.ones(1) * (self.rank + 1)
-        dist.all_reduce(t)
-        dist.destroy_process_group()
-        self.assertEqual(t.item(), 3.0)
-
-    def test_fails_on_rank_1(self):
-        self.assertEqual(self.rank, 0)
-
-    def test_skips(self):
-        raise unittest.SkipTest("not on this machine")
-
-
-class Continuous(ContinuousBase):
-    def test_a(self):
-        t = torch.ones(1)
-        dist.all_reduce(t)  # the class's own group, kept from its _init_pg
-        self.assertEqual((t.item(), dist.get_world_size()), (2.0, 2))
-
-    def test_b(self):
-        dist.barrier()
-        self.assertEqual(dist.get_rank(), self.rank)
-
-
-class Mesh(DTensorTestBase):
-    @property
-    def world_size(self):
-        return 2
-
-    @with_comms
-    def test_shard(self):
-        t = distribute_tensor(torch.arange(4.0), self.build_device_mesh(), [Shard(0)])
-        self.assertEqual((t.to_local().numel(), t.full_tensor().sum().item()), (2, 6.0))
-
-
-class Quads(MultiProcessTestCase):
-    world_size = 4
-
-    def setUp(self):
-        super().setUp()
-        self._spawn_processes()
-
-    def test_four(self):
-        pass
-"""
-)
-
-
 def _two_agents(env: dict[str, str], folder: Path) -> Run:
     files = {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_0_harness.py": HARNESS}
-    files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE})
+    files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE, "test_a00_own.py": OWN})
     write(folder, {**files, "test_z_hang.py": HANG})
+    # Collected first: before the deadlock ends the run. Without TestSizes, whose harness runs
+    # it on rank 0 alone (as in a pool's controller) in processes it starts: 11 s here.
+    write_ds(folder, "test_0_ds.py", DS_TESTS.split("\n\nclass TestSizes")[0])
     endpoint, rdzv_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
     cmds = [
         [
@@ -248,13 +54,16 @@ _RUN: list[Run | str] = []
 
 
 @pytest.fixture
-def world(pytester: pytest.Pytester, launch_env: dict[str, str]) -> Callable[[], Run]:
-    """The launched world, run by the first test that asks (its leak check covers it)."""
+def world(
+    tmp_path_factory: pytest.TempPathFactory, launch_env: dict[str, str]
+) -> Callable[[], Run]:
+    """The launched world, run by the first test that asks (its leak check covers it), in a
+    folder of its own (a test's own folder may hold a pool session's files)."""
 
     def get() -> Run:
         if not _RUN:
             try:
-                _RUN.append(_two_agents(launch_env, pytester.path))
+                _RUN.append(_two_agents(launch_env, tmp_path_factory.mktemp("world")))
             except (Exception, pytest.fail.Exception) as exc:
                 _RUN.append(f"{type(exc).__name__}: {exc}")
         run = _RUN[0]
@@ -295,6 +104,12 @@ def test_every_size_runs_in_a_launched_world_of_four(world: Callable[[], Run]) -
             "node 1)[]] *",
         ],
     )
+    # Its rank table once (brief A46 item 7: a replayed sub-world's was shown twice, the second
+    # time in the sub-world's numbering only, under the root cause's traceback title).
+    section = failure_section(run.outputs[out].splitlines(), "test_two_fails_on_its_rank_1")
+    assert [line for line in section.lines if line.startswith("distrank: ")] == [
+        "distrank: 1 of 2 ranks failed; root cause: rank 1/2 (launched rank 3, node 1)"
+    ]
     run.match(1 - out, ["distrank: rank ?/4 (torchrun): report on rank 0; log in *"])
     # The rerun command says where it puts the test (issue 42 hostile pass 6).
     run.match(
@@ -347,6 +162,51 @@ def test_a_module_fixture_on_the_group_keeps_its_sub_world_tests_out(
 
 
 @pytest.mark.timeout(300)
+def test_tests_that_make_their_own_group_run_as_in_a_pool(
+    world: Callable[[], Run], run_pytest: RunPytest, pytester: pytest.Pytester
+) -> None:
+    """Brief A46 item 1: ``world_size(k, init_process_group=False)`` tests ran nowhere under a
+    launcher (skipped); on sub-worlds with an env:// of their own, they have pool mode's
+    outcomes for the same file."""
+    launched = world().outcomes("test_a00_own", "j.xml")
+    (pytester.path / "test_a00_own.py").write_text(OWN)
+    result = run_pytest("test_a00_own.py", "--junitxml=own.xml", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=5, failed=1, errors=1)
+    assert launched == Run([], [], pytester.path, 0.0).outcomes("test_a00_own", "own.xml")
+    assert launched["test_own_pair[1]"] == "passed" and launched["test_own_four"] == "passed"
+    run = world()
+    run.match(
+        _reporting(run),
+        ["  rank 1/2 (launched rank ?, node ?)  failed in call: AssertionError: rank 1 of the own "
+         "pair disagrees*"],
+    )  # fmt: skip
+
+
+@pytest.mark.timeout(300)
+def test_deepspeed_tests_run_on_home_sub_worlds_as_in_a_pool(
+    world: Callable[[], Run], shared_session: SharedSession
+) -> None:
+    """Brief A46 item 2: DeepSpeed's ``DistributedTest`` (the look-alike harness of
+    test_deepspeed_suites.py) ran nowhere under a launcher (skipped); on home sub-worlds its
+    outcomes are those of the shared pool session of the same file."""
+    run = world()
+    classes = ("TestWarm", "TestFixtures", "TestUnpicklable")
+    launched = {
+        f"{cls}.{name}": outcome
+        for cls in classes
+        for name, outcome in run.outcomes(f"test_0_ds.{cls}", "j.xml").items()
+    }
+    pooled = pool_outcomes(shared_session)
+    assert launched == {name: got for name, got in pooled.items() if "TestSizes" not in name}
+    assert launched["TestWarm.test_all_reduce"] == "passed"
+    assert launched["TestFixtures.test_fails_on_rank_1[7]"] == "failure"
+    run.match(
+        _reporting(run),
+        ["  rank 1/2 (launched rank ?, node ?)  failed in call: AssertionError: rank 1 disagrees*"],
+    )
+
+
+@pytest.mark.timeout(300)
 def test_a_batch_of_pairs_runs_two_at_a_time(world: Callable[[], Run]) -> None:
     run = world()
     spans = []
@@ -386,7 +246,8 @@ def test_a_sub_world_that_deadlocks_ends_early_and_only_its_own_test(
         out,
         [
             "SKIPPED [[]1[]] test_z_hang.py:*: not run: test_z_hang.py::test_z_deadlock left "
-            "rank(s) 1 stuck (a proven deadlock); *",
+            "rank(s) 1 stuck (a proven deadlock): rank 1 in barrier #1 on the default group "
+            "(blocked in barrier at *); a rank still inside its test cannot be taken out of it *",
         ],
     )
 
@@ -425,23 +286,23 @@ def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
     run = world()
     launched = {
         f"{cls}.{name}": outcome
-        for cls in ("Pairs", "Continuous", "Mesh", "Quads")
+        for cls in ("Pairs", "Continuous", "Mesh", "Sharded", "Quads")
         for name, outcome in run.outcomes(f"test_0_harness.{cls}", "j.xml").items()
     }
     assert launched.pop("Quads.test_four") == "skipped"
     (pytester.path / "test_0_harness.py").write_text(HARNESS)
-    result = run_pytest("test_0_harness.py", "-k", "not Quads", "--junitxml=pool.xml")
-    result.assert_outcomes(passed=4, failed=1, skipped=1, deselected=1)
+    result = run_pytest("test_0_harness.py", "-k", "not Quads", "--junitxml=pool.xml", "-rs")
+    result.assert_outcomes(passed=4, failed=1, skipped=2, deselected=1)
     pooled = Run([], [], pytester.path, 0.0)
     assert launched == {
         f"{cls}.{name}": outcome
-        for cls in ("Pairs", "Continuous", "Mesh")
+        for cls in ("Pairs", "Continuous", "Mesh", "Sharded")
         for name, outcome in pooled.outcomes(f"test_0_harness.{cls}", "pool.xml").items()
     }
     assert launched == {
         "Pairs.test_sum": "passed", "Pairs.test_fails_on_rank_1": "failure",
         "Pairs.test_skips": "skipped", "Continuous.test_a": "passed", "Continuous.test_b": "passed",
-        "Mesh.test_shard": "passed",
+        "Mesh.test_shard": "passed", "Sharded.test_fully_shard": "skipped",
     }  # fmt: skip
     out = _reporting(run)
     run.match(
@@ -461,3 +322,7 @@ def test_harness_classes_run_on_each_nodes_ranks_as_in_a_pool(
             "most 2 ranks. *",
         ],
     )
+    # FSDPTest on CPU: its _run's skip exit code, with the reason pool mode gives.
+    fsdp_skip = "SKIPPED [[]1[]] test_0_harness.py:*: Need at least 2 CUDA devices"
+    run.match(out, [fsdp_skip])
+    result.stdout.fnmatch_lines([fsdp_skip])

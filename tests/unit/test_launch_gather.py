@@ -32,6 +32,7 @@ from pytest_distrank.launch.gather import (
     poll_early,
     publish_early,
     stopped_serving,
+    stuck_words,
 )
 from pytest_distrank.launch.session import RankSession
 from pytest_distrank.settings import Value
@@ -330,9 +331,28 @@ def test_a_peer_whose_session_ended_is_not_waited_for(wire: Reports) -> None:
 
 def test_why_the_world_stops_after_stuck_ranks() -> None:
     cur = current()
-    assert left_stuck(cur, [0, 1]) == (
-        "test_x.py::test_x left rank(s) 0, 1 stuck (timeout); a rank stuck in a collective "
-        "cannot be interrupted, so the launched world stops here"
+    tail = (
+        "a rank still inside its test cannot be taken out of it (a collective cannot be "
+        "interrupted, and the plugin raises nothing into Python code), so the launched world "
+        "stops here"
     )
+    assert left_stuck(cur, [0, 1]) == f"test_x.py::test_x left rank(s) 0, 1 stuck (timeout); {tail}"
+    # Brief A46 item 5: a rank asleep in Python was said to be stuck in a collective.
+    dump = 'Thread 0x1 (most recent call first):\n  File "test_x.py", line 9 in test_x\n'
+    cur.stuck_at[0] = stuck_words("", dump, True, "test_x.py")
+    cur.stuck_at[1] = stuck_words("in barrier #1 on the default group", dump, True, "test_x.py")
+    assert left_stuck(cur, [0, 1]) == (
+        "test_x.py::test_x left rank(s) 0, 1 stuck (timeout): rank 0 in no collective (blocked "
+        "in test_x at test_x.py:9); rank 1 in barrier #1 on the default group (blocked in test_x "
+        f"at test_x.py:9); {tail}"
+    )
+    assert stuck_words("", "", False, "test_x.py") == (
+        "sent no stack (it holds the GIL, or its process died)"
+    )
+    assert stuck_words("", dump, False, "test_x.py") == (
+        "blocked in test_x at test_x.py:9; whether in a collective is not known (no flight "
+        "records)"
+    )
+    cur.stuck_at.clear()
     cur.game.note_trigger(1, "failed", 0.0)
     assert left_stuck(cur, [0]).startswith("test_x.py::test_x left rank(s) 0 stuck (rank 1 failed)")

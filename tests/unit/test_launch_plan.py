@@ -125,13 +125,35 @@ def test_a_smaller_world_size_runs_on_a_sub_world() -> None:
     assert not step.runs_on(0)  # not placed yet
 
 
-def test_init_process_group_false_does_not_run_under_a_launcher() -> None:
-    step = _decide(_Item(pytest.mark.world_size(2, init_process_group=False)))
-    assert step.kind == "skip"
-    assert step.reason.startswith(
-        "world_size(..., init_process_group=False) does not run in launcher mode: the launcher's "
-        "MASTER_ADDR:MASTER_PORT store is shared by the whole run"
-    )
+def test_init_process_group_false_runs_on_a_sub_world_even_at_the_launched_size() -> None:
+    # Never the launcher's one store: env:// of its own per test (group.GroupKeeper).
+    for size in (1, 2):
+        step = _decide(_Item(pytest.mark.world_size(size, init_process_group=False)))
+        assert step == Step("sub", backend="gloo", size=size, group="own")
+        assert not step.home
+
+
+class DistributedExec:
+    """DeepSpeed's harness base, as ``_compat.ds_harness_base`` finds it (its methods named)."""
+
+    is_dist_test = True
+
+    def _launch_daemonic_procs(self) -> None: ...
+    def _launch_non_daemonic_procs(self) -> None: ...
+    def _dist_run(self) -> None: ...
+    def _launch_with_file_store(self) -> None: ...
+
+
+def test_a_deepspeed_test_taken_over_runs_on_a_home_sub_world() -> None:
+    item = _Item(pytest.mark.world_size(2, init_process_group=False))
+    item.cls = DistributedExec  # type: ignore[attr-defined]
+    step = _decide(item, world_size=4)
+    assert step == Step("sub", backend="gloo", size=2, group="deepspeed") and step.home
+    # One the suites plugin did not take (--distrank-suites=own): DeepSpeed's own mark.
+    item = _Item(pytest.mark.world_size(2))
+    item.cls = DistributedExec  # type: ignore[attr-defined]
+    step = _decide(item, world_size=4)
+    assert step.kind == "skip" and "DeepSpeed DistributedTest not taken over" in step.reason
 
 
 def test_a_simulated_world_runs_in_pool_mode_only() -> None:

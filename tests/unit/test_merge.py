@@ -77,6 +77,18 @@ def test_any_failed_call_is_failed_naming_the_first_rank() -> None:
     assert "traceback of rank 0/3" in text
 
 
+def test_merging_leaves_the_ranks_reports_as_they_came() -> None:
+    """Brief A46 item 7: the table went into the root cause's own report, so a second merge of
+    the same reports (launcher mode checks a sub-world's result, then reports it) showed two."""
+    failing = [report("setup", "passed"), report("call", "failed"), report("teardown", "passed")]
+    per_rank = {0: passed(), 1: failing}
+    before = str(failing[1].longrepr)
+    first = str(merge_test(per_rank, 2)[1].longrepr)
+    assert str(failing[1].longrepr) == before
+    assert str(merge_test(per_rank, 2)[1].longrepr) == first
+    assert first.count("distrank: 1 of 2 ranks failed") == 1
+
+
 def test_collateral_ranks_are_never_the_root_cause() -> None:
     killed = synthesized_failure(
         "test_x.py::test_x",

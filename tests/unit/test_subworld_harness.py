@@ -61,10 +61,10 @@ def test_a_home_sub_world_is_one_nodes_local_ranks_from_0(
 
 def test_place_puts_harness_tests_on_home_sub_worlds_and_skips_what_no_node_holds() -> None:
     steps = [
-        Step("sub", backend="gloo", size=2, harness=True),
+        Step("sub", backend="gloo", size=2, group="harness"),
         Step("sub", backend="gloo", size=2),
-        Step("sub", backend="gloo", size=4, harness=True),
-        Step("sub", backend="gloo", size=2, harness=True),
+        Step("sub", backend="gloo", size=4, group="harness"),
+        Step("sub", backend="gloo", size=2, group="harness"),
     ]
     nodes = [0, 0, 0, 0, 1, 1]
     placed, order = place(steps, nodes, [0, 1, 2, 3, 0, 1])
@@ -78,7 +78,7 @@ def test_place_puts_harness_tests_on_home_sub_worlds_and_skips_what_no_node_hold
     assert placed[2].kind == "skip"
     assert "of world size 4 runs on the ranks of one node" in placed[2].reason
     assert "at most 2 ranks" in placed[2].reason
-    assert placed[1].world is not None and not placed[1].harness
+    assert placed[1].world is not None and not placed[1].home
 
 
 def _launch(variables: tuple[str, ...]) -> Launch:

@@ -71,7 +71,8 @@ def _shown(per_rank: dict[int, list[TestReport]]) -> list[tuple[str, str]]:
 
 
 def _failure(per_rank: dict[int, list[TestReport]]) -> str:
-    return "".join(str(r.longrepr) for r in per_rank[0] if r.failed)
+    """The merged failure's text (the merge leaves the ranks' own reports as they came)."""
+    return "".join(str(r.longrepr) for r in merge_test(per_rank, 2) if r.failed)
 
 
 def _sent(wire: Reports, reports: dict[str, list[TestReport]]) -> dict[str, Any]:
