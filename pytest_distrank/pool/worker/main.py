@@ -436,7 +436,7 @@ class WorkerPlugin:
         self.ctx.test = message
         started = time.monotonic()
         self._phase(Phase.RECEIVED, message.index)
-        self.leftovers.before(item, message.next_nodeid)
+        tore_down = self.leftovers.before(item, message.next_nodeid)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             master_store(self.ctx, f"test{message.index}/")
@@ -444,7 +444,10 @@ class WorkerPlugin:
         self.warnings = []
         self.failed = False
         if self.checks is not None:
-            self.checks.start(item, harness=CASE in item.stash)
+            # A rendezvous set for the test (its variables) or a teardown since the last test:
+            # a snapshot of its own (leftovers.LeftoverCheck.start).
+            reuse = self.cfg.init_process_group and not tore_down
+            self.checks.start(item, harness=CASE in item.stash, reuse=reuse)
         self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
             ranklogs.new_test()
