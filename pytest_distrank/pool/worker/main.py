@@ -61,6 +61,7 @@ from ..protocol import (
     Ready,
     Shutdown,
     Stopped,
+    finished,
     phase_slots,
 )
 from ..suites import CASE
@@ -392,7 +393,7 @@ class WorkerPlugin:
 
     def _run(self, items: dict[str, pytest.Item], message: RunTest) -> None:
         assert self.ctx is not None
-        item = items[message.nodeid]
+        item, test = items[message.nodeid], message.index
         nextitem = next_node(item, items, message.next_nodeid)
         self.ctx.test = message
         started = time.monotonic()
@@ -421,7 +422,7 @@ class WorkerPlugin:
             self._flush(done=True)  # a fork of the test: its reports carry its own pid
             return
         self._phase(Phase.FINISHED)
-        meet_before_destroy(self.ctx, self.failed)
+        meet_before_destroy(self.ctx, self.failed, lambda r: finished(self.phases, r, test))
         problem = group_problem(self.ctx)
         sequence = sequence_numbers() if not problem else {}
         # After the sequence numbers: the groups the test left are destroyed here.
