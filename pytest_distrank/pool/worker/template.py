@@ -26,7 +26,9 @@ import signal
 import sys
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+import pytest
 
 from ... import _compat
 from ..protocol import STATUS_BYTES, Fork, Forked, PhaseFile, RankConfig, Shutdown
@@ -36,8 +38,22 @@ from .rankfr import start_responder
 from .rankpdb import Relay, install
 from .rankproc import detach_from_controller_tree, rank_env
 
-if TYPE_CHECKING:
-    from .main import WorkerPlugin
+
+class Rank(Protocol):
+    """What :func:`become` sets anew on the rank's worker plugin (main.WorkerPlugin)."""
+
+    config: pytest.Config | None
+    cfg: RankConfig
+    conn: Connection
+    pid: int
+    log_fd: int
+    phases: Any
+    relay: Relay
+
+    def redirect_terminal(self, config: pytest.Config) -> None: ...
+
+    def arm_faulthandler(self) -> None: ...
+
 
 #: What a rank forked from a template gets anew instead of inheriting it from the template.
 NOT_INHERITED = (
@@ -131,7 +147,7 @@ def fork_ranks(conn: Connection, refuse: str = "") -> tuple[RankConfig, Connecti
         conn.send(Forked(pid))
 
 
-def become(plugin: WorkerPlugin, cfg: RankConfig, conn: Connection) -> None:
+def become(plugin: Rank, cfg: RankConfig, conn: Connection) -> None:
     """A fork of a template becomes a fresh rank of ``cfg``'s pool (``plugin``: the worker
     plugin of its pytest session): what it must not keep of the template (:data:`NOT_INHERITED`)
     it gets anew here."""
