@@ -50,6 +50,11 @@ PLAIN_REPORT_ATTRIBUTES = frozenset(
     }
 )
 
+#: Attributes plugins set on every report, plain while empty: pytest-html sets ``extras`` on every
+#: call report (``[]`` unless a test added some), and reads it with ``getattr(report, "extras",
+#: [])``; kept, the call report of every test on every rank travelled in full.
+EMPTY_PLUGIN_ATTRIBUTES = frozenset({"extras"})
+
 #: ``("passed", when, duration, start, stop)``: a plain passing phase report. The controller
 #: rebuilds the TestReport from its own item (node id, location, keywords), as pytest would
 #: have made it; sending and rebuilding it costs a fraction of pytest's serialization.
@@ -63,7 +68,10 @@ def compact_passed(report: Any) -> PassedPhase | None:
         or report.sections
         or report.user_properties
         or report.longrepr is not None
-        or not PLAIN_REPORT_ATTRIBUTES.issuperset(vars(report))
+        or not all(
+            name in PLAIN_REPORT_ATTRIBUTES or (name in EMPTY_PLUGIN_ATTRIBUTES and value == [])
+            for name, value in vars(report).items()
+        )
     ):
         return None
     return ("passed", report.when, report.duration, report.start, report.stop)

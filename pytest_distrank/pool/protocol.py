@@ -333,3 +333,16 @@ DEBUG_MESSAGES = (DebugOpen, DebugOutput, DebugRead, DebugClose)
 def phase_slots(rank: int) -> tuple[int, int]:
     """Indices of ``rank``'s phase and test index in the pool's shared phase array."""
     return 2 * rank, 2 * rank + 1
+
+
+#: A rank's phases once its test's teardown is over.
+DONE_PHASES = frozenset({Phase.FINISHED, Phase.IDLE, Phase.STOPPING})
+
+
+def finished(phases: Any, rank: int, index: int) -> bool:
+    """Whether ``rank`` finished test ``index``, read from the pool's shared phase array: its
+    slots name that test in a phase after its teardown, or a later test (indices grow; a rank
+    writes the index before the phase)."""
+    phase_slot, index_slot = phase_slots(rank)
+    at = phases[index_slot]
+    return bool(at > index or (at == index and phases[phase_slot] in DONE_PHASES))

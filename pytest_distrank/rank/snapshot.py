@@ -1,7 +1,8 @@
 """The process-wide state a test can change in a warm rank, taken, compared and put back.
 
-Runs in pool-mode rank processes (:mod:`rank.leftovers` takes a :class:`Snapshot` when each test
-starts and after its teardown). A snapshot is pure data by category: each category maps a key
+Runs in pool-mode rank processes (:mod:`rank.leftovers` takes a :class:`Snapshot` after each
+test's teardown, and when a test starts unless the last one stands for it:
+:meth:`Snapshot.refreshed`). A snapshot is pure data by category: each category maps a key
 to its value (None: absent). :func:`diff` and :func:`restore` are the rules the leftover check
 applies; which categories are restored and which only named is :data:`RESTORED` and
 :data:`NAMED` (docs/reuse.md#leftovers lists them for users).
@@ -68,6 +69,16 @@ class Snapshot:
             processstate.logging_state(),
             processstate.children_state(),
             dict.fromkeys(processstate.socket_inodes(), True),  # None would read absent
+        )
+
+    def refreshed(self) -> Snapshot:
+        """This snapshot with what is cheap to read read again (the environment, the working
+        folder, the threads): the rest stands while nothing but the rank's own code ran."""
+        return dataclasses.replace(
+            self,
+            env=_compat.environ_data(),
+            cwd={"": _cwd()},
+            threads={t.ident: t for t in threading.enumerate()},
         )
 
     def categories(self) -> dict[str, Category]:

@@ -60,6 +60,23 @@ def test_anything_more_than_a_plain_pass_travels_in_full(item: pytest.Item) -> N
     with_plugin_attribute = _report(item, "call")
     with_plugin_attribute.extras = ["an image"]  # type: ignore[attr-defined]
     assert compact_passed(with_plugin_attribute) is None
+    with_other_attribute = _report(item, "call")
+    with_other_attribute.mine = []  # type: ignore[attr-defined]
+    assert compact_passed(with_other_attribute) is None
+
+
+def test_pytest_htmls_empty_extras_still_travel_compact(item: pytest.Item) -> None:
+    """pytest-html sets ``extras = []`` on every call report: a plain pass all the same, rebuilt
+    as pytest made it but for that empty list (pytest-html reads it with a default)."""
+    report = _report(item, "call")
+    report.extras = []  # type: ignore[attr-defined]
+    compact = compact_passed(report)
+    assert compact is not None
+    rebuilt = rebuild_passed(item, compact)
+    assert getattr(rebuilt, "extras", []) == []
+    expected = report._to_json()
+    expected.pop("extras")
+    assert rebuilt._to_json() == expected
 
 
 def test_rebuild_refuses_what_is_not_a_pass(item: pytest.Item) -> None:

@@ -17,6 +17,7 @@ import contextlib
 import os
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -179,10 +180,11 @@ MEET_POLL = 0.02
 _HELD: set[tuple[int, str]] = set()
 
 
-def meet_before_destroy(ctx: RankContext, failed: bool) -> None:
-    """After every test: say this rank finished it; after a test that made process groups
-    (its own, a fixture's) or made or replaced the default group, and did not fail here, wait
-    until the other members of those groups said so too, died, or :func:`_meet_wait` passed.
+def meet_before_destroy(ctx: RankContext, failed: bool, done: Callable[[int], bool]) -> None:
+    """After a test that made process groups (its own, a fixture's) or made or replaced the
+    default group, and did not fail here, wait until the other members of those groups finished
+    it too (``done(rank)``: the pool's shared phase array, where each rank says so without a
+    write to the store), died, or :func:`_meet_wait` passed.
 
     The plugin destroys what the test left right after it (``group_problem``, the leftover
     check), and destroying one member's side breaks the group under the others: gloo's
@@ -195,19 +197,13 @@ def meet_before_destroy(ctx: RankContext, failed: bool) -> None:
     its failure went out already. The wait is bounded: a rank that waits has not sent its last
     reports, and the deadlock watch counts it as running.
     """
-    import torch.distributed as dist
-
     with contextlib.suppress(Exception):
-        store = dist.PrefixStore(f"distrank-end/{ctx.test.index}/", ctx.store)
-        store.set(f"finished/{ctx.rank}", "1")  # a peer may wait for it, whatever this one made
         made, members = _made_groups(ctx)
         peers = sorted(members - {ctx.rank})
         end = time.monotonic() + _meet_wait(made)
         pids: dict[int, int] = {}
         while not failed and peers and time.monotonic() < end:
-            peers = [
-                r for r in peers if not store.check([f"finished/{r}"]) and _alive(ctx, r, pids)
-            ]
+            peers = [r for r in peers if not done(r) and _alive(ctx, r, pids)]
             if peers:
                 time.sleep(MEET_POLL)
 

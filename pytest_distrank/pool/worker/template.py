@@ -9,7 +9,7 @@ fork and the process group's start.
 
 A template is exactly rank *r* of its kind of pool before its process group starts: its own
 environment, command line and collection. What a fork must not keep of it, and what this module
-(:func:`fork_ranks`) and :meth:`main.WorkerPlugin.become` give the child anew, is listed in
+(:func:`fork_ranks`) and :func:`become` give the child anew, is listed in
 :data:`NOT_INHERITED` (tests/e2e check each).
 
 The template reaps its children (SIGCHLD) and writes each one's exit status into a pipe whose
@@ -20,12 +20,40 @@ multiprocessing's fork server does for its children.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
 import signal
+import sys
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
+from typing import Any, Protocol
 
-from ..protocol import STATUS_BYTES, Fork, Forked, RankConfig, Shutdown
+import pytest
+
+from ... import _compat
+from ..protocol import STATUS_BYTES, Fork, Forked, PhaseFile, RankConfig, Shutdown
+from ..workerinput import xdist_environ
+from . import harnessenv
+from .rankfr import start_responder
+from .rankpdb import Relay, install
+from .rankproc import detach_from_controller_tree, rank_env
+
+
+class Rank(Protocol):
+    """What :func:`become` sets anew on the rank's worker plugin (main.WorkerPlugin)."""
+
+    config: pytest.Config | None
+    cfg: RankConfig
+    conn: Connection
+    pid: int
+    log_fd: int
+    phases: Any
+    relay: Relay
+
+    def redirect_terminal(self, config: pytest.Config) -> None: ...
+
+    def arm_faulthandler(self) -> None: ...
+
 
 #: What a rank forked from a template gets anew instead of inheriting it from the template.
 NOT_INHERITED = (
@@ -117,3 +145,41 @@ def fork_ranks(conn: Connection, refuse: str = "") -> tuple[RankConfig, Connecti
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         reap()  # a child that died at once
         conn.send(Forked(pid))
+
+
+def become(plugin: Rank, cfg: RankConfig, conn: Connection) -> None:
+    """A fork of a template becomes a fresh rank of ``cfg``'s pool (``plugin``: the worker
+    plugin of its pytest session): what it must not keep of the template (:data:`NOT_INHERITED`)
+    it gets anew here."""
+    config = plugin.config
+    assert config is not None
+    detach_from_controller_tree(os.getppid())  # its group, parent-death signal, subreaper
+    capman = config.pluginmanager.getplugin("capturemanager")
+    if capman is not None:  # the template's capture files: give them back, take new ones
+        capman.stop_global_capturing()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    plugin.log_fd = os.open(cfg.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(plugin.log_fd, 1)
+    os.dup2(plugin.log_fd, 2)
+    if capman is not None:
+        capman.start_global_capturing()
+    # What the pool's variables change, and nothing else: what the rank's own imports and
+    # conftest set stays, as it would in a rank started afresh.
+    old = {**rank_env(plugin.cfg), **xdist_environ(plugin.cfg.workerinput)}
+    new = {**rank_env(cfg), **xdist_environ(cfg.workerinput)}
+    for name in old.keys() - new.keys():
+        os.environ.pop(name, None)
+    os.environ.update({k: v for k, v in new.items() if old.get(k) != v})
+    harnessenv.remember(cfg.env)
+    start_responder(cfg.log_path)
+    _compat.set_basetemp(config, str(cfg.cmdline.options["basetemp"]))
+    if hasattr(config, "workerinput"):
+        config.workerinput = cfg.workerinput
+    plugin.cfg, plugin.conn, plugin.pid = cfg, conn, os.getpid()
+    multiprocessing.current_process().name = f"distrank-pool{cfg.pool_id}-rank{cfg.rank}"
+    plugin.phases = PhaseFile(cfg.phases_path)
+    plugin.relay = Relay(conn, cfg.rank, cfg.world_size)
+    install(plugin.relay)
+    plugin.redirect_terminal(config)
+    plugin.arm_faulthandler()
