@@ -11,9 +11,7 @@ before left. So the rank takes the process-wide state a test can change when the
 threads, process groups, torch.compile's state) and compares it after the test's teardown with
 what the test should have left: the state it started from, plus what fixtures of a wider scope
 set up in it and keep set up (their changes are theirs until they are torn down; a fixture's own
-changes are measured around its setup), less what such fixtures undid when torn down. The
-snapshot after a teardown that found nothing stands for the next test's start while only the
-rank's own code runs in between (:meth:`LeftoverCheck.start`): one snapshot per test.
+changes are measured around its setup), less what such fixtures undid when torn down.
 
 - What can be restored is restored: environment variables, the working folder, the default dtype
   and device, grad mode, deterministic algorithms, torch's thread count and ``torch.backends``

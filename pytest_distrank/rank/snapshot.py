@@ -1,8 +1,7 @@
 """The process-wide state a test can change in a warm rank, taken, compared and put back.
 
-Runs in pool-mode rank processes (:mod:`rank.leftovers` takes a :class:`Snapshot` after each
-test's teardown, and when a test starts unless the last one stands for it:
-:meth:`Snapshot.refreshed`). A snapshot is pure data by category: each category maps a key
+Runs in pool-mode rank processes (:mod:`rank.leftovers` takes a :class:`Snapshot` when each test
+starts and after its teardown). A snapshot is pure data by category: each category maps a key
 to its value (None: absent). :func:`diff` and :func:`restore` are the rules the leftover check
 applies; which categories are restored and which only named is :data:`RESTORED` and
 :data:`NAMED` (docs/reuse.md#leftovers lists them for users).
