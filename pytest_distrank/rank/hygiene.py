@@ -150,7 +150,7 @@ class Leftovers:
         held = len(_compat.setup_stack(item.session))
         self.error = teardown_left(item, self.previous, self.expected)
         self.previous, self.expected = item.nodeid, next_nodeid
-        return self.error is not None or len(_compat.setup_stack(item.session)) != held
+        return len(_compat.setup_stack(item.session)) != held
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self) -> Generator[None, None, None]:
