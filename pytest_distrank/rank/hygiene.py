@@ -144,13 +144,10 @@ class Leftovers:
         self.previous = ""
         self.expected: str | None = None
 
-    def before(self, item: pytest.Item, next_nodeid: str | None) -> bool:
-        """At the start of ``item``, torn down for ``next_nodeid`` after it; whether something
-        was torn down here (user code ran between the two tests)."""
-        held = len(_compat.setup_stack(item.session))
+    def before(self, item: pytest.Item, next_nodeid: str | None) -> None:
+        """At the start of ``item``, torn down for ``next_nodeid`` after it."""
         self.error = teardown_left(item, self.previous, self.expected)
         self.previous, self.expected = item.nodeid, next_nodeid
-        return len(_compat.setup_stack(item.session)) != held
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self) -> Generator[None, None, None]:

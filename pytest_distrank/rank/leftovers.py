@@ -143,24 +143,13 @@ class LeftoverCheck:
         #: (``sys.last_value``: a failed test's frames, and the groups in them, stay alive).
         self.start_owned = 0
         self.start_failure: Any = None
-        #: The snapshot taken after the last test's teardown when it found nothing (nothing was
-        #: restored since): the next test's start, without a second walk (:meth:`start`).
-        self.unchanged: Snapshot | None = None
 
     # -- the test's life ------------------------------------------------------------------------
 
-    def start(self, item: pytest.Item, harness: bool, reuse: bool = True) -> None:
+    def start(self, item: pytest.Item, harness: bool) -> None:
         """At the start of ``item``, before its setup (after what earlier tests left set up
-        and ``item`` does not need was torn down).
-
-        The last teardown's snapshot stands for this start when it found nothing and nothing
-        but the rank's own code ran since (``reuse``: the rank tore nothing down and set no
-        rendezvous; no fixture finalizer ran): only the cheap categories that a report hook
-        could change are read again. A harness class's test always takes its own.
-        """
-        held, self.unchanged = self.unchanged, None
-        reuse = reuse and held is not None and not harness
-        self.expected = held.refreshed() if reuse and held is not None else Snapshot.take()
+        and ``item`` does not need was torn down)."""
+        self.expected = Snapshot.take()
         self.start_owned = owned_groups()
         self.start_failure = getattr(sys, "last_value", None)
         self.harness = harness
@@ -199,7 +188,6 @@ class LeftoverCheck:
     @pytest.hookimpl
     def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any]) -> None:
         """A wider fixture was torn down: what it changed should be back as it was."""
-        self.unchanged = None  # the next start takes its own snapshot
         owned = self.owned.pop(id(fixturedef), None)
         if owned is None:
             return
@@ -227,8 +215,7 @@ class LeftoverCheck:
             expected, self.expected = self.expected, None
             if expected is not None:
                 now = Snapshot.take()
-                if not self._settle(expected, now) and not self.harness:
-                    self.unchanged = now  # nothing restored: the next test's start
+                self._settle(expected, now)
                 if self._sockets_readable():
                     self.found.sockets = frozenset(now.sockets) - frozenset(expected.sockets)
                 found = self.found
@@ -296,18 +283,15 @@ class LeftoverCheck:
 
     # -- comparing and restoring ----------------------------------------------------------------
 
-    def _settle(self, expected: Snapshot, now: Snapshot) -> bool:
-        """Restore ``now`` to ``expected`` where it differs and can be; name what differed.
-        Whether anything differed."""
+    def _settle(self, expected: Snapshot, now: Snapshot) -> None:
+        """Restore ``now`` to ``expected`` where it differs and can be; name what differed."""
         whose, self.whose = self.whose, {}
         threads_left: list[tuple[threading.Thread, str]] = []
         variables: list[str] = []
         named: dict[str, list[str]] = {}
         imported: set[str] = set()  # modules imported during the test, read on first need
         until = time.monotonic() + ENDING_WAIT  # the children a test started end by then
-        differed = False
         for (category, key), value in diff(expected, now):
-            differed = True
             by = f" by {whose[category, key]}" if (category, key) in whose else ""
             if (category, key) in self.quiet:
                 restore(category, key, value)
@@ -347,7 +331,6 @@ class LeftoverCheck:
         for category, all_said in named.items():
             self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
-        return differed
 
     def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
         modes = now.torch.get(FUNCTION_MODES) or ()

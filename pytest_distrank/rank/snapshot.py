@@ -70,16 +70,6 @@ class Snapshot:
             dict.fromkeys(processstate.socket_inodes(), True),  # None would read absent
         )
 
-    def refreshed(self) -> Snapshot:
-        """This snapshot with what is cheap to read read again (the environment, the working
-        folder, the threads): the rest stands while nothing but the rank's own code ran."""
-        return dataclasses.replace(
-            self,
-            env=_compat.environ_data(),
-            cwd={"": _cwd()},
-            threads={t.ident: t for t in threading.enumerate()},
-        )
-
     def categories(self) -> dict[str, Category]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 

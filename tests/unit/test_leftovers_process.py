@@ -105,7 +105,9 @@ CHANGES = {
 
 #: What is left entered and cannot be exited from outside: the pool goes (named in unfit).
 ENTERED = {"meta_device", "profiler", "inference"}
+"""
 
+BODY = CHANGES + r"""
 def teardown(check):
     gen = check.pytest_runtest_teardown(None)
     next(gen)
@@ -113,9 +115,7 @@ def teardown(check):
         gen.send(None)
     except StopIteration:
         pass
-"""
 
-BODY = CHANGES + r"""
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.sets(st.sampled_from(sorted(CHANGES))))
 def body(chosen):

@@ -398,7 +398,7 @@ class WorkerPlugin:
         self.ctx.test = message
         started = time.monotonic()
         self._phase(Phase.RECEIVED, message.index)
-        tore_down = self.leftovers.before(item, message.next_nodeid)
+        self.leftovers.before(item, message.next_nodeid)
         if not self.cfg.init_process_group:
             # A fresh env:// rendezvous for every test: init_process_group() keys never collide.
             master_store(self.ctx, f"test{message.index}/")
@@ -406,10 +406,7 @@ class WorkerPlugin:
         self.warnings = []
         self.failed = False
         if self.checks is not None:
-            # A rendezvous set for the test (its variables) or a teardown since the last test:
-            # a snapshot of its own (leftovers.LeftoverCheck.start).
-            reuse = self.cfg.init_process_group and not tore_down
-            self.checks.start(item, harness=CASE in item.stash, reuse=reuse)
+            self.checks.start(item, harness=CASE in item.stash)
         self.arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
             ranklogs.new_test()
