@@ -66,6 +66,9 @@ IMPORT_SENSITIVE = (
 )
 #: ``PYTHON*`` variables a child applies itself.
 APPLIED = ("PYTHONPATH",)
+#: ``DISTRANK_TEST_ZYGOTE=off``: every inner session a subprocess of its own (to compare, or to
+#: rule the zygote out when a test behaves otherwise under it).
+OFF_ENV = "DISTRANK_TEST_ZYGOTE"
 #: ``prctl(PR_SET_CHILD_SUBREAPER, 1)``.
 PR_SET_CHILD_SUBREAPER = 36
 #: The server's exit code when a child could not be set up (before pytest ran).
@@ -302,7 +305,7 @@ class Zygote:
         __tracebackhide__ = True
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.getcwd(), env.get("PYTHONPATH")]))
-        if self.accepts(env) or not hasattr(os, "fork"):
+        if self.accepts(env) or os.environ.get(OFF_ENV) == "off":
             return pytester.runpytest_subprocess(*args, timeout=timeout)
         basetemp = tempfile.mkdtemp(prefix="runpytest-", dir=pytester.path)
         args = (f"--basetemp={basetemp}", *args)
