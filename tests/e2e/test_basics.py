@@ -32,6 +32,7 @@ def _writer(name: str, files: dict[str, str]) -> Callable[[Path], None]:
         _FOLDERS[name] = folder
         for path, source in files.items():
             text = textwrap.dedent(source).replace("RECORD", repr(str(folder / "record")))
+            (folder / path).parent.mkdir(exist_ok=True)
             (folder / path).write_text(text)
 
     return write
@@ -250,6 +251,69 @@ BASICS = {
 }
 
 
+#: What a test module and a conftest do at import and at the session's start is each rank's own,
+#: on ranks started afresh (``basics``: ``--distrank-fresh-ranks=start``) and on ranks forked from
+#: templates (``isolate``: the default), each case one that forks of a template that had collected
+#: got wrong. In its own folder: its conftest.py (an initial one: ``test*`` beside the invocation)
+#: adds ``--hostile-flag``, given on both command lines.
+HOSTILE = {
+    "test_hostile/conftest.py": """
+        import os
+
+        def pytest_addoption(parser):
+            parser.addoption("--hostile-flag", default="unset")
+
+        def note(event, config):
+            if "DISTRANK_POOL_TAG" in os.environ:  # in ranks only
+                with open(RECORD + "-hooks.txt", "a") as f:
+                    f.write(f"{os.getpid()} {event} {config.getoption('--hostile-flag')}\\n")
+
+        def pytest_configure(config):
+            note("configure", config)
+
+        def pytest_sessionstart(session):
+            note("sessionstart", session.config)
+
+        def pytest_sessionfinish(session):
+            note("sessionfinish", session.config)
+
+        def pytest_unconfigure(config):
+            note("unconfigure", config)
+        """,
+    "test_hostile/test_hostile.py": """
+        import multiprocessing, os, subprocess, uuid, pytest
+
+        if "DISTRANK_POOL_TAG" in os.environ:  # in ranks only: the controller imports it too
+            FILE = open(__file__)
+            LOCK = multiprocessing.Lock()
+            CHILD = subprocess.Popen(["sleep", "60"])
+            DRAWN = uuid.uuid4().hex
+            PID = os.getpid()
+
+        @pytest.mark.distrank_isolate
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(2))
+        def test_nothing_imported_is_shared(rank, i, request):
+            from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+            try:
+                assert PID == os.getpid(), "imported by this very process"
+                with open(__file__) as again:
+                    assert FILE.read() == again.read(), "the file's offset is this process's"
+                assert LOCK.acquire(timeout=2), "the lock is this process's"  # never released
+                assert CHILD.poll() is None, "its child runs"
+            finally:
+                CHILD.kill()
+                CHILD.wait()
+            fd = request.config.stash[fault_handler_stderr_fd_key]  # faulthandler_timeout's
+            dumps_to = os.readlink(f"/proc/self/fd/{fd}")
+            assert dumps_to.endswith(f"-rank{rank}.log"), "its own rank log, not a template's"
+            with open(RECORD + "-hostile.txt", "a") as f:
+                f.write(f"{rank} {i} {DRAWN} {dumps_to}\\n")
+        """,
+}
+
+
 #: The second of two sessions on one machine (test_two_sessions_at_once_do_not_collide): it runs
 #: beside ``basics``, started just before it, in a folder of its own. Its result, once it ran.
 BESIDE = """
@@ -275,7 +339,7 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
     beside: list[tuple[Path, subprocess.Popen[bytes]]] = []
 
     def write(folder: Path) -> None:
-        _writer("basics", BASICS)(folder)
+        _writer("basics", {**BASICS, **HOSTILE})(folder)
         place = folder.with_name(f"{folder.name}-beside")
         place.mkdir()
         (place / "test_beside.py").write_text(textwrap.dedent(BESIDE))
@@ -288,6 +352,8 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
             "-v",
             "--distrank-world-size=3",
             "--distrank-preload=heavy,json",
+            "--distrank-fresh-ranks=start",
+            "--hostile-flag=yes",
             env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
     finally:
@@ -300,15 +366,39 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
 
 def test_basics_session_outcomes(basics: pytest.RunResult) -> None:
     """Every scenario of the session passed, and the summary counts its distributed tests."""
-    basics.assert_outcomes(passed=33)
+    basics.assert_outcomes(passed=35)
     # A pool per world size, and one for each test that rendezvouses itself or needs fresh
-    # ranks (init_process_group=False, test_fresh.py's b and c).
+    # ranks (init_process_group=False, test_fresh.py's b and c, test_hostile.py's two).
     basics.stdout.fnmatch_lines(
         [
-            "32 distributed tests; pools started: 1 at world size 1, 4 at world size 2, "
+            "34 distributed tests; pools started: 1 at world size 1, 6 at world size 2, "
             "1 at world size 3, 1 at world size 4"
         ]
     )
+
+
+def _nothing_imported_is_shared(name: str, result: pytest.RunResult) -> None:
+    """:data:`HOSTILE`'s checks held in every rank of session ``name``: each rank process imported
+    the test module and ran its conftest's hooks itself, with its option's value."""
+    result.stdout.fnmatch_lines_random(
+        [f"*::test_nothing_imported_is_shared[[]{i}[]] PASSED*" for i in range(2)]
+    )
+    rows = _records(name, "hostile")
+    assert sorted((rank, i) for rank, i, _, _ in rows) == [(r, i) for r in "01" for i in "01"]
+    assert len({drawn for _, _, drawn, _ in rows}) == 4, "a value drawn at import: its own"
+    assert len({log for *_, log in rows}) == 4, "faulthandler_timeout dumps: its own log"
+    events: dict[str, list[tuple[str, str]]] = {}
+    for pid, event, flag in _records(name, "hooks"):
+        events.setdefault(pid, []).append((event, flag))
+    hooks = ("configure", "sessionstart", "sessionfinish", "unconfigure")
+    once = [(event, "yes") for event in hooks]
+    assert len(events) >= 4 and all(seen == once for seen in events.values()), events
+
+
+def test_nothing_a_fresh_rank_imports_is_shared_when_it_starts_afresh(
+    basics: pytest.RunResult,
+) -> None:
+    _nothing_imported_is_shared("basics", basics)
 
 
 def test_all_reduce_passes_at_every_world_size(basics: pytest.RunResult) -> None:
@@ -515,10 +605,10 @@ ISOLATE = {
 def isolate(shared_session: SharedSession) -> pytest.RunResult:
     return shared_session(
         "isolate",
-        _writer("isolate", ISOLATE),
+        _writer("isolate", {**ISOLATE, **HOSTILE}),
         "-v",
         "--distrank-isolate",
-        "--distrank-fresh-ranks=fork",
+        "--hostile-flag=yes",
         "-W",
         "error",  # a fork's leftovers of its template (an unclosed file) would fail its tests
         "-p",
@@ -531,7 +621,7 @@ def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> No
     isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
     assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
     # 12 + 4 + 3 + 2 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["21 distributed tests; pools started: 21 at world size 2"])
+    isolate.stdout.fnmatch_lines(["23 distributed tests; pools started: 23 at world size 2"])
 
 
 def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
@@ -559,22 +649,25 @@ def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
     assert len({f["name"] for f in facts}) == 6  # distrank-pool<P>-rank<R>: its pool's
 
 
-def test_a_template_that_collection_gave_threads_does_not_fork(
+def test_nothing_a_fresh_rank_imports_is_shared_when_forked_from_a_template(
     isolate: pytest.RunResult,
 ) -> None:
-    """A fork keeps only the forking thread (OpenMP's pool would hang the child): its fresh ranks
-    start from nothing instead, said once, and the tests pass."""
+    _nothing_imported_is_shared("isolate", isolate)
+
+
+def test_a_parallel_op_at_import_runs_in_the_fork_not_in_its_template(
+    isolate: pytest.RunResult,
+) -> None:
+    """A template imports no test module: OpenMP's pool, which a fork would not keep (its first
+    parallel op would hang), starts in each fork itself; every fresh rank is forked."""
     isolate.stdout.fnmatch_lines_random(
-        [
-            "*::test_after_a_parallel_import[[]1[]] PASSED*",
-            "fresh ranks of world_size=2, backend=gloo start from nothing, not forked from "
-            "templates: the template of rank ? did not fork it: * more thread* after collection*",
-        ]
+        [f"*::test_after_a_parallel_import[[]{i}[]] PASSED*" for i in range(2)]
     )
+    assert "start from nothing" not in isolate.stdout.str()
 
 
 def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=23)
+    isolate.assert_outcomes(passed=25)
     isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from pytest_distrank.pool.pools.poolkey import PoolKey
-from pytest_distrank.pool.pools.templates import KEEP, ForkedRank, Kind, Templates
+from pytest_distrank.pool.pools.templates import KEEP, ForkedRank, Templates, kind_of
 
 
 @pytest.mark.parametrize(("written", "code"), [(0, 0), (3, 3), (-11, -11), (None, -9)])
@@ -42,7 +42,7 @@ def _pool(alive: bool = True) -> Any:
 
 def test_the_set_keeps_the_newest_kinds_and_drops_a_dead_template() -> None:
     templates = Templates()
-    kinds = [Kind(PoolKey(2, "gloo", True), (f"t{i}.py",)) for i in range(KEEP + 1)]
+    kinds = [PoolKey(2 + i, "gloo", True) for i in range(KEEP + 1)]
     pools = [_pool() for _ in kinds]
     assert templates.add(kinds[0], pools[0]) == []
     for kind, pool in zip(kinds[1:KEEP], pools[1:KEEP], strict=True):
@@ -53,3 +53,11 @@ def test_the_set_keeps_the_newest_kinds_and_drops_a_dead_template() -> None:
     templates.add(kinds[0], dead)
     assert templates.get(kinds[0]) is None and dead.killed == [True]
     assert kinds[0] not in templates.live
+
+
+def test_fresh_pools_of_one_key_but_their_isolation_are_one_kind() -> None:
+    """A template collects nothing: pools of any files share it; the isolation number is not
+    part of the kind, the world size is."""
+    first, second = PoolKey(2, "gloo", True, isolated=1), PoolKey(2, "gloo", True, isolated=7)
+    assert kind_of(first) == kind_of(second) == PoolKey(2, "gloo", True)
+    assert kind_of(PoolKey(3, "gloo", True, isolated=1)) != kind_of(first)

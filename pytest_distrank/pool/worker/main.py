@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import gc
-import multiprocessing
 import os
 import pickle
 import signal
@@ -57,7 +56,6 @@ from ..protocol import (
     DebugSettings,
     Fatal,
     Phase,
-    PhaseFile,
     RankConfig,
     RankNote,
     Ready,
@@ -66,17 +64,15 @@ from ..protocol import (
     phase_slots,
 )
 from ..suites import CASE
-from ..workerinput import xdist_environ
-from . import harnessenv, ranklogs, rankreruns
+from . import ranklogs, rankreruns
 from .dsrank import DeepSpeedRunner
-from .rankfr import start_responder
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, meet_before_destroy, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
-from .rankproc import detach_from_controller_tree, end_with_controller, rank_env
+from .rankproc import end_with_controller
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
-from .template import fork_ranks, threads, unforkable
+from .template import threads
 
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
@@ -136,13 +132,13 @@ class WorkerPlugin:
         self.debug = cfg.debug or DebugSettings()
         #: The CUDA memory each test leaves allocated (rankgpu.py).
         self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
-        #: Its threads before its pytest session: a template with more after collection does
-        #: not fork (template.unforkable).
+        #: Its threads before its pytest session: a template with more at the session's start
+        #: does not fork (template.unforkable).
         self.threads_at_start = threads()
         #: The file the rank's terminal report goes to (its .pytest.log).
         self.terminal_file: TextIO | None = None
 
-    def _arm_faulthandler(self) -> None:
+    def arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
         faulthandler.enable(file=self.log_fd, all_threads=True)
         faulthandler.register(DUMP_SIGNAL, file=self.log_fd, all_threads=True, chain=False)
@@ -189,9 +185,9 @@ class WorkerPlugin:
         # The rank's own terminal report (progress letters, its session summary) goes to a file
         # beside the rank's log, so that the log holds only what the test itself wrote and
         # faulthandler's dumps: the excerpts shown for a crash stay readable.
-        self._redirect_terminal(config)
+        self.redirect_terminal(config)
 
-    def _redirect_terminal(self, config: pytest.Config) -> None:
+    def redirect_terminal(self, config: pytest.Config) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
         if _compat.can_redirect_terminal(reporter):
             if self.terminal_file is not None:  # a fork's template's: closed, not left to GC
@@ -344,13 +340,8 @@ class WorkerPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtestloop(self, session: pytest.Session) -> bool:
         config = session.config
-        self._arm_faulthandler()
+        self.arm_faulthandler()
         items = {item.nodeid: item for item in session.items}
-        if self.cfg.template:  # serve forks; return in each fork, as a fresh rank (template.py)
-            errors = tuple(self.collect_errors)
-            refuse = unforkable(self.threads_at_start)
-            self.conn.send(Ready(self.cfg.rank, os.getpid(), (), errors, time.process_time()))
-            self.become(*fork_ranks(self.conn, refuse))
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
             self.ctx = start_rank(self.cfg)
@@ -394,41 +385,6 @@ class WorkerPlugin:
             assert isinstance(message, RunTest)
             self._run(items, message)
 
-    def become(self, cfg: RankConfig, conn: Connection) -> None:
-        """A fork of a template becomes a fresh rank of ``cfg``'s pool: what it must not keep
-        of the template (template.NOT_INHERITED) it gets anew here."""
-        assert self.config is not None
-        detach_from_controller_tree(os.getppid())  # its group, parent-death signal, subreaper
-        capman = self.config.pluginmanager.getplugin("capturemanager")
-        if capman is not None:  # the template's capture files: give them back, take new ones
-            capman.stop_global_capturing()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.log_fd = os.open(cfg.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(self.log_fd, 1)
-        os.dup2(self.log_fd, 2)
-        if capman is not None:
-            capman.start_global_capturing()
-        # What the pool's variables change, and nothing else: what the rank's own imports and
-        # conftest set stays, as it would in a rank started afresh.
-        old = {**rank_env(self.cfg), **xdist_environ(self.cfg.workerinput)}
-        new = {**rank_env(cfg), **xdist_environ(cfg.workerinput)}
-        for name in old.keys() - new.keys():
-            os.environ.pop(name, None)
-        os.environ.update({k: v for k, v in new.items() if old.get(k) != v})
-        harnessenv.remember(cfg.env)
-        start_responder(cfg.log_path)
-        _compat.set_basetemp(self.config, str(cfg.cmdline.options["basetemp"]))
-        if hasattr(self.config, "workerinput"):
-            self.config.workerinput = cfg.workerinput
-        self.cfg, self.conn, self.pid = cfg, conn, os.getpid()
-        multiprocessing.current_process().name = f"distrank-pool{cfg.pool_id}-rank{cfg.rank}"
-        self.phases = PhaseFile(cfg.phases_path)
-        self.relay = Relay(conn, cfg.rank, cfg.world_size)
-        install(self.relay)
-        self._redirect_terminal(self.config)
-        self._arm_faulthandler()
-
     def _run(self, items: dict[str, pytest.Item], message: RunTest) -> None:
         assert self.ctx is not None
         item = items[message.nodeid]
@@ -445,7 +401,7 @@ class WorkerPlugin:
         self.failed = False
         if self.checks is not None:
             self.checks.start(item, harness=CASE in item.stash)
-        self._arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
+        self.arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
             ranklogs.new_test()
         try:
