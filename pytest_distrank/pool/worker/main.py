@@ -72,7 +72,6 @@ from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import end_with_controller
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
-from .template import threads
 
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
@@ -132,9 +131,6 @@ class WorkerPlugin:
         self.debug = cfg.debug or DebugSettings()
         #: The CUDA memory each test leaves allocated (rankgpu.py).
         self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
-        #: Its threads before its pytest session: a template with more at the session's start
-        #: does not fork (template.unforkable).
-        self.threads_at_start = threads()
         #: The file the rank's terminal report goes to (its .pytest.log).
         self.terminal_file: TextIO | None = None
 

@@ -141,6 +141,9 @@ class TemplatePlugin:
 
     def __init__(self, rank: WorkerPlugin) -> None:
         self.rank = rank
+        #: Its threads before its pytest session: with more at the session's start it does not
+        #: fork (:func:`unforkable`).
+        self.threads_at_start = threads()
         #: The whole command line pytest parses (addopts included), conftest options too.
         self.args: list[str] = []
         self.noconftest = False
@@ -163,7 +166,7 @@ class TemplatePlugin:
         """The template is ready: serve forks. Returns only in a fork, which then loads its
         conftests and goes on to collect as a fresh rank."""
         rank = self.rank
-        refuse = unforkable(rank.threads_at_start)
+        refuse = unforkable(self.threads_at_start)
         rank.conn.send(Ready(rank.cfg.rank, os.getpid(), (), (), time.process_time()))
         become(rank, *fork_ranks(rank.conn, refuse))
         session.config.pluginmanager.unregister(self)
