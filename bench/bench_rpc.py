@@ -9,9 +9,9 @@ call by 1.5 s by design. For a file (and an optional ``-k``), the script runs it
 prints per run the session's wall time and the whole tree's CPU time, the sums of the tests'
 phases (as pytest's durations report them: the controller's merged reports; a fresh pool's
 start is charged to its test's setup), the cost per test beyond the call phase, (wall - calls) /
-tests, which includes the session's fixed costs (collecting the file: a -k selection of a few tests pays all of it), and
-the per-test part alone, (setups + teardowns) / tests. Issue #40's target: at most 0.15 s at
-world size 4.
+tests, which includes the session's fixed costs (collecting the file: a -k selection of a few
+tests pays all of it), and the per-test part alone, (setups + teardowns) / tests. Issue #40's
+target: at most 0.15 s at world size 4.
 
     python bench/bench_rpc.py --root path/to/suites \\
         pytorch/test/distributed/rpc/test_tensorpipe_agent.py -k RemoteModule --rounds 2
