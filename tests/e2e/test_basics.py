@@ -3,7 +3,7 @@
 Scenarios share inner sessions (a session start costs seconds): ``basics`` runs most of them,
 each in its own file, with the plugin loaded by ``-p distrank`` while autoloading is off, and
 beside it a second session on the same machine (``BESIDE``, two sessions at once);
-``isolate`` runs the two that need ``--distrank-isolate``; the one that needs
+``--distrank-isolate`` has its own session (test_isolate.py); the one that needs
 ``--distrank-start-method=spawn`` is a case of tests/e2e/test_ecosystem.py's spawn session. Each
 test below checks its own scenario's lines. Sessions that start no rank (ordinary tests,
 ``--markers``, a bad option) run in-process.
@@ -11,7 +11,6 @@ test below checks its own scenario's lines. Sessions that start no rank (ordinar
 
 from __future__ import annotations
 
-import json
 import subprocess
 import textwrap
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import RunPytest, SharedSession, finish_beside, start_beside
+from .hostile import HOSTILE, nothing_imported_is_shared
 
 #: The folder each shared session ran in, by name (its files record what the ranks saw).
 _FOLDERS: dict[str, Path] = {}
@@ -251,69 +251,6 @@ BASICS = {
 }
 
 
-#: What a test module and a conftest do at import and at the session's start is each rank's own,
-#: on ranks started afresh (``basics``: ``--distrank-fresh-ranks=start``) and on ranks forked from
-#: templates (``isolate``: the default), each case one that forks of a template that had collected
-#: got wrong. In its own folder: its conftest.py (an initial one: ``test*`` beside the invocation)
-#: adds ``--hostile-flag``, given on both command lines.
-HOSTILE = {
-    "test_hostile/conftest.py": """
-        import os
-
-        def pytest_addoption(parser):
-            parser.addoption("--hostile-flag", default="unset")
-
-        def note(event, config):
-            if "DISTRANK_POOL_TAG" in os.environ:  # in ranks only
-                with open(RECORD + "-hooks.txt", "a") as f:
-                    f.write(f"{os.getpid()} {event} {config.getoption('--hostile-flag')}\\n")
-
-        def pytest_configure(config):
-            note("configure", config)
-
-        def pytest_sessionstart(session):
-            note("sessionstart", session.config)
-
-        def pytest_sessionfinish(session):
-            note("sessionfinish", session.config)
-
-        def pytest_unconfigure(config):
-            note("unconfigure", config)
-        """,
-    "test_hostile/test_hostile.py": """
-        import multiprocessing, os, subprocess, uuid, pytest
-
-        if "DISTRANK_POOL_TAG" in os.environ:  # in ranks only: the controller imports it too
-            FILE = open(__file__)
-            LOCK = multiprocessing.Lock()
-            CHILD = subprocess.Popen(["sleep", "60"])
-            DRAWN = uuid.uuid4().hex
-            PID = os.getpid()
-
-        @pytest.mark.distrank_isolate
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(2))
-        def test_nothing_imported_is_shared(rank, i, request):
-            from _pytest.faulthandler import fault_handler_stderr_fd_key
-
-            try:
-                assert PID == os.getpid(), "imported by this very process"
-                with open(__file__) as again:
-                    assert FILE.read() == again.read(), "the file's offset is this process's"
-                assert LOCK.acquire(timeout=2), "the lock is this process's"  # never released
-                assert CHILD.poll() is None, "its child runs"
-            finally:
-                CHILD.kill()
-                CHILD.wait()
-            fd = request.config.stash[fault_handler_stderr_fd_key]  # faulthandler_timeout's
-            dumps_to = os.readlink(f"/proc/self/fd/{fd}")
-            assert dumps_to.endswith(f"-rank{rank}.log"), "its own rank log, not a template's"
-            with open(RECORD + "-hostile.txt", "a") as f:
-                f.write(f"{rank} {i} {DRAWN} {dumps_to}\\n")
-        """,
-}
-
-
 #: The second of two sessions on one machine (test_two_sessions_at_once_do_not_collide): it runs
 #: beside ``basics``, started just before it, in a folder of its own. Its result, once it ran.
 BESIDE = """
@@ -377,28 +314,10 @@ def test_basics_session_outcomes(basics: pytest.RunResult) -> None:
     )
 
 
-def _nothing_imported_is_shared(name: str, result: pytest.RunResult) -> None:
-    """:data:`HOSTILE`'s checks held in every rank of session ``name``: each rank process imported
-    the test module and ran its conftest's hooks itself, with its option's value."""
-    result.stdout.fnmatch_lines_random(
-        [f"*::test_nothing_imported_is_shared[[]{i}[]] PASSED*" for i in range(2)]
-    )
-    rows = _records(name, "hostile")
-    assert sorted((rank, i) for rank, i, _, _ in rows) == [(r, i) for r in "01" for i in "01"]
-    assert len({drawn for _, _, drawn, _ in rows}) == 4, "a value drawn at import: its own"
-    assert len({log for *_, log in rows}) == 4, "faulthandler_timeout dumps: its own log"
-    events: dict[str, list[tuple[str, str]]] = {}
-    for pid, event, flag in _records(name, "hooks"):
-        events.setdefault(pid, []).append((event, flag))
-    hooks = ("configure", "sessionstart", "sessionfinish", "unconfigure")
-    once = [(event, "yes") for event in hooks]
-    assert len(events) >= 4 and all(seen == once for seen in events.values()), events
-
-
 def test_nothing_a_fresh_rank_imports_is_shared_when_it_starts_afresh(
     basics: pytest.RunResult,
 ) -> None:
-    _nothing_imported_is_shared("basics", basics)
+    nothing_imported_is_shared(_FOLDERS["basics"], basics)
 
 
 def test_all_reduce_passes_at_every_world_size(basics: pytest.RunResult) -> None:
@@ -522,153 +441,6 @@ def test_markers_and_fixtures_are_documented(run_inprocess: RunPytest) -> None:
     for name in ("rank", "world_size", "local_rank", "backend", "pg", "device"):
         result.stdout.fnmatch_lines([f"{name} [[]session scope[]]*"])
     result.stdout.fnmatch_lines(["dist_store*", "shared_tmp_path*"])
-
-
-# -- --distrank-isolate: a pool of its own for every test ---------------------------------------
-
-ISOLATE = {
-    "test_isolate.py": """
-        import os, pytest
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(4))
-        def test_pid(rank, i):
-            with open(RECORD + "-isolate.txt", "a") as f:
-                f.write(f"{rank} {os.getpid()}\\n")
-        """,
-    # Fresh ranks forked from templates (pool/worker/template.py): what each has anew.
-    "test_fresh.py": """
-        import json, multiprocessing, os, signal, threading, pytest
-
-        # What an import does in a rank stays in a fork of it (the template imported it).
-        os.environ["SET_AT_IMPORT"] = "yes"
-
-        def on_child(signum, frame):
-            pass
-
-        signal.signal(signal.SIGCHLD, on_child)
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(3))
-        def test_fresh(rank, i, tmp_path, request, capfd):
-            print(f"own output {i} {rank}")
-            own = capfd.readouterr().out
-            fact = {
-                "i": i, "rank": rank, "pid": os.getpid(), "ppid": os.getppid(),
-                "pgid": os.getpgid(0), "tag": os.environ["DISTRANK_POOL_TAG"],
-                "tmp": str(tmp_path), "worker": request.config.workerinput["workerid"],
-                "env_worker": os.environ["PYTEST_XDIST_WORKER"], "own": own,
-                "threads": sorted(t.name for t in threading.enumerate()),
-                "name": multiprocessing.current_process().name,
-                "imported_env": os.environ.get("SET_AT_IMPORT"),
-                "sigchld_kept": signal.getsignal(signal.SIGCHLD) is on_child,
-            }
-            with open(RECORD + "-fresh.txt", "a") as f:
-                f.write(json.dumps(fact) + "\\n")
-        """,
-    # A parallel op at import starts OpenMP's threads in the template: it must not fork.
-    "test_omp.py": """
-        import pytest, torch
-
-        BIG = torch.ones(4_000_000).sum()
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(2))
-        def test_after_a_parallel_import(rank, i):
-            assert torch.ones(4_000_000).sum().item() == 4_000_000
-        """,
-    # Ordinary tests run in the pytest process: the first and the last one count its open fds.
-    "test_fds.py": """
-        import os, pytest
-
-        counts = []
-
-        def test_a_first():
-            counts.append(len(os.listdir("/proc/self/fd")))
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(12))
-        def test_isolated(rank, i):
-            pass
-
-        def test_z_last():
-            grown = len(os.listdir("/proc/self/fd")) - counts[0]
-            # The fork server, the last pool (still stopping) and the rank templates of two
-            # kinds of pool (their pipes and sentinels) hold some; 12 pools that leaked
-            # theirs would hold dozens more.
-            assert grown <= 16, f"{grown} more fds open after 12 isolated pools"
-        """,
-}
-
-
-@pytest.fixture
-def isolate(shared_session: SharedSession) -> pytest.RunResult:
-    return shared_session(
-        "isolate",
-        _writer("isolate", {**ISOLATE, **HOSTILE}),
-        "-v",
-        "--distrank-isolate",
-        "--hostile-flag=yes",
-        "-W",
-        "error",  # a fork's leftovers of its template (an unclosed file) would fail its tests
-        "-p",
-        "no:randomly",
-    )
-
-
-def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> None:
-    isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
-    isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
-    assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
-    # 12 + 4 + 3 + 2 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["23 distributed tests; pools started: 23 at world size 2"])
-
-
-def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
-    isolate: pytest.RunResult,
-) -> None:
-    """Each fresh rank is its own process, forked from its rank's template (a process that is
-    that rank before its group starts), with what template.NOT_INHERITED lists made anew."""
-    text = (_FOLDERS["isolate"] / "record-fresh.txt").read_text()
-    facts = [json.loads(line) for line in text.splitlines()]
-    assert sorted((f["i"], f["rank"]) for f in facts) == [(i, r) for i in range(3) for r in (0, 1)]
-    assert len({f["pid"] for f in facts}) == 6
-    for f in facts:
-        assert f["pgid"] == f["pid"], "a rank leads its own process group"
-        assert f["own"] == f"own output {f['i']} {f['rank']}\n", "capture of its own"
-        assert {"distrank-flight-recorder", "distrank-parent-death"} <= set(f["threads"])
-        assert f["worker"] == f["env_worker"]
-        assert f["imported_env"] == "yes" and f["sigchld_kept"], "what the import set stays"
-    # Forked by its rank's template, the same for every test; the fork server would be the
-    # parent of both ranks.
-    parents = [{f["ppid"] for f in facts if f["rank"] == rank} for rank in (0, 1)]
-    assert len(parents[0]) == len(parents[1]) == 1 and parents[0] != parents[1]
-    assert len({f["tag"] for f in facts}) == 3  # a pool's tag, per test
-    assert len({f["tmp"] for f in facts}) == 6
-    assert len({f["worker"] for f in facts}) == 6
-    assert len({f["name"] for f in facts}) == 6  # distrank-pool<P>-rank<R>: its pool's
-
-
-def test_nothing_a_fresh_rank_imports_is_shared_when_forked_from_a_template(
-    isolate: pytest.RunResult,
-) -> None:
-    _nothing_imported_is_shared("isolate", isolate)
-
-
-def test_a_parallel_op_at_import_runs_in_the_fork_not_in_its_template(
-    isolate: pytest.RunResult,
-) -> None:
-    """A template imports no test module: OpenMP's pool, which a fork would not keep (its first
-    parallel op would hang), starts in each fork itself; every fresh rank is forked."""
-    isolate.stdout.fnmatch_lines_random(
-        [f"*::test_after_a_parallel_import[[]{i}[]] PASSED*" for i in range(2)]
-    )
-    assert "start from nothing" not in isolate.stdout.str()
-
-
-def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=25)
-    isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
 
 
 # -- two sessions on one machine ----------------------------------------------------------------

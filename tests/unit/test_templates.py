@@ -1,6 +1,6 @@
-"""Unit: the controller's side of rank templates (pool/pools/templates.py), without processes:
-the forked rank's handle reads its exit status from the template's pipe, and the set keeps at
-most KEEP kinds, dropping a kind whose template died."""
+"""Unit: rank templates without processes: the forked rank's handle reads its exit status from
+the template's pipe, the set keeps at most KEEP kinds (pool/pools/templates.py), dropping a kind
+whose template died; what a fork collects (pool/worker/template.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytest_distrank.pool.pools.poolkey import PoolKey
 from pytest_distrank.pool.pools.templates import KEEP, ForkedRank, Templates, kind_of
+from pytest_distrank.pool.worker.template import collection_args
 
 
 @pytest.mark.parametrize(("written", "code"), [(0, 0), (3, 3), (-11, -11), (None, -9)])
@@ -61,3 +64,28 @@ def test_fresh_pools_of_one_key_but_their_isolation_are_one_kind() -> None:
     first, second = PoolKey(2, "gloo", True, isolated=1), PoolKey(2, "gloo", True, isolated=7)
     assert kind_of(first) == kind_of(second) == PoolKey(2, "gloo", True)
     assert kind_of(PoolKey(3, "gloo", True, isolated=1)) != kind_of(first)
+
+
+#: Node ids are relative to the rootdir (``../`` for a file beside it), never absolute.
+_NAME = st.text(alphabet="abcdefgh_/.", min_size=1, max_size=12).filter(lambda s: s[0] != "/")
+_PARAM = st.text(alphabet="ab:-/ ", max_size=8)
+
+
+@given(
+    st.lists(st.tuples(_NAME, _NAME, st.none() | _PARAM), min_size=1, max_size=4),
+    st.sampled_from(["/root", "/a/b c"]),
+)
+def test_a_fork_collects_its_tests_by_node_id_unless_one_would_not_read_back(
+    parts: list[tuple[str, str, str | None]], rootdir: str
+) -> None:
+    """Each node id, joined to the rootdir (arguments are relative to the invocation folder), in
+    order; the pool's files instead as soon as one parameter id holds a ``::`` (pytest would
+    split the id there)."""
+    nodeids = [f"{f}.py::{t}" + (f"[{p}]" if p is not None else "") for f, t, p in parts]
+    files = sorted({f"{f}.py" for f, _, _ in parts})
+    args = collection_args(nodeids, files, rootdir)
+    if any(p is not None and "::" in p for _, _, p in parts):
+        assert args == files
+    else:
+        assert args == [f"{rootdir}/{nodeid}" for nodeid in nodeids]
+    assert collection_args([], files, rootdir) == files

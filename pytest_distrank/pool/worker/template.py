@@ -27,6 +27,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -51,7 +52,7 @@ NOT_INHERITED = (
     "stdout and stderr (the new rank's log), pytest's fd capture (new temporary files) and "
     "the descriptor pytest's faulthandler plugin dumps to",
     "the rank's terminal report file, faulthandler's file and the flight-recorder thread",
-    "the pool's environment variables (its tag, its store) and files",
+    "the pool's environment variables (its tag, its store) and what it collects (its tests)",
     "pytest's basetemp (tmp_path), config.workerinput and the process's name",
     "SIGCHLD handling (the rank's own handler again) and its siblings' status pipes",
     "everything of the conftest.py files and test modules: a template loads and imports none",
@@ -228,7 +229,7 @@ def become(rank: WorkerPlugin, cfg: RankConfig, conn: Connection) -> None:
     _compat.set_basetemp(config, str(cfg.cmdline.options["basetemp"]))
     if hasattr(config, "workerinput"):
         config.workerinput = cfg.workerinput
-    config.args = list(cfg.files)  # its pool's files, as WorkerInput sets them
+    config.args = collection_args(cfg.nodeids, cfg.files, str(config.rootpath))
     rank.files = frozenset(cfg.files)
     rank.real_files = frozenset(os.path.realpath(f) for f in cfg.files)
     rank.cfg, rank.conn, rank.pid = cfg, conn, os.getpid()
@@ -238,3 +239,13 @@ def become(rank: WorkerPlugin, cfg: RankConfig, conn: Connection) -> None:
     install(rank.relay)
     rank.redirect_terminal(config)
     rank.arm_faulthandler()
+
+
+def collection_args(nodeids: Sequence[str], files: Sequence[str], rootdir: str) -> list[str]:
+    """What a fork collects: its pool's tests by node id (a rank started afresh collects its
+    pool's whole files: 1.2 s a rank for one of PyTorch's RPC files), or its files where a node
+    id would not read back as one (a ``::`` inside a parameter id). Node ids are relative to
+    the rootdir, arguments to the invocation folder: joined to the rootdir."""
+    if not nodeids or any("::" in nodeid.partition("[")[2] for nodeid in nodeids):
+        return list(files)
+    return [os.path.join(rootdir, nodeid) for nodeid in nodeids]
