@@ -100,6 +100,9 @@ class RankConfig:
     #: A rank template (pool/worker/template.py): at its session's start, before any conftest
     #: or collection, it sends Ready and forks the fresh ranks of later pools of its kind.
     template: bool = False
+    #: What a template imports before it forks: the library modules (torch's distributed stack,
+    #: PyTorch's test harness) its first pool's files import (pools/preloads.py).
+    preload: tuple[str, ...] = ()
     #: A rank forked from a template: the file its pool's phase array lies in (else the array
     #: comes with the process's arguments).
     phases_path: str = ""

@@ -45,6 +45,7 @@ from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .memoryback import MemoryWatch
 from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
+from .preloads import files_preloads
 from .stats import PoolStart, Stats
 from .templates import TemplateError, Templates, fork_from, kind_of
 
@@ -289,7 +290,8 @@ class PoolSet:
         if template is None:
             debug = DebugSettings()
             tid, configs = self._configs(kind, nodeids, files, env, workdir, None, debug)
-            configs = [dataclasses.replace(c, template=True) for c in configs]
+            preload = files_preloads(files, self.config.invocation_params.dir)
+            configs = [dataclasses.replace(c, template=True, preload=preload) for c in configs]
             template = Pool(kind, tid, context, configs, parent_pid)
             try:
                 template.start(timeout, self.terminal)
