@@ -8,10 +8,12 @@ from nothing: the plugin manager, the entry points, every plugin's configure, th
 manager's walk over every plugin (~0.15 s of CPU a rank). A template has done all of that for
 its rank, and nothing a user wrote runs in it: :class:`TemplatePlugin` keeps the conftest.py
 files from loading (and their command-line options from parsing) and stops at the end of
-``pytest_sessionstart``, before collection. Each fork then loads the conftests, parses their
-options, runs their ``pytest_configure`` and ``pytest_sessionstart``, collects its own pool's
-files and joins its group, as a rank started afresh does: what a test module or a conftest does
-at import or at the session's start is never shared between forks.
+``pytest_sessionstart``, before collection, having imported only the library modules its
+first pool's files import (torch's distributed stack, PyTorch's test harness; as the fork server
+does). Each fork then loads the conftests, parses their options, runs their ``pytest_configure``
+and ``pytest_sessionstart``, collects its own pool's tests (by node id: :func:`collection_args`)
+and joins its group, as a rank started afresh does: what a test module or a conftest does at
+import or at the session's start is never shared between forks.
 
 What a fork must not keep of its template, and what :func:`become` gives it anew, is listed in
 :data:`NOT_INHERITED` (tests/e2e check each). The template reaps its children (SIGCHLD) and
