@@ -19,7 +19,11 @@ import pytest
 #: adds ``--hostile-flag``, given on both command lines.
 HOSTILE = {
     "test_hostile/conftest.py": """
-        import os
+        import os, pytest
+
+        @pytest.fixture
+        def conftest_pid():
+            return os.getpid()
 
         def pytest_addoption(parser):
             parser.addoption("--hostile-flag", default="unset")
@@ -54,11 +58,11 @@ HOSTILE = {
         @pytest.mark.distrank_isolate
         @pytest.mark.world_size(2)
         @pytest.mark.parametrize("i", range(2))
-        def test_nothing_imported_is_shared(rank, i, request):
+        def test_nothing_imported_is_shared(rank, i, request, conftest_pid):
             from _pytest.faulthandler import fault_handler_stderr_fd_key
 
             try:
-                assert PID == os.getpid(), "imported by this very process"
+                assert PID == os.getpid() == conftest_pid, "imported by this very process"
                 with open(__file__) as again:
                     assert FILE.read() == again.read(), "the file's offset is this process's"
                 assert LOCK.acquire(timeout=2), "the lock is this process's"  # never released
