@@ -67,25 +67,21 @@ def test_fresh_pools_of_one_key_but_their_isolation_are_one_kind() -> None:
 
 
 #: Node ids are relative to the rootdir (``../`` for a file beside it), never absolute.
-_NAME = st.text(alphabet="abcdefgh_/.", min_size=1, max_size=12).filter(lambda s: s[0] != "/")
-_PARAM = st.text(alphabet="ab:-/ ", max_size=8)
+_NAME = st.text(alphabet="abcdefgh_/.[", min_size=1, max_size=12).filter(lambda s: s[0] != "/")
+_PARAM = st.text(alphabet="ab:-/[] ", max_size=8)
 
 
 @given(
     st.lists(st.tuples(_NAME, _NAME, st.none() | _PARAM), min_size=1, max_size=4),
     st.sampled_from(["/root", "/a/b c"]),
 )
-def test_a_fork_collects_its_tests_by_node_id_unless_one_would_not_read_back(
+def test_a_fork_collects_its_test_functions_by_node_id_without_parameters(
     parts: list[tuple[str, str, str | None]], rootdir: str
 ) -> None:
-    """Each node id, joined to the rootdir (arguments are relative to the invocation folder), in
-    order; the pool's files instead as soon as one parameter id holds a ``::`` (pytest would
-    split the id there)."""
-    nodeids = [f"{f}.py::{t}" + (f"[{p}]" if p is not None else "") for f, t, p in parts]
+    """Each test function once, in order, joined to the rootdir (arguments are relative to the
+    invocation folder), whatever its parameter id holds; its files when it has no node id."""
+    nodeids = [f"{f}.py::C::{t}" + (f"[{p}]" if p is not None else "") for f, t, p in parts]
     files = sorted({f"{f}.py" for f, _, _ in parts})
-    args = collection_args(nodeids, files, rootdir)
-    if any(p is not None and "::" in p for _, _, p in parts):
-        assert args == files
-    else:
-        assert args == [f"{rootdir}/{nodeid}" for nodeid in nodeids]
+    functions = [f"{rootdir}/{f}.py::C::{t.partition('[')[0]}" for f, t, _ in parts]
+    assert collection_args(nodeids, files, rootdir) == list(dict.fromkeys(functions))
     assert collection_args([], files, rootdir) == files

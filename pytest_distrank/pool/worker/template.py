@@ -248,10 +248,16 @@ def become(rank: WorkerPlugin, cfg: RankConfig, conn: Connection) -> None:
 
 
 def collection_args(nodeids: Sequence[str], files: Sequence[str], rootdir: str) -> list[str]:
-    """What a fork collects: its pool's tests by node id (a rank started afresh collects its
-    pool's whole files: 1.2 s a rank for one of PyTorch's RPC files), or its files where a node
-    id would not read back as one (a ``::`` inside a parameter id). Node ids are relative to
-    the rootdir, arguments to the invocation folder: joined to the rootdir."""
-    if not nodeids or any("::" in nodeid.partition("[")[2] for nodeid in nodeids):
+    """What a fork collects: its pool's test functions by node id (a rank started afresh
+    collects its pool's whole files: 1.2 s a rank for one of PyTorch's RPC files), each once,
+    without a parameter id: every parametrization of the function is collected, so that an id
+    that differs from the controller's (a value drawn at import) is a test the rank did not
+    collect, said as for a rank that collects files, not a collection error. Node ids are
+    relative to the rootdir, arguments to the invocation folder: joined to the rootdir."""
+    if not nodeids:
         return list(files)
-    return [os.path.join(rootdir, nodeid) for nodeid in nodeids]
+    args = []
+    for nodeid in nodeids:
+        path, sep, names = nodeid.partition("::")
+        args.append(os.path.join(rootdir, path + sep + names.partition("[")[0]))
+    return list(dict.fromkeys(args))
