@@ -10,14 +10,17 @@ so that drifts of the machine's load hit both alike; medians over the rounds.
 
     python bench/bench_fresh.py                      # K = 2 and 12, 5 rounds
     python bench/bench_fresh.py --small 2 --large 22 --rounds 3
+    python bench/bench_fresh.py --other ../main      # and the fork mode of another checkout
 
-Modes: ``--distrank-fresh-ranks=fork`` (templates, pool/pools/templates.py) and ``start`` (each
-fresh rank starts its own pytest session and collects, as before).
+Modes: ``--distrank-fresh-ranks=fork`` (the default: templates that ran no user code,
+pool/pools/templates.py), ``start`` (each fresh rank starts its own pytest session), and with
+``--other PATH`` the ``fork`` mode of the checkout at PATH (first on ``PYTHONPATH``), in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
@@ -45,14 +48,18 @@ def write_tests(folder: Path, count: int) -> Path:
     return path
 
 
-def run(path: Path, mode: str) -> tuple[float, float]:
+def run(path: Path, mode: str, other: str) -> tuple[float, float]:
     """Wall and CPU seconds (the whole process tree) of one session."""
+    env = dict(os.environ)
+    if mode == "other":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (other, env.get("PYTHONPATH")) if p)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "distrank", "-p", "no:cacheprovider", "-q",
-         "--distrank-isolate", f"--distrank-fresh-ranks={mode}", str(path)],
-        cwd=path.parent, capture_output=True, text=True,
+         "--distrank-isolate", f"--distrank-fresh-ranks={'fork' if mode == 'other' else mode}",
+         str(path)],
+        cwd=path.parent, capture_output=True, text=True, env=env,
     )  # fmt: skip
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -67,16 +74,19 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=2)
     parser.add_argument("--large", type=int, default=12)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--other", default="", help="a checkout whose fork mode runs too")
     args = parser.parse_args()
-    per_test: dict[str, list[tuple[float, float]]] = {mode: [] for mode in MODES}
+    modes = (*MODES, "other") if args.other else MODES
+    per_test: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    print("load average at the start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         small, large = write_tests(folder, args.small), write_tests(folder, args.large)
         for round_ in range(args.rounds):
-            order = MODES if round_ % 2 == 0 else MODES[::-1]
+            order = modes if round_ % 2 == 0 else modes[::-1]
             for mode in order:
-                wall_s, cpu_s = run(small, mode)
-                wall_l, cpu_l = run(large, mode)
+                wall_s, cpu_s = run(small, mode, args.other)
+                wall_l, cpu_l = run(large, mode, args.other)
                 n = args.large - args.small
                 per_test[mode].append(((wall_l - wall_s) / n, (cpu_l - cpu_s) / n))
                 print(
@@ -86,6 +96,7 @@ def main() -> None:
                     f"{per_test[mode][-1][1] * 1000:.0f} ms CPU per test",
                     flush=True,
                 )
+    print("load average at the end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
     print(f"\nper fresh-rank ws4 test, medians of {args.rounds} rounds (A B A B):")
     medians = {
         mode: (statistics.median(w for w, _ in rows), statistics.median(c for _, c in rows))

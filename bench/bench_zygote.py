@@ -71,9 +71,8 @@ def main() -> None:
             wall, spent = run(mode, args.files)
             results[mode].append((wall, spent))
             load = os.getloadavg()[0]
-            print(
-                f"round {round_ + 1} {mode:>3}: {wall:7.1f} s wall {spent:7.1f} s CPU (load {load:.1f})"
-            )
+            said = f"round {round_ + 1} {mode:>3}: {wall:7.1f} s wall {spent:7.1f} s CPU"
+            print(f"{said} (load {load:.1f})")
     medians = {
         mode: (statistics.median(w for w, _ in runs), statistics.median(c for _, c in runs))
         for mode, runs in results.items()

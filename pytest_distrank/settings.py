@@ -274,12 +274,12 @@ FRESH_RANKS = Option(
     "distrank_fresh_ranks",
     "--distrank-fresh-ranks",
     "DISTRANK_FRESH_RANKS",
-    "start",
+    "fork",
     "How the ranks of a test that runs on fresh ranks start (--distrank-isolate, classes that "
-    "ask for fresh ranks, replays, a harness test's fresh retry): 'start' (default) starts each "
-    "from nothing (its own pytest start and collection); 'fork' forks them from template ranks "
-    "of their kind that have pytest configured and the tests collected (much cheaper, but what "
-    "imports and session-start hooks did is shared: see docs/performance.md).",
+    "ask for fresh ranks, replays, a harness test's fresh retry): 'fork' (default) forks each "
+    "from a template rank of its kind that has pytest configured and has run no conftest.py "
+    "and imported no test module (the fork loads, imports and collects them itself); 'start' "
+    "starts each from nothing, its own whole pytest start (see docs/performance.md).",
     one_of(("fork", "start"), lower=True),
 )
 DEADLOCKS = Option(

@@ -8,6 +8,7 @@ the other private access are described there).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import types
 from collections.abc import Callable, Sequence
@@ -134,6 +135,52 @@ def ensure_unconfigure(config: pytest.Config) -> None:
     """Run pytest's unconfigure (from the launcher watchdog thread, which ends a stuck run): high
     risk, a change leaves plugins unconfigured (or raises, which the caller suppresses)."""
     config._ensure_unconfigure()
+
+
+def config_parser(config: pytest.Config) -> pytest.Parser:
+    """The parser pytest parsed the command line with (``_parser``): a rank forked from a
+    template parses it again once its conftests added their options; if renamed, the fork
+    fails to start with AttributeError, said for its pool."""
+    parser: pytest.Parser = config._parser
+    return parser
+
+
+def load_conftests_late(config: pytest.Config, between: Callable[[], None]) -> set[object]:
+    """Load the initial conftests in a session already configured, as a rank started afresh
+    loads them before its configure (pool/worker/template.py); return the plugins they added.
+
+    pytest's own ``Config.pytest_load_initial_conftests`` loads them. Their historic
+    ``pytest_configure`` (pluggy's ``_call_history``) is held back until ``between()`` (which
+    parses their options) ran, so that they read their options as in a fresh start; the plugin
+    manager's ``_configured`` is off meanwhile (else a conftest's ``pytest_plugins`` is refused
+    as if it were a nested one). High risk if renamed: the fork fails with AttributeError."""
+    manager = config.pluginmanager
+    hook: Any = config.hook.pytest_configure
+    before = set(manager.get_plugins())
+    history, hook._call_history = hook._call_history, []
+    configured, manager._configured = manager._configured, False
+    try:
+        config.pytest_load_initial_conftests(early_config=config)
+    finally:
+        hook._call_history = history
+        manager._configured = configured
+    between()
+    new = set(manager.get_plugins()) - before
+    for impl in reversed(hook.get_hookimpls()):  # in pluggy's calling order
+        if impl.plugin in new:
+            hook._maybe_apply_history(impl)
+    return new
+
+
+def point_faulthandler_plugin(config: pytest.Config, fd: int) -> None:
+    """Point the descriptor pytest's faulthandler plugin dumps to (``faulthandler_timeout``; a
+    ``dup`` of stderr made at configure, in ``fault_handler_stderr_fd_key``) at ``fd``: a rank
+    forked from a template must not dump into the template's log. Without the key: nothing."""
+    from _pytest.faulthandler import fault_handler_stderr_fd_key
+
+    dumps_to = config.stash.get(fault_handler_stderr_fd_key, None)
+    if dumps_to is not None:
+        os.dup2(fd, dumps_to)
 
 
 def can_redirect_terminal(reporter: object) -> bool:

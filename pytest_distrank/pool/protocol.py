@@ -97,9 +97,12 @@ class RankConfig:
     #: The ini lists of environment variables and thread names (fnmatch patterns) that are
     #: never leftovers: ``distrank_leftovers_ignore_env``, ``distrank_leftovers_ignore_threads``.
     leftovers_ignore: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-    #: A rank template (pool/worker/template.py): after collection it sends Ready and forks the
-    #: fresh ranks of later pools of its kind instead of serving tests.
+    #: A rank template (pool/worker/template.py): at its session's start, before any conftest
+    #: or collection, it sends Ready and forks the fresh ranks of later pools of its kind.
     template: bool = False
+    #: What a template imports before it forks: the library modules (torch's distributed stack,
+    #: PyTorch's test harness) its first pool's files import (pools/preloads.py).
+    preload: tuple[str, ...] = ()
     #: A rank forked from a template: the file its pool's phase array lies in (else the array
     #: comes with the process's arguments).
     phases_path: str = ""

@@ -3,7 +3,7 @@
 Scenarios share inner sessions (a session start costs seconds): ``basics`` runs most of them,
 each in its own file, with the plugin loaded by ``-p distrank`` while autoloading is off, and
 beside it a second session on the same machine (``BESIDE``, two sessions at once);
-``isolate`` runs the two that need ``--distrank-isolate``; the one that needs
+``--distrank-isolate`` has its own session (test_isolate.py); the one that needs
 ``--distrank-start-method=spawn`` is a case of tests/e2e/test_ecosystem.py's spawn session. Each
 test below checks its own scenario's lines. Sessions that start no rank (ordinary tests,
 ``--markers``, a bad option) run in-process.
@@ -11,7 +11,6 @@ test below checks its own scenario's lines. Sessions that start no rank (ordinar
 
 from __future__ import annotations
 
-import json
 import subprocess
 import textwrap
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ..helpers import RunPytest, SharedSession, finish_beside, start_beside
+from .hostile import HOSTILE, nothing_imported_is_shared
 
 #: The folder each shared session ran in, by name (its files record what the ranks saw).
 _FOLDERS: dict[str, Path] = {}
@@ -32,6 +32,7 @@ def _writer(name: str, files: dict[str, str]) -> Callable[[Path], None]:
         _FOLDERS[name] = folder
         for path, source in files.items():
             text = textwrap.dedent(source).replace("RECORD", repr(str(folder / "record")))
+            (folder / path).parent.mkdir(exist_ok=True)
             (folder / path).write_text(text)
 
     return write
@@ -275,7 +276,7 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
     beside: list[tuple[Path, subprocess.Popen[bytes]]] = []
 
     def write(folder: Path) -> None:
-        _writer("basics", BASICS)(folder)
+        _writer("basics", {**BASICS, **HOSTILE})(folder)
         place = folder.with_name(f"{folder.name}-beside")
         place.mkdir()
         (place / "test_beside.py").write_text(textwrap.dedent(BESIDE))
@@ -288,6 +289,8 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
             "-v",
             "--distrank-world-size=3",
             "--distrank-preload=heavy,json",
+            "--distrank-fresh-ranks=start",
+            "--hostile-flag=yes",
             env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
     finally:
@@ -300,15 +303,21 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
 
 def test_basics_session_outcomes(basics: pytest.RunResult) -> None:
     """Every scenario of the session passed, and the summary counts its distributed tests."""
-    basics.assert_outcomes(passed=33)
+    basics.assert_outcomes(passed=35)
     # A pool per world size, and one for each test that rendezvouses itself or needs fresh
-    # ranks (init_process_group=False, test_fresh.py's b and c).
+    # ranks (init_process_group=False, test_fresh.py's b and c, test_hostile.py's two).
     basics.stdout.fnmatch_lines(
         [
-            "32 distributed tests; pools started: 1 at world size 1, 4 at world size 2, "
+            "34 distributed tests; pools started: 1 at world size 1, 6 at world size 2, "
             "1 at world size 3, 1 at world size 4"
         ]
     )
+
+
+def test_nothing_a_fresh_rank_imports_is_shared_when_it_starts_afresh(
+    basics: pytest.RunResult,
+) -> None:
+    nothing_imported_is_shared(_FOLDERS["basics"], basics)
 
 
 def test_all_reduce_passes_at_every_world_size(basics: pytest.RunResult) -> None:
@@ -432,150 +441,6 @@ def test_markers_and_fixtures_are_documented(run_inprocess: RunPytest) -> None:
     for name in ("rank", "world_size", "local_rank", "backend", "pg", "device"):
         result.stdout.fnmatch_lines([f"{name} [[]session scope[]]*"])
     result.stdout.fnmatch_lines(["dist_store*", "shared_tmp_path*"])
-
-
-# -- --distrank-isolate: a pool of its own for every test ---------------------------------------
-
-ISOLATE = {
-    "test_isolate.py": """
-        import os, pytest
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(4))
-        def test_pid(rank, i):
-            with open(RECORD + "-isolate.txt", "a") as f:
-                f.write(f"{rank} {os.getpid()}\\n")
-        """,
-    # Fresh ranks forked from templates (pool/worker/template.py): what each has anew.
-    "test_fresh.py": """
-        import json, multiprocessing, os, signal, threading, pytest
-
-        # What an import does in a rank stays in a fork of it (the template imported it).
-        os.environ["SET_AT_IMPORT"] = "yes"
-
-        def on_child(signum, frame):
-            pass
-
-        signal.signal(signal.SIGCHLD, on_child)
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(3))
-        def test_fresh(rank, i, tmp_path, request, capfd):
-            print(f"own output {i} {rank}")
-            own = capfd.readouterr().out
-            fact = {
-                "i": i, "rank": rank, "pid": os.getpid(), "ppid": os.getppid(),
-                "pgid": os.getpgid(0), "tag": os.environ["DISTRANK_POOL_TAG"],
-                "tmp": str(tmp_path), "worker": request.config.workerinput["workerid"],
-                "env_worker": os.environ["PYTEST_XDIST_WORKER"], "own": own,
-                "threads": sorted(t.name for t in threading.enumerate()),
-                "name": multiprocessing.current_process().name,
-                "imported_env": os.environ.get("SET_AT_IMPORT"),
-                "sigchld_kept": signal.getsignal(signal.SIGCHLD) is on_child,
-            }
-            with open(RECORD + "-fresh.txt", "a") as f:
-                f.write(json.dumps(fact) + "\\n")
-        """,
-    # A parallel op at import starts OpenMP's threads in the template: it must not fork.
-    "test_omp.py": """
-        import pytest, torch
-
-        BIG = torch.ones(4_000_000).sum()
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(2))
-        def test_after_a_parallel_import(rank, i):
-            assert torch.ones(4_000_000).sum().item() == 4_000_000
-        """,
-    # Ordinary tests run in the pytest process: the first and the last one count its open fds.
-    "test_fds.py": """
-        import os, pytest
-
-        counts = []
-
-        def test_a_first():
-            counts.append(len(os.listdir("/proc/self/fd")))
-
-        @pytest.mark.world_size(2)
-        @pytest.mark.parametrize("i", range(12))
-        def test_isolated(rank, i):
-            pass
-
-        def test_z_last():
-            grown = len(os.listdir("/proc/self/fd")) - counts[0]
-            # The fork server, the last pool (still stopping) and the rank templates of two
-            # kinds of pool (their pipes and sentinels) hold some; 12 pools that leaked
-            # theirs would hold dozens more.
-            assert grown <= 16, f"{grown} more fds open after 12 isolated pools"
-        """,
-}
-
-
-@pytest.fixture
-def isolate(shared_session: SharedSession) -> pytest.RunResult:
-    return shared_session(
-        "isolate",
-        _writer("isolate", ISOLATE),
-        "-v",
-        "--distrank-isolate",
-        "--distrank-fresh-ranks=fork",
-        "-W",
-        "error",  # a fork's leftovers of its template (an unclosed file) would fail its tests
-        "-p",
-        "no:randomly",
-    )
-
-
-def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> None:
-    isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
-    isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
-    assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
-    # 12 + 4 + 3 + 2 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["21 distributed tests; pools started: 21 at world size 2"])
-
-
-def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
-    isolate: pytest.RunResult,
-) -> None:
-    """Each fresh rank is its own process, forked from its rank's template (a process that is
-    that rank before its group starts), with what template.NOT_INHERITED lists made anew."""
-    text = (_FOLDERS["isolate"] / "record-fresh.txt").read_text()
-    facts = [json.loads(line) for line in text.splitlines()]
-    assert sorted((f["i"], f["rank"]) for f in facts) == [(i, r) for i in range(3) for r in (0, 1)]
-    assert len({f["pid"] for f in facts}) == 6
-    for f in facts:
-        assert f["pgid"] == f["pid"], "a rank leads its own process group"
-        assert f["own"] == f"own output {f['i']} {f['rank']}\n", "capture of its own"
-        assert {"distrank-flight-recorder", "distrank-parent-death"} <= set(f["threads"])
-        assert f["worker"] == f["env_worker"]
-        assert f["imported_env"] == "yes" and f["sigchld_kept"], "what the import set stays"
-    # Forked by its rank's template, the same for every test; the fork server would be the
-    # parent of both ranks.
-    parents = [{f["ppid"] for f in facts if f["rank"] == rank} for rank in (0, 1)]
-    assert len(parents[0]) == len(parents[1]) == 1 and parents[0] != parents[1]
-    assert len({f["tag"] for f in facts}) == 3  # a pool's tag, per test
-    assert len({f["tmp"] for f in facts}) == 6
-    assert len({f["worker"] for f in facts}) == 6
-    assert len({f["name"] for f in facts}) == 6  # distrank-pool<P>-rank<R>: its pool's
-
-
-def test_a_template_that_collection_gave_threads_does_not_fork(
-    isolate: pytest.RunResult,
-) -> None:
-    """A fork keeps only the forking thread (OpenMP's pool would hang the child): its fresh ranks
-    start from nothing instead, said once, and the tests pass."""
-    isolate.stdout.fnmatch_lines_random(
-        [
-            "*::test_after_a_parallel_import[[]1[]] PASSED*",
-            "fresh ranks of world_size=2, backend=gloo start from nothing, not forked from "
-            "templates: the template of rank ? did not fork it: * more thread* after collection*",
-        ]
-    )
-
-
-def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=23)
-    isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])
 
 
 # -- two sessions on one machine ----------------------------------------------------------------

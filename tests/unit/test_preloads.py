@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pytest_distrank.pool.pools import preloads
@@ -48,3 +50,18 @@ def test_a_driver_file_means_a_gpu(monkeypatch: pytest.MonkeyPatch, tmp_path: ob
     monkeypatch.delenv("DISTRANK_FAKE_GPU_COUNT", raising=False)
     monkeypatch.setattr(preloads, "GPU_DRIVER_PATHS", (str(tmp_path),))
     assert preloads.gpu_driver_present()
+
+
+@pytest.mark.usefixtures("no_gpu")
+def test_a_template_preloads_what_its_files_import_once_each(tmp_path: Path) -> None:
+    """Relative to the invocation folder, in the files' order, each module once; a file that
+    cannot be read (moved since collection) adds nothing."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "test_a.py").write_bytes(SOURCE)
+    (tmp_path / "test_b.py").write_bytes(b"import torch.distributed.rpc, torch.distributed.tensor")
+    files = ["sub/test_a.py", "gone.py", "test_b.py"]
+    assert preloads.files_preloads(files, tmp_path) == (
+        "torch.distributed.tensor",
+        "torch.testing._internal.common_distributed",
+        "torch.distributed.rpc",
+    )

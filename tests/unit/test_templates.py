@@ -1,6 +1,6 @@
-"""Unit: the controller's side of rank templates (pool/pools/templates.py), without processes:
-the forked rank's handle reads its exit status from the template's pipe, and the set keeps at
-most KEEP kinds, dropping a kind whose template died."""
+"""Unit: rank templates without processes: the forked rank's handle reads its exit status from
+the template's pipe, the set keeps at most KEEP kinds (pool/pools/templates.py), dropping a kind
+whose template died; what a fork collects (pool/worker/template.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,12 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pytest_distrank.pool.pools.poolkey import PoolKey
-from pytest_distrank.pool.pools.templates import KEEP, ForkedRank, Kind, Templates
+from pytest_distrank.pool.pools.templates import KEEP, ForkedRank, Templates, kind_of
+from pytest_distrank.pool.worker.template import collection_args
 
 
 @pytest.mark.parametrize(("written", "code"), [(0, 0), (3, 3), (-11, -11), (None, -9)])
@@ -42,7 +45,7 @@ def _pool(alive: bool = True) -> Any:
 
 def test_the_set_keeps_the_newest_kinds_and_drops_a_dead_template() -> None:
     templates = Templates()
-    kinds = [Kind(PoolKey(2, "gloo", True), (f"t{i}.py",)) for i in range(KEEP + 1)]
+    kinds = [PoolKey(2 + i, "gloo", True) for i in range(KEEP + 1)]
     pools = [_pool() for _ in kinds]
     assert templates.add(kinds[0], pools[0]) == []
     for kind, pool in zip(kinds[1:KEEP], pools[1:KEEP], strict=True):
@@ -53,3 +56,32 @@ def test_the_set_keeps_the_newest_kinds_and_drops_a_dead_template() -> None:
     templates.add(kinds[0], dead)
     assert templates.get(kinds[0]) is None and dead.killed == [True]
     assert kinds[0] not in templates.live
+
+
+def test_fresh_pools_of_one_key_but_their_isolation_are_one_kind() -> None:
+    """A template collects nothing: pools of any files share it; the isolation number is not
+    part of the kind, the world size is."""
+    first, second = PoolKey(2, "gloo", True, isolated=1), PoolKey(2, "gloo", True, isolated=7)
+    assert kind_of(first) == kind_of(second) == PoolKey(2, "gloo", True)
+    assert kind_of(PoolKey(3, "gloo", True, isolated=1)) != kind_of(first)
+
+
+#: Node ids are relative to the rootdir (``../`` for a file beside it), never absolute.
+_NAME = st.text(alphabet="abcdefgh_/.[", min_size=1, max_size=12).filter(lambda s: s[0] != "/")
+_PARAM = st.text(alphabet="ab:-/[] ", max_size=8)
+
+
+@given(
+    st.lists(st.tuples(_NAME, _NAME, st.none() | _PARAM), min_size=1, max_size=4),
+    st.sampled_from(["/root", "/a/b c"]),
+)
+def test_a_fork_collects_its_test_functions_by_node_id_without_parameters(
+    parts: list[tuple[str, str, str | None]], rootdir: str
+) -> None:
+    """Each test function once, in order, joined to the rootdir (arguments are relative to the
+    invocation folder), whatever its parameter id holds; its files when it has no node id."""
+    nodeids = [f"{f}.py::C::{t}" + (f"[{p}]" if p is not None else "") for f, t, p in parts]
+    files = sorted({f"{f}.py" for f, _, _ in parts})
+    functions = [f"{rootdir}/{f}.py::C::{t.partition('[')[0]}" for f, t, _ in parts]
+    assert collection_args(nodeids, files, rootdir) == list(dict.fromkeys(functions))
+    assert collection_args([], files, rootdir) == files

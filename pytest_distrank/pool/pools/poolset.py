@@ -43,10 +43,11 @@ from .cmdline import coverage_settings, rank_command_line
 from .forkserver import ForkServer, SessionStartError
 from .gpus import GpuFolderError, GpuLease, SessionLeases
 from .memoryback import MemoryWatch
-from .pool import Pool
+from .pool import Pool, PoolStartError
 from .poolkey import PoolKey
+from .preloads import files_preloads
 from .stats import PoolStart, Stats
-from .templates import Kind, TemplateError, Templates, fork_from
+from .templates import TemplateError, Templates, fork_from, kind_of
 
 #: How long ranks get to tear down and exit at the end of the session (or of a replay's pool).
 STOP_TIMEOUT = 10.0
@@ -201,13 +202,16 @@ class PoolSet:
                 started_at = time.monotonic()
                 context, parent_pid = self.server.context_for(timeout)
                 fork = None
-                if self._forks_fresh_ranks(key, files, coverage, debug):
+                if self._forks_fresh_ranks(key, coverage, debug):
                     made = (nodeids, files, env, workdir, timeout, context, parent_pid)
                     fork = self._templates(key, *made)
                     phases = str(workdir / f"pool{pool_id}.phases")
                     configs = [dataclasses.replace(c, phases_path=phases) for c in configs]
                 fork_server_wait = time.monotonic() - started_at
                 pool = Pool(key, pool_id, context, configs, parent_pid, fork)
+            except TemplateError as exc:  # (no GPU lease: templates are for CPU pools only)
+                self._refuse(kind_of(key), str(exc))
+                return self._start(key, nodeids, files, timeout)
             except BaseException:
                 if gpu_lease is not None:
                     gpu_lease.release()
@@ -222,7 +226,7 @@ class PoolSet:
             except TemplateError as exc:  # its fresh ranks start from nothing from now on
                 pool.kill()
                 started[kind] -= 1
-                self._refuse(Kind.of(key, files), str(exc))
+                self._refuse(kind_of(key), str(exc))
                 return self._start(key, nodeids, files, timeout)
             except BaseException:
                 pool.kill()  # also on Ctrl-C mid-start: no rank outlives it, the GPUs go back
@@ -242,12 +246,11 @@ class PoolSet:
     def _forks_fresh_ranks(
         self,
         key: PoolKey,
-        files: list[str],
         coverage: dict[str, Any] | None,
         debug: DebugSettings,
     ) -> bool:
         """Whether this pool's fresh ranks are forked from templates (see templates.py)."""
-        kind = Kind.of(key, files)
+        kind = kind_of(key)
         return (
             key.isolated != 0
             and kind not in self.templates.refused
@@ -259,13 +262,13 @@ class PoolSet:
             and key.gpus == 0
         )
 
-    def _refuse(self, kind: Kind, why: str) -> None:
+    def _refuse(self, kind: PoolKey, why: str) -> None:
         """The templates of ``kind`` cannot fork: they go, and its fresh ranks start from
         nothing, said once in the summary."""
         self.templates.drop(kind)
         self.templates.refused[kind] = why
         self.notes.append(
-            f"fresh ranks of {kind.key.describe()} start from nothing, not forked from "
+            f"fresh ranks of {kind.describe()} start from nothing, not forked from "
             f"templates: {why}"
         )
 
@@ -282,15 +285,19 @@ class PoolSet:
     ) -> Callable[[RankConfig, Any], Any]:
         """How the pool's ranks start: forked from the templates of its kind (started now, the
         first time; a pool start's errors if they cannot start)."""
-        kind = Kind.of(key, files)
+        kind = kind_of(key)
         template = self.templates.get(kind)
         if template is None:
             debug = DebugSettings()
-            tid, configs = self._configs(kind.key, nodeids, files, env, workdir, None, debug)
-            configs = [dataclasses.replace(c, template=True) for c in configs]
-            template = Pool(kind.key, tid, context, configs, parent_pid)
+            tid, configs = self._configs(kind, nodeids, files, env, workdir, None, debug)
+            preload = files_preloads(files, self.config.invocation_params.dir)
+            configs = [dataclasses.replace(c, template=True, preload=preload) for c in configs]
+            template = Pool(kind, tid, context, configs, parent_pid)
             try:
                 template.start(timeout, self.terminal)
+            except PoolStartError as exc:  # its fresh ranks start from nothing, said why
+                template.kill()
+                raise TemplateError(f"its templates did not start: {exc}") from None
             except BaseException:
                 template.kill()
                 raise

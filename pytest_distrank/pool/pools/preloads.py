@@ -74,6 +74,19 @@ def file_preloads(source: bytes) -> list[str]:
     return [n for n in dict.fromkeys(names) if n.startswith(FILE_PRELOAD_PREFIXES)]
 
 
+def files_preloads(files: list[str], invocation_dir: Path) -> tuple[str, ...]:
+    """:func:`file_preloads` of each of ``files`` (relative to ``invocation_dir``), for a rank
+    template to import before it forks (pool/worker/template.py); a file it cannot read adds
+    nothing."""
+    names: list[str] = []
+    for file in files:
+        try:
+            names.extend(file_preloads((invocation_dir / file).read_bytes()))
+        except OSError:
+            continue
+    return tuple(dict.fromkeys(names))
+
+
 def gpu_driver_present() -> bool:
     """A GPU driver on this machine, or the fake GPUs of the test seam (no torch import)."""
     fake = os.environ.get(FAKE_GPU_COUNT_ENV, "").strip()

@@ -2,11 +2,11 @@
 
 Runs in the controller (pool mode), for :class:`~poolset.PoolSet`. A pool of fresh ranks (an
 isolated test, a class that asks for fresh ranks, a replay, a harness test's fresh retry) used
-to cost a pytest start and a collection in every rank. Here the first such pool of a kind (its
-key without the isolation number, and its files) starts a *template* per rank: a rank process
-that configures pytest and collects like any rank, sends Ready, and then only forks
-(pool/worker/template.py). Every fresh pool of that kind is forked from them: each new rank
-costs a fork, its process group's start and what :data:`template.NOT_INHERITED` lists.
+to cost a whole pytest start in every rank. Here the first such pool of a kind (its key without
+the isolation number) starts a *template* per rank: a rank process that configures pytest,
+loads no conftest.py and imports no test module, sends Ready at its session's start, and then
+only forks (pool/worker/template.py). Every fresh pool of that kind is forked from them: each
+new rank costs a fork, its conftests, its collection and its process group's start.
 
 :class:`ForkedRank` is the controller's handle of such a rank (it is the template's child, not the
 fork server's): the template reaps it and writes its exit status into a pipe whose read end is
@@ -15,7 +15,7 @@ the handle's sentinel, as multiprocessing's fork server does for the processes i
 Templates are used only where a fork is the same as a start: the fork server's start method, no
 coverage measurement (a rank's coverage starts before its pytest session), no debugger
 settings, no simulated world, no GPU (a template must not have touched CUDA), and
-``--distrank-fresh-ranks=fork`` (``start``: every fresh rank starts from nothing, as before).
+``--distrank-fresh-ranks=fork``, the default (``start``: every fresh rank starts from nothing).
 """
 
 from __future__ import annotations
@@ -72,17 +72,10 @@ class ForkedRank:
             self.sentinel = -1
 
 
-@dataclasses.dataclass(frozen=True)
-class Kind:
-    """What makes two fresh pools forkable from the same templates."""
-
-    key: PoolKey
-    files: tuple[str, ...]
-
-    @classmethod
-    def of(cls, key: PoolKey, files: list[str]) -> Kind:
-        """The kind of a fresh pool: its key without its isolation number, and its files."""
-        return cls(dataclasses.replace(key, isolated=0), tuple(files))
+def kind_of(key: PoolKey) -> PoolKey:
+    """What makes two fresh pools forkable from the same templates: their key without its
+    isolation number (a template collects nothing: each fork collects its own pool's files)."""
+    return dataclasses.replace(key, isolated=0)
 
 
 class TemplateError(Exception):
@@ -118,24 +111,24 @@ class Templates:
     """The session's templates, by kind of pool; each kind is a pool that serves no test."""
 
     def __init__(self) -> None:
-        self.live: dict[Kind, Any] = {}
+        self.live: dict[PoolKey, Any] = {}
         #: Kinds whose templates could not fork, and why: their fresh ranks start from nothing.
-        self.refused: dict[Kind, str] = {}
+        self.refused: dict[PoolKey, str] = {}
 
-    def get(self, kind: Kind) -> Any | None:
+    def get(self, kind: PoolKey) -> Any | None:
         pool = self.live.get(kind)
         if pool is not None and any(r.process.exitcode is not None for r in pool.ranks):
             self.drop(kind)  # a template died: the next pool of its kind makes new ones
             return None
         return pool
 
-    def add(self, kind: Kind, pool: Any) -> list[Any]:
+    def add(self, kind: PoolKey, pool: Any) -> list[Any]:
         """Keep ``pool`` for ``kind``; return the templates to stop (the oldest beyond KEEP)."""
         self.live[kind] = pool
         old = list(self.live)[:-KEEP]
         return [self.live.pop(k) for k in old]
 
-    def drop(self, kind: Kind) -> None:
+    def drop(self, kind: PoolKey) -> None:
         pool = self.live.pop(kind, None)
         if pool is not None:
             pool.kill()

@@ -27,6 +27,7 @@ from . import harnessenv, ranklogs
 from .main import WorkerPlugin
 from .rankfr import start_responder
 from .rankproc import detach_from_controller_tree, rank_env
+from .template import TemplatePlugin
 
 
 def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -> None:
@@ -59,6 +60,8 @@ def rank_main(cfg: RankConfig, conn: Connection, phases: Any, parent_pid: int) -
         plugin = WorkerPlugin(cfg, conn, phases, log_fd)
         plugin.coverage = _start_coverage(cfg.coverage)
         plugins = [plugin, WorkerInput(cfg.workerinput, cfg.cmdline, cfg.files)]
+        if cfg.template:  # configures pytest, loads no conftest, forks fresh ranks (template.py)
+            plugins.append(TemplatePlugin(plugin))
         profile_dir = os.environ.get(PROFILE_ENV)
         if profile_dir:  # a developer's tool: where does a rank's time go?
             import cProfile

@@ -3,10 +3,10 @@
 Runs in each rank process (started by the fork server, or spawned), as the plugin of the pytest
 session that :func:`entry.rank_main` starts (steps 1 and 5 below are the entry's). Imports none
 of the controller side: only :mod:`pool.protocol`, the rank context (:mod:`rank.context`), the
-rank-side modules beside it, :mod:`rankproc` (its end with the controller), :mod:`rankgroup`
-(its store and group), :mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each
-test), :mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, :mod:`template` (a template's forks
-become fresh ranks there), what a rank of either mode does around a test (:mod:`rank.hygiene`,
+rank-side modules beside it, :mod:`rankproc` (its parent and environment), :mod:`rankgroup` (its
+store and group), :mod:`simulate` (simulated worlds), :mod:`rankgpu` (its GPU after each test),
+:mod:`ranklogs`, :mod:`rankpdb`, :mod:`suiterank`, :mod:`pool.workerinput` (plugins' values, as
+xdist hands them over), what a rank of either mode does around a test (:mod:`rank.hygiene`,
 :mod:`rank.groupstate`), and the stdlib-only :mod:`rank.reaper` and :mod:`outcome.stacks`.
 A rank process:
 
@@ -73,7 +73,6 @@ from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
 from .rankproc import end_with_controller
 from .simulate import local_mode_plugin
 from .suiterank import SuiteRunner
-from .template import become, fork_ranks, threads, unforkable
 
 #: Plugins that act on the whole test in the controller and must not act again in a rank:
 #: pytest-rerunfailures would rerun a test on one rank alone (flaky marker), out of step with
@@ -133,9 +132,6 @@ class WorkerPlugin:
         self.debug = cfg.debug or DebugSettings()
         #: The CUDA memory each test leaves allocated (rankgpu.py).
         self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
-        #: Its threads before its pytest session: a template with more after collection does
-        #: not fork (template.unforkable).
-        self.threads_at_start = threads()
         #: The file the rank's terminal report goes to (its .pytest.log).
         self.terminal_file: TextIO | None = None
 
@@ -343,11 +339,6 @@ class WorkerPlugin:
         config = session.config
         self.arm_faulthandler()
         items = {item.nodeid: item for item in session.items}
-        if self.cfg.template:  # serve forks; return in each fork, as a fresh rank (template.py)
-            errors = tuple(self.collect_errors)
-            refuse = unforkable(self.threads_at_start)
-            self.conn.send(Ready(self.cfg.rank, os.getpid(), (), errors, time.process_time()))
-            become(self, *fork_ranks(self.conn, refuse))
         missing = tuple(n for n in self.cfg.nodeids if n not in items)
         try:
             self.ctx = start_rank(self.cfg)
