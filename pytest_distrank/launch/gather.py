@@ -255,7 +255,8 @@ def gather(
             for rank in sorted(missing):
                 if channel.has(keys.report(cur.index, rank)):
                     healthy = _take_report(rs, cur, per_rank, rank) and healthy
-            check_done(cur, done, missing)
+            late = [r for r in cur.stopped if channel.has(keys.report(cur.index, r))]
+            check_done(cur, done - len(late), missing)
             missing -= game.finished
             delay = 0.0005
             if not missing:
@@ -279,6 +280,14 @@ def gather(
     return per_rank, stuck, fine and not cur.forged
 
 
+#: A rank reported gone (:mod:`liveness`) whose last reports came after all: ``done/<test>``
+#: counts them, rank 0 does not read them (no tampering: a wrong verdict of liveness).
+AFTER_ALL = (
+    "yet its last reports of this test reached the store after that (it was only slow): "
+    "they are not read, and the run stops after this batch all the same"
+)
+
+
 def stopped_reports(rs: RankSession, cur: Current, rank: int, data: keys.Fatal) -> list[TestReport]:
     """The reports of a rank whose pytest session ended: what it sent, and how it ended."""
     item = cur.item
@@ -293,6 +302,8 @@ def stopped_reports(rs: RankSession, cur: Current, rank: int, data: keys.Fatal) 
         cur.peer_warnings[rank] = data["warnings"]
     fill_passed(reports, item.nodeid, item.location, pos.when)
     wall, message = time.time(), data["message"]
+    if rs.channel.has(keys.report(cur.index, rank)):  # judged gone, it reported after all
+        message += f"; {AFTER_ALL}"
     reports.append(
         stopped_report(item.nodeid, item.location, pos.when, pos.at, message, wall, SESSION_ENDED)
     )
