@@ -379,3 +379,31 @@ def test_a_rank_judged_gone_that_reports_after_all_is_no_tampering(wire: Reports
     assert (
         crash_line(per_rank[1][-1]) == f"stopped serving in call: {gone}; {gather_module.AFTER_ALL}"
     )
+
+
+def test_a_rank_found_gone_while_its_stack_is_awaited_is_reported_by_that_verdict(
+    wire: Reports,
+) -> None:
+    """Hostile report M2: rank 1 was killed in a collective; rank 0's own call failed first, and
+    while it waits for rank 1's stack its liveness finds rank 1's process gone. Rank 1's row is
+    that verdict, not "no report from rank 1/2 ... may have crashed or be stuck holding the
+    GIL", and it is not left stuck."""
+    channel = FakeChannel()
+    rs, cur = rank_session(channel, wire), current(timeout=60.0, grace=0.0)
+    cur.game.note_trigger(0, "failed", time.monotonic())
+    gone = (
+        "launched rank 1 (pid 1000 on node1) sent no sign of life for 5 s in call of "
+        f"{NODEID}: its process is gone (its exit status went to the launcher)"
+    )
+    fatal = {"message": gone, "when": "call", "reports": [], "warnings": [], "index": 0}
+
+    def liveness() -> None:  # what liveness.Liveness._judge writes
+        channel.put(keys.fatal(1), {**fatal, "pid": PIDS[1], "nodeid": NODEID})
+        channel.add(keys.early_count(0), 1)
+
+    channel.when_put[keys.abort(0)] = liveness
+    per_rank, stuck, healthy = gather(rs, cur)
+    assert (stuck, healthy) == ([], False)
+    assert [(r.when, r.outcome) for r in per_rank[1]] == [("setup", "passed"), ("call", "failed")]
+    assert crash_line(per_rank[1][-1]) == f"stopped serving in call: {gone}"
+    assert stopped_serving(cur).startswith(f"rank 1 stopped serving: {gone}")
