@@ -255,7 +255,8 @@ def gather(
             for rank in sorted(missing):
                 if channel.has(keys.report(cur.index, rank)):
                     healthy = _take_report(rs, cur, per_rank, rank) and healthy
-            check_done(cur, done, missing)
+            late = [r for r in cur.stopped if channel.has(keys.report(cur.index, r))]
+            check_done(cur, done - len(late), missing)
             missing -= game.finished
             delay = 0.0005
             if not missing:
@@ -273,10 +274,21 @@ def gather(
     elif own is not None:  # rank 0 is the one stuck: who left it waiting?
         rank0_left_waiting(rs, cur, per_rank[0])
     for rank, data in sorted(cur.stopped.items()):
+        if channel.has(keys.report(cur.index, rank)):  # judged gone, it reported after all
+            data = data.copy()
+            data["message"] += f"; {AFTER_ALL}"
         per_rank.setdefault(rank, []).extend(stopped_reports(rs, cur, rank, data))
     fine = _strays(rs, cur, per_rank) and healthy and not cur.stopped
     forged_reports(rs, cur, per_rank)
     return per_rank, stuck, fine and not cur.forged
+
+
+#: A rank reported gone (:mod:`liveness`) whose last reports came after all: ``done/<test>``
+#: counts them, rank 0 does not read them (no tampering: a wrong verdict of liveness).
+AFTER_ALL = (
+    "yet its last reports of this test reached the store after that (it was only slow): "
+    "they are not read, and the run stops after this batch all the same"
+)
 
 
 def stopped_reports(rs: RankSession, cur: Current, rank: int, data: keys.Fatal) -> list[TestReport]:
@@ -384,14 +396,16 @@ def _collect(
     rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]], missing: list[int]
 ) -> tuple[dict[int, keys.PeerReport], dict[int, keys.Stack]]:
     """What the asked ranks sent within ``DUMP_WAIT``: late last reports, or stacks (a payload
-    from another process fails the test instead)."""
+    from another process fails the test instead); a rank whose session ended, or that rank 0's
+    :mod:`liveness` found gone, meanwhile is in :attr:`current.Current.stopped`."""
     channel = rs.channel
     reported: dict[int, keys.PeerReport] = {}
     stacks: dict[int, keys.Stack] = {}
     end = time.monotonic() + DUMP_WAIT
     while True:
+        poll_early(rs, cur)
         for rank in missing:
-            if rank in reported or rank in stacks:
+            if rank in reported or rank in stacks or rank in cur.stopped:
                 continue
             if channel.has(keys.report(cur.index, rank)):
                 cur.reports_read += 1
@@ -404,7 +418,8 @@ def _collect(
                     stack = channel.get(keys.stack(cur.index, rank), keys.read_stack)
                     if not _take_foreign(rs, cur, per_rank, rank, stack):
                         stacks[rank] = stack
-        if len(reported) + len(stacks) == len(missing) or time.monotonic() >= end:
+        told = set(reported) | set(stacks) | cur.stopped.keys()
+        if told >= set(missing) or time.monotonic() >= end:
             return reported, stacks
         time.sleep(POLL_MAX)
 
@@ -432,14 +447,15 @@ def _judge(
     if story is not None:  # rank 0's own report was written before its peers' records came
         for own in per_rank.get(0, []):
             note_verdict(own, 0, story.verdict)
-    stuck = [rank for rank in missing if rank not in reported]
+    gone = {r for r in missing if r in cur.stopped and r not in reported and r not in stacks}
+    stuck = [rank for rank in missing if rank not in reported and rank not in gone]
     for rank in stuck:
         got = stacks.get(rank)
         line = story.lines.get(rank, "") if story else ""
         dump, records = (got["dump"], bool(got["records"])) if got else ("", False)
         cur.stuck_at[rank] = stuck_words(line, dump, records, test_file)
     healthy = all(reported[rank]["healthy"] for rank in reported)
-    for rank in missing:
+    for rank in sorted(set(missing) - gone):  # the gone: their verdict (stopped_reports)
         log = rs.logs.get(rank, "?")
         reports = per_rank.setdefault(rank, [])
         sent = reported.get(rank) or stacks.get(rank)

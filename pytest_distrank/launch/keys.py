@@ -279,6 +279,8 @@ class Alive(Identity):
 
     beat: int
     when: str
+    #: Its process as rank 0 can recognise it (:func:`liveness.proc_identity`).
+    proc: str
 
 
 class Abort(TypedDict):

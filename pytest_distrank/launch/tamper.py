@@ -45,7 +45,9 @@ def check_done(cur: Current, done: int, unread: Iterable[int]) -> None:
     """``done/<test>`` counts the last reports written; each was in the store before the count
     moved (a rank sets it, then adds), and rank 0 reads each one: more counted than read means a
     report was deleted or the counter moved alone. Named under the first rank of ``unread``
-    (those whose report rank 0 had not read when the count moved)."""
+    (those whose report rank 0 had not read when the count moved). ``done`` leaves out the
+    reports of ranks rank 0 took for stopped (:attr:`current.Current.stopped`) that came after
+    all: rank 0 does not read them, and they are no tampering (:data:`gather.AFTER_ALL`)."""
     if done <= cur.reports_read:
         return
     why = (

@@ -350,9 +350,60 @@ def test_why_the_world_stops_after_stuck_ranks() -> None:
         "sent no stack (it holds the GIL, or its process died)"
     )
     assert stuck_words("", dump, False, "test_x.py") == (
-        "blocked in test_x at test_x.py:9; whether in a collective is not known (no flight "
-        "records)"
+        "blocked in test_x at test_x.py:9; whether in a collective is not known (no flight records)"
     )
     cur.stuck_at.clear()
     cur.game.note_trigger(1, "failed", 0.0)
     assert left_stuck(cur, [0]).startswith("test_x.py::test_x left rank(s) 0 stuck (rank 1 failed)")
+
+
+def test_a_rank_judged_gone_that_reports_after_all_is_no_tampering(wire: Reports) -> None:
+    """Hostile report H2: rank 0's liveness judged rank 1 gone (it was only slow); rank 1 then
+    sends its last reports and moves ``done/0``, which rank 0 no longer reads. That count is not
+    read as a deleted report of rank 2 (whose own reports count), and rank 1's row says what it
+    is."""
+    channel = FakeChannel()
+    rs = rank_session(channel, wire)
+    rs.world_size, rs.pids = 3, (*PIDS, 2000)
+    cur = current(timeout=60.0, grace=60.0)
+    gone = "launched rank 1 (pid 1000 on node1) sent no sign of life for 5 s in call of x"
+    fatal = {"message": gone, "when": "call", "reports": [], "warnings": [], "index": 0}
+    channel.put(keys.fatal(1), {**fatal, "pid": PIDS[1], "nodeid": NODEID})
+    send_last_reports(channel, peer_report(wire, passed()))  # rank 1, back
+    channel.put(keys.report(0, 2), peer_report(wire, passed(), pid=2000))
+    channel.add(keys.done_count(0), 1)
+    per_rank, stuck, healthy = gather(rs, cur)
+    assert cur.forged == {}
+    assert [r.outcome for r in per_rank[2]] == ["passed"] * 3
+    assert (stuck, healthy) == ([], False)
+    assert (
+        crash_line(per_rank[1][-1]) == f"stopped serving in call: {gone}; {gather_module.AFTER_ALL}"
+    )
+
+
+def test_a_rank_found_gone_while_its_stack_is_awaited_is_reported_by_that_verdict(
+    wire: Reports,
+) -> None:
+    """Hostile report M2: rank 1 was killed in a collective; rank 0's own call failed first, and
+    while it waits for rank 1's stack its liveness finds rank 1's process gone. Rank 1's row is
+    that verdict, not "no report from rank 1/2 ... may have crashed or be stuck holding the
+    GIL", and it is not left stuck."""
+    channel = FakeChannel()
+    rs, cur = rank_session(channel, wire), current(timeout=60.0, grace=0.0)
+    cur.game.note_trigger(0, "failed", time.monotonic())
+    gone = (
+        "launched rank 1 (pid 1000 on node1) sent no sign of life for 5 s in call of "
+        f"{NODEID}: its process is gone (its exit status went to the launcher)"
+    )
+    fatal = {"message": gone, "when": "call", "reports": [], "warnings": [], "index": 0}
+
+    def liveness() -> None:  # what liveness.Liveness._judge writes
+        channel.put(keys.fatal(1), {**fatal, "pid": PIDS[1], "nodeid": NODEID})
+        channel.add(keys.early_count(0), 1)
+
+    channel.when_put[keys.abort(0)] = liveness
+    per_rank, stuck, healthy = gather(rs, cur)
+    assert (stuck, healthy) == ([], False)
+    assert [(r.when, r.outcome) for r in per_rank[1]] == [("setup", "passed"), ("call", "failed")]
+    assert crash_line(per_rank[1][-1]) == f"stopped serving in call: {gone}"
+    assert stopped_serving(cur).startswith(f"rank 1 stopped serving: {gone}")
