@@ -85,3 +85,14 @@ def test_a_fork_collects_its_test_functions_by_node_id_without_parameters(
     functions = [f"{rootdir}/{f}.py::C::{t.partition('[')[0]}" for f, t, _ in parts]
     assert collection_args(nodeids, files, rootdir) == list(dict.fromkeys(functions))
     assert collection_args([], files, rootdir) == files
+
+
+def test_a_fork_collects_a_cross_size_producers_module_whole() -> None:
+    """A cross-size fixture's producer item (``<module>::<fixture>[distrank-fixture]``) is made at
+    collection from the module's tests that request it: its fork collects the module, not a
+    test of that name (there is none: pytest would say "not found")."""
+    nodeids = ["sub/test_made.py::made[distrank-fixture]", "sub/test_made.py::test_uses[ws2]"]
+    assert collection_args(nodeids, ["sub/test_made.py"], "/root") == [
+        "/root/sub/test_made.py",
+        "/root/sub/test_made.py::test_uses",
+    ]

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ... import _compat
+from ...planning.crossize import ITEM_SUFFIX
 from ..protocol import STATUS_BYTES, Fork, Forked, PhaseFile, RankConfig, Ready, Shutdown
 from ..workerinput import xdist_environ
 from . import harnessenv
@@ -259,5 +260,7 @@ def collection_args(nodeids: Sequence[str], files: Sequence[str], rootdir: str) 
     args = []
     for nodeid in nodeids:
         path, sep, names = nodeid.partition("::")
+        if nodeid.endswith(ITEM_SUFFIX):  # a cross-size fixture's producer: made at collection
+            sep = names = ""  # from the module's tests that request it (crossize.ProducerItems)
         args.append(os.path.join(rootdir, path + sep + names.partition("[")[0]))
     return list(dict.fromkeys(args))
