@@ -101,6 +101,8 @@ class GroupKeeper:
         self.own = False
         #: The launcher's rendezvous variables, which a sub-world's tests see replaced.
         self.launched_env = {k: os.environ[k] for k in MASTER_ENV if k in os.environ}
+        #: No sub-world's group, context or variables are up: the launched world's, or none yet.
+        self.launched = True
 
     def without_group(
         self, backend: str, session: pytest.Session, index: int, world: World, group: str
@@ -129,7 +131,7 @@ class GroupKeeper:
             with contextlib.suppress(Exception):
                 dist.destroy_process_group()
         old = self.ctx
-        self.own = group != "harness"
+        self.own, self.launched = group != "harness", False
         if self.own:
             master = sub_world_master(self.rs.channel.pg_store(f"own.{name}"), rank)
             self._environ(rank, size, master)
@@ -151,6 +153,28 @@ class GroupKeeper:
                 os.environ[name] = master[name]
             else:
                 os.environ.pop(name, None)
+
+    def leave_sub_world(self) -> None:
+        """Launched rank 0, before a test it runs alone (no ``world_size`` marker): the test sees
+        what it would see first in its file, whatever ran before it: no default group of a
+        sub-world's (the plugin's, one a test made and left up, a harness class's), no rank
+        context, and the launcher's ``RANK``, ``WORLD_SIZE`` and :data:`MASTER_ENV`, as the
+        launched world's tests get them back (:meth:`ensure`). The other members of that
+        sub-world keep theirs until their next test, whose group is another (a run of batches
+        that share a group is never split by a test of rank 0 alone: :func:`subworld.schedule`),
+        so every member replaces it there, as rank 0 creates its own."""
+        import torch.distributed as dist
+
+        if self.launched:
+            return
+        self.end_harness()
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+        self._environ(self.rs.rank, self.rs.world_size, self.launched_env)
+        with contextlib.suppress(KeyError):
+            del self.rs.config.stash[RANK_CONTEXT]
+        self.key, self.own, self.launched = None, False, True
 
     def after_test(self, failed: bool) -> None:
         """After a test that made its own group (:attr:`own`) and failed on this rank: destroy
@@ -226,7 +250,7 @@ class GroupKeeper:
         twin_of_world()  # every rank is here: a rank that skips a check is named at once
         master = sub_world_master(store, rank) if isinstance(world, World) else self.launched_env
         self._environ(rank, size, master)
-        self.own = False
+        self.own, self.launched = False, not isinstance(world, World)
         self.ctx = RankContext(
             rank, size, local_rank, backend, rs.channel.user_store, dist.group.WORLD
         )

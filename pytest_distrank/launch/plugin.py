@@ -214,6 +214,8 @@ class LaunchPlugin:
                     subrun.replay(self, item, index)
                 else:
                     teardown_unneeded(item)
+                    if step.kind == "rank0":
+                        self.group.leave_sub_world()  # as it finds the world first in its file
                     return None  # pytest's own protocol; pytest_runtest_setup applies the step
                 subrun.stopping(self, index)
                 return True

@@ -9,9 +9,22 @@ from __future__ import annotations
 from .test_existing_suites import CONTINUOUS
 from .test_launch import HEADER
 
-#: The sizes of the launched world: what runs on one rank, a node, more than a node, all.
+#: What an ordinary test (rank 0 alone) sees first in a file: the launcher's variables (read at
+#: collection) and no default group; whatever sub-world test ran before it (hostile pass M1).
+PLAIN = """
+LAUNCHED = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                                           "TORCHELASTIC_USE_AGENT_STORE")}
+
+def _as_first_in_the_file():
+    seen = {k: os.environ.get(k) for k in LAUNCHED}
+    assert (seen, dist.is_initialized()) == (LAUNCHED, False), "a sub-world's leftovers"
+"""
+
+#: The sizes of the launched world: what runs on one rank, a node, more than a node, all; an
+#: ordinary test after a sub-world's.
 MIX = (
     HEADER
+    + PLAIN
     + """
 @pytest.mark.world_size(1)
 @pytest.mark.parametrize("i", range(2))
@@ -26,6 +39,9 @@ def test_three(rank, world_size, device):
     t = torch.ones(1, device=device)
     dist.all_reduce(t)
     assert (world_size, t.item()) == (3, 3.0)
+
+def test_plain_after_three():
+    _as_first_in_the_file()
 
 @pytest.mark.world_size(4)
 def test_four(rank, world_size, pg):
@@ -96,9 +112,11 @@ def test_reinit_from_the_environment(val, rank):
 
 #: Tests that make their own group (``init_process_group=False``): no group of the plugin's, the
 #: sub-world's RANK, WORLD_SIZE and MASTER_ADDR:MASTER_PORT (a port of its own per test: two pairs
-#: at once, then a pair after a pair that left its group up), and at the launched size too.
+#: at once, then a pair after a pair that left its group up), and at the launched size too (it
+#: leaves its group up); an ordinary test after them.
 OWN = (
     HEADER
+    + PLAIN
     + """
 def _own_world(rank, size):
     assert not dist.is_initialized()  # the plugin made no group
@@ -134,6 +152,9 @@ def test_own_one(rank):
 @pytest.mark.world_size(4, init_process_group=False)
 def test_own_four(rank):
     _own_world(rank, 4)
+
+def test_plain_after_own():
+    _as_first_in_the_file()
 """
 )
 
