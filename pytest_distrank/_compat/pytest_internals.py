@@ -238,7 +238,9 @@ def share_rewritten_modules(folder: str) -> Callable[[], None] | None:
     (``PYTHONDONTWRITEBYTECODE=1``, ``-B``): then the controller and every rank rewrite each
     test module again (about 1 ms per test per process). With this, the first process to rewrite
     a module writes it to ``folder`` (a session's private folder) and the others read it back,
-    as pytest reads its own cache (``_read_pyc`` checks the source's hash, or mtime and size).
+    as pytest reads its own cache (``_read_pyc`` checks the source's hash, or mtime and size). A
+    module pytest's own cache holds already (a run that wrote bytecode left it: an installed
+    plugin's, hypothesis's) is read from there, as pytest alone would.
     Wraps ``_pytest.assertion.rewrite.get_cache_dir`` and ``_rewrite_test``; they do nothing new
     when bytecode is written. Returns what undoes it, or None (nothing changed) when this pytest
     lacks them or they are wrapped already.
@@ -259,16 +261,22 @@ def share_rewritten_modules(folder: str) -> Callable[[], None] | None:
         return None
     shared = Path(folder)
 
-    def cache_dir(file_path: Path) -> Path:
-        if not sys.dont_write_bytecode:
-            return Path(get_cache_dir(file_path))  # pytest's own cache, untouched
+    def kept(file_path: Path) -> Path:
         return shared.joinpath(*file_path.parts[1:-1])
+
+    def cache_dir(file_path: Path) -> Path:
+        own = Path(get_cache_dir(file_path))
+        if not sys.dont_write_bytecode or (own / (file_path.name[:-3] + tail)).exists():
+            # pytest's own cache, untouched; read where a run that wrote bytecode left one (an
+            # installed plugin's modules): pytest reads it even when it writes none
+            return own
+        return kept(file_path)
 
     def rewrite_and_keep(fn: Path, config: pytest.Config) -> Any:
         result = rewrite_test(fn, config)
         if sys.dont_write_bytecode:  # pytest will not write it: keep it for the others
             with contextlib.suppress(Exception):
-                pyc = cache_dir(fn) / (fn.name[:-3] + tail)
+                pyc = kept(fn) / (fn.name[:-3] + tail)
                 pyc.parent.mkdir(parents=True, exist_ok=True)
                 write_pyc(config.stash[key], result[1], result[0], pyc)
         return result
