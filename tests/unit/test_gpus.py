@@ -291,6 +291,7 @@ def shared_folder() -> Iterator[Path]:
 OTHER_USER = """
 import encodings.ascii, os, sys, time
 from pytest_distrank.pool.pools import gpus
+import pytest_distrank.tree.held  # imported lazily by a lease that fails: read before the uid drops
 os.setgroups([])
 os.setgid(65534)
 os.setuid(65534)

@@ -9,9 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from _pytest.assertion import rewrite
 
 from pytest_distrank._compat.pytest_internals import share_rewritten_modules
+
+#: The module the shim wraps (pytest imported it at its start; only ``_compat`` imports pytest's
+#: internals).
+rewrite = sys.modules["_pytest.assertion.rewrite"]
 
 
 def test_pytests_own_cached_rewrite_is_read_where_bytecode_is_not_written(
