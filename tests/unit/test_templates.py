@@ -92,7 +92,7 @@ def test_a_fork_collects_a_cross_size_producers_module_whole() -> None:
     collection from the module's tests that request it: its fork collects the module, not a
     test of that name (there is none: pytest would say "not found")."""
     nodeids = ["sub/test_made.py::made[distrank-fixture]", "sub/test_made.py::test_uses[ws2]"]
-    assert collection_args(nodeids, ["sub/test_made.py"], "/root") == [
-        "/root/sub/test_made.py",
-        "/root/sub/test_made.py::test_uses",
+    assert collection_args(nodeids, ["sub/test_made.py"], "/project") == [
+        "/project/sub/test_made.py",
+        "/project/sub/test_made.py::test_uses",
     ]
