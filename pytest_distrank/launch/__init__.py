@@ -24,6 +24,7 @@ control store, merges them and is the only one to print.
   :mod:`~pytest_distrank.outcome.endgame`); a rank's early failure or ended session.
 - ``report``: launcher-mode synthesized reports, from plain values.
 - ``terminal``: the header and summary lines.
+- ``gaveup``: the ranks that left on a silent rank 0 say why; rank 0, on waking, reports it.
 - ``watchdog``: the thread that keeps every wait bounded, given the session and two callbacks.
 
 Import rules (checked by ``tests/unit/test_imports.py``): nothing here imports pool mode

@@ -50,6 +50,15 @@ class ChannelError(Exception):
     """The control store cannot be reached: rank 0 or the launcher's agent is gone."""
 
 
+class Rank0Silent(ChannelError):
+    """Rank 0's heartbeat stood still for ``HEARTBEAT_STALE`` seconds; ``since``: the wall-clock
+    time it last moved (:mod:`gaveup` tells rank 0, should it wake up)."""
+
+    def __init__(self, message: str, since: float) -> None:
+        super().__init__(message)
+        self.since = since
+
+
 class Forged(ChannelError):
     """A payload whose MAC does not verify: who wrote it is unknown.
 
@@ -259,9 +268,10 @@ class Channel:
                 if current != beat:
                     beat, beat_at = current, now
                 elif now - beat_at > HEARTBEAT_STALE:
-                    raise ChannelError(
+                    raise Rank0Silent(
                         f"rank 0 has given no sign of life for {HEARTBEAT_STALE:.0f} s "
-                        "(its watchdog stopped bumping the heartbeat)"
+                        "(its watchdog stopped bumping the heartbeat)",
+                        time.time() - (now - beat_at),
                     )
             time.sleep(delay)
             delay = min(delay * 2, POLL_MAX)

@@ -25,6 +25,8 @@ key                                writer    meaning
 ``fatal/<rank>``                   N main    :class:`Fatal`: the rank's pytest session ended
                                    (0 wdog: the rank is gone, :mod:`liveness`)
 ``alive/<rank>``                   N wdog    :class:`Alive`: the rank lives, and where it is
+``gaveup`` (counter)               N         how many ranks left on a silent rank 0
+``gaveup/<rank>``                  N         :class:`GaveUp`: why the rank left (:mod:`gaveup`)
 ``stray/<test>`` (counter)         forks     how many forked processes said they left
 ``stray/<test>/<rank>``            forks     :class:`Identity` of a forked process
 ``count/<test>``                   0 main    rank 0 asks for collective counts after the test
@@ -106,6 +108,14 @@ def stack(index: int, rank: int) -> str:
     return f"stack/{index}/{rank}"
 
 
+#: Counter of ranks that left because rank 0 gave no sign of life (:mod:`gaveup`).
+GAVE_UP = "gaveup"
+
+
+def gave_up(rank: int) -> str:
+    return f"gaveup/{rank}"
+
+
 def fatal(rank: int) -> str:
     return f"fatal/{rank}"
 
@@ -156,7 +166,7 @@ def world(index: int) -> str:
 
 
 #: Keys whose one number is the rank that writes them (in the others it is the test index).
-_RANK_KEYS = ("collect", "fatal", "alive")
+_RANK_KEYS = ("collect", "fatal", "alive", "gaveup")
 
 
 def subject(key: str) -> tuple[int, int]:
@@ -271,6 +281,13 @@ class Fatal(Identity):
     when: str
     reports: list[dict[str, Any]]
     warnings: list[WarningRecord]
+
+
+class GaveUp(TypedDict):
+    #: Wall-clock time (ns) of rank 0's last heartbeat the rank saw move, and how long it
+    #: waited (s).
+    since_ns: int
+    silent_s: int
 
 
 class Alive(Identity):
@@ -424,6 +441,7 @@ read_peer_report = _reader(PeerReport)
 read_stack = _reader(Stack)
 read_fatal = _reader(Fatal)
 read_alive = _reader(Alive)
+read_gave_up = _reader(GaveUp)
 read_abort = _reader(Abort)
 read_records = _reader(Records)
 read_still = _reader(Still)

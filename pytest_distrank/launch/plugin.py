@@ -59,7 +59,7 @@ from ..planning.order import order_seed, reorder, session_seed
 from ..rank import seeding
 from ..rank.hygiene import teardown_unneeded
 from ..settings import Settings, item_timeout
-from . import harness, keys, liveness, subrun, testrun
+from . import gaveup, harness, keys, liveness, subrun, testrun
 from .channel import ChannelError
 from .current import Current
 from .env import Launch, rerun_command
@@ -118,6 +118,10 @@ class LaunchPlugin:
         #: A rank was left stuck: the world is broken, fixtures are not torn down at the end.
         self.aborted = False
         self.collect_error: str | None = None
+        #: Rank 0: the tests it ran alone since its last distributed one (node id, start time),
+        #: and whether other ranks left on its silence meanwhile (:mod:`gaveup`).
+        self.alone: list[tuple[str, float]] = []
+        self.peers_left = False
         self.distributed_tests = 0
         #: Each rank's node (rank 0's plan), and the batch of sub-world tests in which the run
         #: ended (its other tests ran at once: they are still reported).
@@ -201,11 +205,17 @@ class LaunchPlugin:
     ) -> bool | None:
         index = self.index_of.get(id(item))
         if index is None:
+            if self.rank == 0:
+                self.alone.append((item.nodeid, time.time()))
             return None if self.rank == 0 else True
         step = self.steps[index]
         try:
             if self.rank == 0:
                 self.index = index
+                if step.kind == "rank0":
+                    self.alone.append((item.nodeid, time.time()))
+                elif self.ended is None:
+                    self._peers_left()
                 if self.ended is not None and not subrun.same_batch(self, index):
                     self._log_not_run(item, self.ended)
                 elif step.runs_on(0):
@@ -227,6 +237,14 @@ class LaunchPlugin:
             return True
         except ChannelError as exc:
             self.rs.lost(exc)
+
+    def _peers_left(self) -> None:
+        """Rank 0, before a test that needs the other ranks: did some leave while it was silent
+        (:mod:`gaveup`)? Then this test and the ones after it are not run."""
+        left = gaveup.reason(self.rs.channel, self.world_size, self.alone, time.time())
+        if left is not None:
+            self.ended, self.aborted, self.peers_left = left, True, True
+        self.alone = []
 
     def _await_turn(self, index: int) -> bool:
         """Ranks other than 0: wait for rank 0's verdict on the test before this one (before
@@ -437,6 +455,11 @@ class LaunchPlugin:
         wait in a collective on the stuck (or gone) rank, with no deadline left to end it.
         """
         self.current = None
+        if self.rank == 0 and self.ended is None:
+            with contextlib.suppress(ChannelError):
+                self._peers_left()  # after the last distributed test
+        if self.peers_left and exitstatus == 0:  # the tests not run: the run did not complete
+            exitstatus = session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
         self.rs.adopt_exit_code(session, exitstatus, self.group.wait)
         if self.aborted:
             _compat.forget_setup_stack(session)

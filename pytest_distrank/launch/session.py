@@ -51,9 +51,9 @@ from pytest import TestReport
 
 from .. import _compat
 from ..rank.hygiene import cap_section, stray_forks
-from . import keys
+from . import gaveup, keys
 from .auth import AuthError, obtain
-from .channel import LOST_EXIT, Channel, ChannelError, Forged
+from .channel import HEARTBEAT_STALE, LOST_EXIT, Channel, ChannelError, Forged
 from .env import Launch
 
 #: Bound on connecting to the control store and agreeing on the run id.
@@ -274,6 +274,7 @@ class RankSession:
             code = self.channel.get(keys.EXIT, keys.read_exit)
         except ChannelError as exc:
             self.log(f"pytest-distrank: {self.launch.label()}: no exit code from rank 0 ({exc})")
+            gaveup.note(self.channel, self.rank, exc, HEARTBEAT_STALE)
             code = LOST_EXIT
         self.exit_code = code
         session.exitstatus = code
@@ -327,7 +328,8 @@ class RankSession:
         print(message, file=sys.stderr, flush=True)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
-        self.exiting = True  # nothing to tell (liveness.hook_exit)
+        gaveup.note(self.channel, self.rank, exc, HEARTBEAT_STALE, absent=True)  # rank 0 may wake
+        self.exiting = True  # nothing else to tell (liveness.hook_exit)
         os._exit(LOST_EXIT)
 
 
