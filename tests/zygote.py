@@ -71,6 +71,8 @@ APPLIED = ("PYTHONPATH",)
 OFF_ENV = "DISTRANK_TEST_ZYGOTE"
 #: ``prctl(PR_SET_CHILD_SUBREAPER, 1)``.
 PR_SET_CHILD_SUBREAPER = 36
+#: Seconds the server has to reap a session killed at its timeout.
+KILLED_WAIT = 30
 #: The server's exit code when a child could not be set up (before pytest ran).
 SETUP_FAILED = 70
 
@@ -202,7 +204,7 @@ def serve() -> None:
         replies.flush()
         while (status := _reap(pid)) is None:
             time.sleep(0.02)
-        replies.write(json.dumps({"status": status}).encode() + b"\n")
+        replies.write(json.dumps({"pid": pid, "status": status}).encode() + b"\n")
         replies.flush()
 
 
@@ -253,25 +255,47 @@ class Zygote:
             "stdout": str(output[0]),
             "stderr": str(output[1]),
         }
-        process.stdin.write(json.dumps(request).encode() + b"\n")
-        process.stdin.flush()
-        pid = int(json.loads(process.stdout.readline())["pid"])
-        deadline = None if timeout is None else time.monotonic() + timeout
-        timed_out = False
-        while True:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if select.select([process.stdout], [], [], left)[0]:
-                break
-            timed_out = True
-            for each in [pid, *self.descendants()]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(each, signal.SIGKILL)
-            deadline = None
-        reply = process.stdout.readline()
-        if not reply:
-            raise RuntimeError(f"the suite's zygote (pid {process.pid}) died during a session")
-        status = int(json.loads(reply)["status"])
+        try:
+            process.stdin.write(json.dumps(request).encode() + b"\n")
+            process.stdin.flush()
+            pid = int(json.loads(process.stdout.readline())["pid"])
+            timed_out = not self._wait(process, timeout)
+            if timed_out:
+                for each in [pid, *self.descendants()]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(each, signal.SIGKILL)
+                if not self._wait(process, KILLED_WAIT):
+                    raise RuntimeError(f"the suite's zygote (pid {process.pid}) did not reap {pid}")
+            line = process.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the suite's zygote (pid {process.pid}) died during a session")
+            reply = json.loads(line)
+            if reply.get("pid") != pid:
+                raise RuntimeError(f"the suite's zygote (pid {process.pid}) said {reply} for {pid}")
+        except BaseException:
+            # Interrupted (pytest-timeout, Ctrl-C) or confused between a request and its reply:
+            # the next session's reply must never be this one's, so this server goes.
+            self.abandon()
+            raise
+        status = int(reply["status"])
         return (None if timed_out else os.waitstatus_to_exitcode(status)), pid
+
+    @staticmethod
+    def _wait(process: subprocess.Popen[bytes], timeout: float | None) -> bool:
+        """Whether the server's reply is ready within ``timeout`` seconds (None: no bound)."""
+        assert process.stdout is not None
+        return bool(select.select([process.stdout], [], [], timeout)[0])
+
+    def abandon(self) -> None:
+        """Kill the server and every process below it; the next session starts a new one."""
+        if self.process is None:
+            return
+        for each in [*self.descendants(), self.process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(each, signal.SIGKILL)
+        with self.process:
+            self.process.wait()
+        self.process = None
 
     def descendants(self) -> list[int]:
         """Live processes below the server (what sessions left running), zombies excepted."""
