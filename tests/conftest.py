@@ -11,6 +11,7 @@ go to one worker (``pytest_xdist_make_scheduler``, in the xdist controller).
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import uuid
 from collections.abc import Callable, Generator, Iterator
@@ -58,6 +59,31 @@ def pytest_configure(config: pytest.Config) -> None:
     still build items with its markers, so they are registered here."""
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+
+
+#: ``DISTRANK_TEST_CPU_LOG=FILE``: each test appends a line ``<node id>\t<CPU seconds>`` to FILE,
+#: the CPU of this process, of the subprocesses it waited for and of its forked inner sessions
+#: (``bench/suite_cpu.py`` sums them per file).
+CPU_LOG_ENV = "DISTRANK_TEST_CPU_LOG"
+
+
+def _cpu_used() -> float:
+    """CPU seconds so far of this process and of every inner session it ran."""
+    used = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in used) + ZYGOTE.cpu
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    log = os.environ.get(CPU_LOG_ENV)
+    if not log:
+        return (yield)
+    before = _cpu_used()
+    try:
+        return (yield)
+    finally:
+        with open(log, "a") as out:
+            out.write(f"{item.nodeid}\t{_cpu_used() - before:.3f}\n")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

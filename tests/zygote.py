@@ -160,18 +160,19 @@ def _child(request: dict[str, Any], base: Sequence[str]) -> None:
     os._exit(status)
 
 
-def _reap(session: int | None = None) -> int | None:
+def _reap(session: int | None = None) -> tuple[int, float] | None:
     """Reap whatever ended below the server (orphans re-parented to it, and the session's own
-    process ``session``); the session's wait status once it has ended."""
+    process ``session``); once the session has ended, its wait status and the CPU seconds (user
+    + system) of it and of every process it waited for."""
     while True:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
         except ChildProcessError:
             return None
         if pid == 0:
             return None
         if pid == session:
-            return status
+            return status, usage.ru_utime + usage.ru_stime
 
 
 def serve() -> None:
@@ -202,9 +203,10 @@ def serve() -> None:
             _child(request, base)
         replies.write(json.dumps({"pid": pid}).encode() + b"\n")
         replies.flush()
-        while (status := _reap(pid)) is None:
+        while (ended := _reap(pid)) is None:
             time.sleep(0.02)
-        replies.write(json.dumps({"pid": pid, "status": status}).encode() + b"\n")
+        status, cpu = ended
+        replies.write(json.dumps({"pid": pid, "status": status, "cpu": cpu}).encode() + b"\n")
         replies.flush()
 
 
@@ -217,6 +219,10 @@ class Zygote:
     def __init__(self) -> None:
         self.process: subprocess.Popen[bytes] | None = None
         self.environment: dict[str, str] = {}
+        #: CPU seconds of the sessions forked so far, their processes' included, that the outer
+        #: process's ``RUSAGE_CHILDREN`` cannot see yet: the server reaped them. Once the server
+        #: itself is reaped, they are in it (:meth:`_reaped`).
+        self.cpu = 0.0
 
     def _start(self) -> subprocess.Popen[bytes]:
         if self.process is None or self.process.poll() is not None:
@@ -278,6 +284,7 @@ class Zygote:
             self.abandon()
             raise
         status = int(reply["status"])
+        self.cpu += float(reply.get("cpu", 0.0))
         return (None if timed_out else os.waitstatus_to_exitcode(status)), pid
 
     @staticmethod
@@ -295,7 +302,7 @@ class Zygote:
                 os.kill(each, signal.SIGKILL)
         with self.process:
             self.process.wait()
-        self.process = None
+        self._reaped()
 
     def descendants(self) -> list[int]:
         """Live processes below the server (what sessions left running), zombies excepted."""
@@ -364,7 +371,12 @@ class Zygote:
                 self.process.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
+        self._reaped()
+
+    def _reaped(self) -> None:
         self.process = None
+        self.cpu = 0.0  # now in RUSAGE_CHILDREN, with the server's own
 
 
 #: This process's server (the ``zygote`` fixture of ``conftest.py`` ends it).
