@@ -45,18 +45,21 @@ class EarlyStart:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collect_file(self, file_path: Path) -> None:
-        """A test file that mentions ``world_size`` is about to be imported: start the server.
+        """A test file that mentions ``world_size`` is about to be imported: start the server
+        (the first), and add the torch modules it imports to the server's preloads (each).
 
         A cheap look at the text, before the import; a false positive costs only an idle
-        process.
+        process, or an import in it.
         """
-        if not self.pools.server.started and file_path.suffix == ".py":
-            try:
-                text = file_path.read_bytes()
-            except OSError:
-                return
-            if b"world_size" in text:
-                self.pools.server.file_preloads = file_preloads(text)
+        if file_path.suffix != ".py":
+            return
+        try:
+            text = file_path.read_bytes()
+        except OSError:
+            return
+        if b"world_size" in text:
+            self.pools.server.file_preloads.extend(file_preloads(text))
+            if not self.pools.server.started:
                 self._share_rewrites()
                 self.start()
 

@@ -5,7 +5,8 @@ Python's output buffered, and a project plugin (``-p``) that prints and opens a 
 is imported. The ranks check that their parent is pytest's fork (no second interpreter imported
 torch), that neither holds that descriptor, and that Ctrl-C reaches them as in a fresh
 interpreter; a conftest.py's import-time variable still reaches them; the plugin's log gets every
-rank's line and its print shows once; a pytest.main inside a test of the session ends.
+rank's line and its print shows once; a pytest.main inside a test of the session ends; a torch
+module that only a later test file imports was imported by the fork server, not by each rank.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ..helpers import RUN_TIMEOUT
 TESTS = """
 import os
 import signal
+import sys
 
 import pytest
 
@@ -36,6 +38,11 @@ def links(pid):
         except OSError:
             pass
     return found
+
+
+@pytest.mark.world_size(2)
+def test_a_later_files_torch_modules_come_from_the_fork_server(rank):
+    assert sys.modules["test_later"].PRELOADED
 
 
 @pytest.mark.world_size(2)
@@ -65,6 +72,24 @@ def test_pytest_main_inside_a_test_ends(tmp_path):
     assert pytest.main(["-p", "distrank", "-q", "-p", "no:cacheprovider", str(tmp_path)]) == 0
 """
 
+#: A file collected after the fork server started (``test_it.py`` started it): the module of
+#: torch's distributed stack that it imports is the server's too (pool/pools/forkserver.py), as
+#: the first test of ``test_it.py`` checks in the ranks (of the early server: a later test runs
+#: after the nested session, on a server started again).
+LATER = """
+import sys
+
+PRELOADED = "torch.distributed.algorithms.model_averaging.averagers" in sys.modules
+
+import pytest
+import torch.distributed.algorithms.model_averaging.averagers  # noqa: F401
+
+
+@pytest.mark.world_size(2)
+def test_in_the_same_pool(rank):
+    pass
+"""
+
 #: A project plugin that pytest imports before the fork: each rank imports it again (its file
 #: is its own), and its print is not printed again by every rank.
 PLUGIN = """
@@ -84,7 +109,7 @@ def test_ranks_fork_from_pytests_own_fork(
     pytester: pytest.Pytester, run_pytest: object, tmp_path: Path
 ) -> None:
     pytester.makeconftest("import os\nos.environ['SET_BY_CONFTEST'] = 'yes'\n")
-    pytester.makepyfile(test_it=TESTS, projectplugin=PLUGIN)
+    pytester.makepyfile(test_it=TESTS, test_later=LATER, projectplugin=PLUGIN)
     marker, log = tmp_path / "held-by-pytest", tmp_path / "plugin.log"
     marker.write_text("")
     fd = os.open(marker, os.O_RDONLY)
@@ -95,7 +120,7 @@ def test_ranks_fork_from_pytests_own_fork(
         PYTHONPATH=os.pathsep.join(filter(None, [str(pytester.path), env.get("PYTHONPATH")])),
     )
     command = [sys.executable, "-m", "pytest", "-p", "distrank", "-p", "no:randomly", "-rA",
-               "-p", "projectplugin", "test_it.py"]  # fmt: skip
+               "-p", "projectplugin", "test_it.py", "test_later.py"]  # fmt: skip
     try:
         run = subprocess.run(
             command,
@@ -110,7 +135,7 @@ def test_ranks_fork_from_pytests_own_fork(
     finally:
         os.close(fd)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "4 passed" in run.stdout, run.stdout
+    assert "6 passed" in run.stdout, run.stdout
     assert run.stdout.count("PRINTED-ONCE-AT-IMPORT") == 1, run.stdout
     lines = [line for line in log.read_text().splitlines() if "import_time" in line]
     assert sorted(lines) == [

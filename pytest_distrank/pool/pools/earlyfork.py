@@ -26,7 +26,9 @@ channel, a log file: the fork must hold none of them open), new ``sys.stdout`` a
 from outside the interpreter's library folders (a project's ``-p`` plugin is imported again by
 each rank, with its import-time state). It then waits for :func:`adopt`, which binds its socket
 in the session's folder and sends the modules still to import (the first test file's harness
-modules, ``--distrank-preload``, the heap freeze); EOF instead (the session ended first) ends it.
+modules, ``--distrank-preload``): it imports them beside collection. :func:`finish`, at the first
+pool start, sends what the other test files added and the heap freeze, and closes the pipe: only
+then does the server serve. EOF before any module (the session ended first) ends it.
 
 What it keeps from pytest: the modules imported so far (pytest, its plugins, torch) and the
 environment as pytest started, before conftest.py files ran: a variable torch reads when it is
@@ -73,6 +75,8 @@ class _Early:
 
 
 _early: list[_Early] = []
+#: The write end of the adopted server's pipe, until :func:`finish` closes it.
+_adopted: list[int] = []
 #: The pool-mode sessions of this process between their configure and unconfigure: a
 #: ``pytest.main`` inside a test of one is nested in it (it must not fork the process that
 #: runs that test, nor stop what the outer session started).
@@ -131,8 +135,8 @@ def fork_early(modules: list[str]) -> None:
 
 def adopt(modules: list[str]) -> bool:
     """Make the early server multiprocessing's fork server: bind its socket (in the folder
-    ``use_socket_folder`` chose), send ``modules`` to import before it forks. False when there
-    is none, or it died: multiprocessing then starts one."""
+    ``use_socket_folder`` chose), send ``modules`` to import now; it serves after
+    :func:`finish`. False when there is none, or it died: multiprocessing then starts one."""
     if not _early:
         return False
     early = _early.pop()
@@ -143,13 +147,27 @@ def adopt(modules: list[str]) -> bool:
         early.listener.bind(address)
         os.chmod(address, 0o600)
         early.listener.listen()
-        _write_all(early.go, json.dumps(modules).encode())
+        _write_all(early.go, json.dumps(modules).encode() + b"\n")
     except OSError:
         _end(early)
         return False
-    os.close(early.go)
+    _adopted.append(early.go)
     early.listener.close()  # the server's copy serves
     _compat.adopt_fork_server(str(address), early.alive, early.pid)
+    return True
+
+
+def finish(modules: list[str]) -> bool:
+    """Send the adopted server its last modules to import (the other test files' harness
+    modules, the heap freeze, in order); it serves once it has imported them. False if none
+    was adopted, or this was done already; never raises (a dead server fails the pool start
+    that waits for it)."""
+    if not _adopted:
+        return False
+    go = _adopted.pop()
+    with contextlib.suppress(OSError):
+        _write_all(go, json.dumps(modules).encode() + b"\n")
+    os.close(go)
     return True
 
 
@@ -194,15 +212,16 @@ def _serve(go: int, listener: int, alive: int) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _fresh_state(keep={go, listener, alive})
         _forget_local_modules()
-        chunks = []
-        while chunk := os.read(go, 65536):
-            chunks.append(chunk)
-        if not chunks:
+        got, pending = False, b""
+        while chunk := os.read(go, 65536):  # one JSON list a line: imported as it comes
+            got, (*lists, pending) = True, (pending + chunk).split(b"\n")
+            for names in lists:
+                for name in json.loads(names):
+                    with contextlib.suppress(ImportError):  # as multiprocessing's server does
+                        importlib.import_module(name)
+        if not got:
             _exit(0)  # the session ended first
         os.close(go)
-        for name in json.loads(b"".join(chunks)):
-            with contextlib.suppress(ImportError):  # as multiprocessing's server does
-                importlib.import_module(name)
         from multiprocessing import forkserver
 
         signal.signal(signal.SIGINT, signal.default_int_handler if callable(sigint) else sigint)

@@ -102,9 +102,11 @@ class ForkServer:
         #: The fork server seen forking (a pid), or why it could not start (later pools fail).
         self.ready_pid = 0
         self.failed: str | None = None
-        #: Modules of torch's distributed stack the first test files import (preloads.py).
+        #: Modules of torch's distributed stack the test files import (preloads.py), in the
+        #: order collection met them (earlystart.py adds each file's).
         self.file_preloads: list[str] = []
-        #: What the server imports before it forks (set with the context).
+        #: What the server imports before it forks (set with the context; an early server
+        #: gets the test files met after its start at the first pool start: :meth:`_finish`).
         self._preload: list[str] = []
 
     @property
@@ -124,8 +126,18 @@ class ForkServer:
                 pass
         return None
 
+    def _finish(self) -> None:
+        """An early server imports, before it forks, the modules of the test files collected
+        after its start too, so that no rank imports them for itself (each rank of each pool:
+        ~1.5 s of CPU for ``torch.distributed.fsdp``). multiprocessing's own server (late) has
+        only those known when it started."""
+        extra = [m for m in dict.fromkeys(self.file_preloads) if m not in self._preload]
+        if earlyfork.finish([*extra, PRELOAD[-1]]):
+            self._preload[-1:-1] = extra  # the heap freeze stays last
+
     def stop(self) -> None:
         """End the fork server with the session (:func:`stop`); never raises."""
+        earlyfork.finish([])  # adopted, never used: it serves, sees the session gone, exits
         earlyfork.discard()  # forked at pytest's start and never used
         if self.context is not None and self.settings.start_method.value in FORKSERVERS:
             with contextlib.suppress(Exception):
@@ -153,9 +165,13 @@ class ForkServer:
             extra = [m for m in dict.fromkeys(wanted) if m not in PRELOAD]
             # preload (the heap freeze) stays last.
             self._preload = [*PRELOAD[:-1], *extra, PRELOAD[-1]]
-            self.context.set_forkserver_preload(self._preload)
+        # Each time: the context is the process's, and a session nested in a test of this one
+        # (pytest.main) set its own list, which a server started after it would import.
+        self.context.set_forkserver_preload(self._preload)
         use_socket_folder(self._workdir())  # not in TMPDIR: see forkserver.py
-        earlyfork.adopt(self._preload)  # the server forked at pytest's start, if there is one
+        # The server forked at pytest's start, if there is one: all but the heap freeze now
+        # (beside collection), the rest at the first pool start (_finish).
+        earlyfork.adopt(self._preload[:-1])
         forkserver.ensure_running()
         return _compat.forkserver_pid()
 
@@ -185,6 +201,7 @@ class ForkServer:
                 "ranks with --distrank-start-method=spawn."
             ) from None
         if pid != self.ready_pid:
+            self._finish()
             self._wait_until_forking(timeout)
             self.ready_pid = pid
         return self.context, pid
