@@ -349,7 +349,18 @@ def _mode_class() -> type:
     global _MODE
     if _MODE is not None:
         return _MODE
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
+    def see(
+        mode: FaultInjectionMode, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+    ) -> Any:
+        op = USER_NAME.get(func.name()) if func.namespace[0] in "c_" else None
+        if op is not None:
+            mode.faults.before(op, args)
+        return func(*args, **(kwargs or {}))
+
+    unseen_by_dynamo = torch._disable_dynamo(see, recursive=True)
 
     class FaultInjectionMode(TorchDispatchMode):  # type: ignore[misc]
         """Sees every op of the rank while a test holds the ``faults`` fixture."""
@@ -358,6 +369,13 @@ def _mode_class() -> type:
             super().__init__()
             self.faults = faults
 
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            """Not torch's wrapper: its first call imports torch._dynamo (~2 s of CPU in each
+            fresh rank, where fault tests kill ranks); Dynamo is kept out below, where it
+            is imported, as that wrapper would."""
+            return False
+
         def __torch_dispatch__(
             self,
             func: Any,
@@ -365,10 +383,9 @@ def _mode_class() -> type:
             args: tuple[Any, ...] = (),
             kwargs: dict[str, Any] | None = None,
         ) -> Any:
-            op = USER_NAME.get(func.name()) if func.namespace[0] in "c_" else None
-            if op is not None:
-                self.faults.before(op, args)
-            return func(*args, **(kwargs or {}))
+            if "torch._dynamo" in sys.modules:  # torch.compile may trace: not into this
+                return unseen_by_dynamo(self, func, args, kwargs)
+            return see(self, func, args, kwargs)
 
     assert FaultInjectionMode.__name__ == FAULTS_MODE
     _MODE = FaultInjectionMode

@@ -138,6 +138,14 @@ def test_delay(rank, faults):
 
 
 @pytest.mark.world_size(2)
+@pytest.mark.distrank_isolate  # fresh ranks: no earlier test imported it
+def test_delay_imports_no_dynamo(rank, faults):
+    faults.delay(rank=0, at="all_reduce", seconds=0.01)
+    dist.all_reduce(torch.ones(1))
+    assert "torch._dynamo" not in sys.modules
+
+
+@pytest.mark.world_size(2)
 def test_delay_never(rank, faults):
     faults.delay(rank=0, at="barrier", nth=2, seconds=0.5)
     dist.barrier()
@@ -344,6 +352,13 @@ def test_raised_and_delayed_faults_fire(shared_session: SharedSession) -> None:
     shared.section("test_delay").fnmatch_lines(
         ["injected: 0.5 s delay of rank 0 at barrier #1 on the default group *"]
     )
+
+
+def test_the_faults_mode_imports_no_dynamo(shared_session: SharedSession) -> None:
+    """torch's wrapper of a dispatch mode imports torch._dynamo at its first op: ~2 s of CPU in
+    every fresh rank, where fault tests kill ranks (api/faults.py)."""
+    shared = INJECTION.run(shared_session)
+    assert shared.outcomes("test_delay_imports_no_dynamo") == ["passed"]
 
 
 def test_a_hang_is_ended_by_the_deadline_and_named(shared_session: SharedSession) -> None:
