@@ -33,7 +33,25 @@ def test_the_distributed_stack_and_the_harness_are_preloaded() -> None:
     assert preloads.file_preloads(SOURCE) == [
         "torch.distributed.tensor",
         "torch.testing._internal.common_distributed",
+        "torch._dynamo",  # DTensor and the harness import it at their first call
     ]
+
+
+@pytest.mark.usefixtures("no_gpu")
+@pytest.mark.parametrize(
+    ("source", "dynamo"),
+    [
+        (b"import torch.distributed as dist\ndist.all_reduce(t)\n", False),
+        (b"import torch.distributed.rpc\n", False),
+        (b"from torch.nn.parallel import DistributedDataParallel as DDP\n", True),
+        (b"import torch\nnet = torch.nn.parallel.DistributedDataParallel(m)\n", True),
+        (b"from torch.distributed.fsdp import fully_shard\n", True),
+        (b"from torch.distributed._composable.fsdp import fully_shard\n", True),
+        (b"from torch.distributed.pipelining import pipeline\n", True),
+    ],
+)
+def test_dynamo_comes_with_what_imports_it_at_its_first_call(source: bytes, dynamo: bool) -> None:
+    assert ("torch._dynamo" in preloads.file_preloads(source)) is dynamo
 
 
 @pytest.mark.usefixtures("no_gpu")
@@ -63,5 +81,6 @@ def test_a_template_preloads_what_its_files_import_once_each(tmp_path: Path) -> 
     assert preloads.files_preloads(files, tmp_path) == (
         "torch.distributed.tensor",
         "torch.testing._internal.common_distributed",
+        "torch._dynamo",
         "torch.distributed.rpc",
     )

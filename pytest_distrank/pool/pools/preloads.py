@@ -31,6 +31,17 @@ PRELOAD = [
 #: The library modules a test file's imports may add to the preload list (the distributed stack
 #: and PyTorch's own test harness), never the test's own modules.
 FILE_PRELOAD_PREFIXES = ("torch.distributed.", "torch.testing._internal.")
+#: What a test file uses that imports ``torch._dynamo`` in each rank at its first call (~2 s of
+#: CPU a rank; torch keeps Dynamo out of these APIs by wrapping them): DDP, FSDP, DTensor,
+#: PyTorch's test harness. Such a file's ranks get it from the fork server.
+DYNAMO_USERS = (
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "torch.distributed._composable",
+    "torch.distributed.pipelining",
+    "torch.testing._internal",
+)
+DYNAMO_WORDS = (b"DistributedDataParallel", b"fully_shard", b"FullyShardedDataParallel")
 #: Where a machine shows an NVIDIA or AMD GPU driver.
 GPU_DRIVER_PATHS = ("/proc/driver/nvidia/gpus", "/dev/nvidiactl", "/dev/kfd")
 
@@ -53,7 +64,9 @@ def plugin_modules(config: pytest.Config) -> list[str]:
 def file_preloads(source: bytes) -> list[str]:
     """The modules of torch's distributed stack and test harness that a test file imports at
     its top level (``torch.distributed.tensor``, ``torch.testing._internal.common_distributed``
-    ...), read with ``ast`` before pytest imports the file; none on a machine with a GPU driver.
+    ...), read with ``ast`` before pytest imports the file, and ``torch._dynamo`` where the file
+    uses what imports it at the first call (:data:`DYNAMO_USERS`, :data:`DYNAMO_WORDS`); none
+    on a machine with a GPU driver.
 
     Only there: some of those modules count devices when imported (``common_dtensor``), which
     without NVML initialises the CUDA driver, and a CUDA driver initialised in the fork server
@@ -71,7 +84,10 @@ def file_preloads(source: bytes) -> list[str]:
             names.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
             names.append(node.module)
-    return [n for n in dict.fromkeys(names) if n.startswith(FILE_PRELOAD_PREFIXES)]
+    found = [n for n in dict.fromkeys(names) if n.startswith(FILE_PRELOAD_PREFIXES)]
+    if any(n.startswith(DYNAMO_USERS) for n in found) or any(w in source for w in DYNAMO_WORDS):
+        found.append("torch._dynamo")
+    return found
 
 
 def files_preloads(files: list[str], invocation_dir: Path) -> tuple[str, ...]:
