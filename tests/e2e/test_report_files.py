@@ -312,6 +312,9 @@ def test_a_done(rank):
 def test_b_in_flight(rank):
     folder = pathlib.Path(os.environ["IN_FLIGHT"])
     folder.mkdir(exist_ok=True)
+    if rank == 1:  # "rank1", which the signal waits for, once both ranks are in the call
+        while not (folder / "rank0").exists():
+            time.sleep(0.01)
     (folder / f"rank{rank}").touch()
     time.sleep(120)
 """
