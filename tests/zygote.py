@@ -122,8 +122,8 @@ def _exit_like_python(code: object) -> int:
 
 
 def _child(request: dict[str, Any], base: Sequence[str]) -> None:
-    """In the forked child: become ``python -m pytest ARGS`` in the session's setting; never
-    returns."""
+    """In the forked child: become ``python -m MODULE ARGS`` (pytest, or a launcher such as
+    ``torch.distributed.run``) in the session's setting; never returns."""
     status = SETUP_FAILED
     try:
         os.chdir(request["cwd"])
@@ -134,19 +134,28 @@ def _child(request: dict[str, Any], base: Sequence[str]) -> None:
         os.dup2(empty, 0)
         os.close(empty)
         for fd, name in ((1, "stdout"), (2, "stderr")):
+            if fd == 2 and request["stderr"] == request["stdout"]:
+                os.dup2(1, 2)  # one file, one offset: as 2>&1
+                continue
             target = os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(target, fd)
             os.close(target)
         os.closerange(3, 1024)
         sys.path[:] = _session_path(request["cwd"], request["env"].get("PYTHONPATH", ""), base)
-        sys.argv = ["pytest", *request["args"]]
+        module = request.get("module", "pytest")
+        sys.argv = [module, *request["args"]]
         import runpy
 
         try:
-            runpy.run_module("pytest", run_name="__main__", alter_sys=True)
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
             code: object = 0
         except SystemExit as stop:
             code = stop.code
+        except Exception:  # uncaught (torchrun's ChildFailedError): as the interpreter does
+            import traceback
+
+            traceback.print_exc()
+            code = 1
         status = _exit_like_python(code)
     except BaseException:
         import traceback
@@ -249,12 +258,14 @@ class Zygote:
         env: Mapping[str, str],
         output: tuple[Path, Path],
         timeout: float | None,
+        module: str = "pytest",
     ) -> tuple[int | None, int]:
-        """Run one session: ``(exit status or None after a timeout, pid)``. A session past
-        ``timeout`` is killed with every process below the server."""
+        """Run one session (``python -m MODULE ARGS``): ``(exit status or None after a timeout,
+        pid)``. A session past ``timeout`` is killed with every process below the server."""
         process = self._start()
         assert process.stdin is not None and process.stdout is not None
         request = {
+            "module": module,
             "args": list(args),
             "cwd": str(cwd),
             "env": dict(env),

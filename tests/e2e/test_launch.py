@@ -37,6 +37,8 @@ import pytest
 from pytest_distrank.settings import OPTIONS, REQUIRE_SECRET_ENV, SECRET_ENV, TEST_WAITS_ENV
 
 from ..helpers import TAG_ENV, RunPytest, wait_gone
+from ..zygote import OFF_ENV as ZYGOTE_OFF_ENV
+from ..zygote import ZYGOTE
 from .test_deadlocks import LEGAL_SIZES
 
 #: Bound on one launched world (each rank imports torch: ~2-4 s per process on 2 cores).
@@ -134,11 +136,23 @@ def pytest_args(cwd: Path, *args: str, basetemp: bool = True) -> list[str]:
 
 
 def torchrun(env: dict[str, str], cwd: Path, nproc: int, *args: str) -> Run:
+    """One torchrun agent of ``nproc`` ranks, forked from the suite's zygote (torchrun's own
+    ``import torch`` saved; its ranks are exec'd by it, fresh) where the environment allows."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}", *pytest_args(cwd, *args),
     ]  # fmt: skip
-    return start([cmd], [env], cwd)
+    # torchrun's children get OMP_NUM_THREADS from the environment, read at their own import.
+    launcher_env = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}
+    if ZYGOTE.accepts(launcher_env) or os.environ.get(ZYGOTE_OFF_ENV) == "off":
+        return start([cmd], [env], cwd)
+    output = cwd / "launch-out0.txt"
+    started = time.monotonic()
+    code, _ = ZYGOTE.run(cmd[3:], cwd, env, (output, output), RUN_TIMEOUT, module=cmd[2])
+    text = output.read_text(errors="replace")
+    if code is None:
+        pytest.fail("launched run timed out:\n" + text)
+    return Run([text], [code], cwd, time.monotonic() - started)
 
 
 def by_hand(
