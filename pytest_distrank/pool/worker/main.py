@@ -42,7 +42,7 @@ from typing import Any, TextIO
 
 import pytest
 
-from ... import _compat
+from ... import _compat, settings
 from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ...outcome.stacks import interruption_message
 from ...rank import reaper, seeding
@@ -67,6 +67,7 @@ from ..protocol import (
 from ..suites import CASE
 from . import ranklogs, rankreruns
 from .dsrank import DeepSpeedRunner
+from .leanphases import LeanProtocol
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, meet_before_destroy, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
@@ -161,6 +162,9 @@ class WorkerPlugin:
             config.pluginmanager.register(TracePlugin(self.relay), "distrank-trace")
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
+        # Plain passing phases without pytest's reporting hooks, where those are all known.
+        lean = LeanProtocol(self.passed, settings.lean_phases())
+        config.pluginmanager.register(lean, "distrank-lean-phases")
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
         config.pluginmanager.register(DeepSpeedRunner(), "distrank-deepspeed-runner")
         config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
@@ -271,16 +275,22 @@ class WorkerPlugin:
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         self._phase(Phase.TEARDOWN)
 
+    def passed(self, record: PassedPhase) -> None:
+        """A plain passing phase's record (from its report, or a lean phase's: leanphases.py)."""
+        if record[1] == "teardown":
+            self._phase(Phase.FINISHED)  # what runs now is protocol wrappers, then the send
+        self.pending.append(record)
+
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
-        if report.when == "teardown":
-            self._phase(Phase.FINISHED)  # what runs now is protocol wrappers, then the send
-        self.failed = self.failed or report.failed
         compact = compact_passed(report)
         if compact is not None:
-            self.pending.append(compact)
+            self.passed(compact)
             return
+        if report.when == "teardown":
+            self._phase(Phase.FINISHED)
+        self.failed = self.failed or report.failed
         report.sections = [(title, cap_section(content)) for title, content in report.sections]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.pending.append(data)
