@@ -88,11 +88,12 @@ def test_a_phase_is_lean_exactly_when_its_report_would_travel_compact(
     properties: list[tuple[str, int]],
     quiet: list[bool],
 ) -> None:
-    item._report_sections = list(sections)  # type: ignore[attr-defined]
+    item._report_sections = list(sections)
     item.user_properties = list(properties)
-    checks: list[tuple[Callable[[Any, pytest.Item], bool], Any]] = [
-        (lambda plugin, _, q=q: q, None) for q in quiet
-    ]
+    def condition(answer: bool) -> Callable[[Any, pytest.Item], bool]:
+        return lambda plugin, item: answer
+
+    checks = [(condition(q), None) for q in quiet]
     item.stash[CONDITIONS] = checks
 
     def body() -> None:
