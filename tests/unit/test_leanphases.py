@@ -90,6 +90,7 @@ def test_a_phase_is_lean_exactly_when_its_report_would_travel_compact(
 ) -> None:
     item._report_sections = list(sections)
     item.user_properties = list(properties)
+
     def condition(answer: bool) -> Callable[[Any, pytest.Item], bool]:
         return lambda plugin, item: answer
 
