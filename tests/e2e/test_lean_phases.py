@@ -9,7 +9,8 @@ and not), a skip inside the test, a failing assert on one rank, errors at setup 
 a folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the
 full path). The junit reports and the terminal's outcome lines must be the same, and the lean
 path must have been taken where it applies: a rank's own terminal (its ``.pytest.log``, under
-``-v``) writes a lean test's node id but not its outcome word.
+``-v``) writes a lean test's node id but not its outcome word. What the conftest hook changes
+after a test is no leftover of the next one (its start is read, not taken from the last end).
 """
 
 from __future__ import annotations
@@ -171,17 +172,32 @@ def test_last(rank, pg):
     assert t.item() == 2
 """
 
-#: A conftest hook: the tests beside it must take pytest's own protocol.
+#: A conftest hook: the tests beside it must take pytest's own protocol, and a change it makes
+#: after a test's teardown (its report) is no leftover of the next test.
 HOOKED_CONFTEST = """
+import logging
+
+
 def pytest_runtest_logreport(report):
-    pass
+    if report.when == "teardown" and report.nodeid.endswith("test_hooked"):
+        logging.getLogger("hooked").setLevel(logging.ERROR)
 """
 HOOKED = """
 import pytest
 
 
 @pytest.mark.world_size(2)
+def test_warm_up(rank):
+    pass  # the first test of a pool imports what later ones find imported
+
+
+@pytest.mark.world_size(2)
 def test_hooked(rank):
+    pass
+
+
+@pytest.mark.world_size(2)
+def test_hooked_next(rank):
     pass
 """
 
@@ -243,7 +259,7 @@ def outcome_lines(session: Shared) -> list[str]:
 
 def test_the_junit_reports_are_the_same(lean: Shared, full: Shared) -> None:
     lean_cases, full_cases = junit_cases(lean), junit_cases(full)
-    assert len(lean_cases) == 22  # 21 of the varied file (one parametrized twice), one hooked
+    assert len(lean_cases) == 24  # 21 of the varied file (one parametrized twice), 3 hooked
     assert lean_cases == full_cases
 
 
@@ -251,7 +267,7 @@ def test_the_outcome_lines_are_the_same(lean: Shared, full: Shared) -> None:
     lines = outcome_lines(lean)
     assert lines == outcome_lines(full)
     final = lines[-1]
-    for count in ("2 failed", "14 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
+    for count in ("2 failed", "16 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
         assert count in final, final
     assert any("a lean warning" in line for line in lines)
 
@@ -271,3 +287,13 @@ def test_the_lean_path_is_taken_where_every_reporting_hook_is_known(
     assert "test_plain" in lean_log and not passed.search(lean_log)
     assert hooked.search(lean_log)  # a conftest.py hook: pytest's own protocol
     assert passed.search(full_log) and hooked.search(full_log)
+
+
+def test_what_a_conftest_hook_changes_after_a_test_is_no_leftover_of_the_next(
+    lean: Shared, full: Shared
+) -> None:
+    """The hook sets a logger's level after ``test_hooked``'s teardown: the next test's start
+    must be read after it (rank/startreuse.py), not taken from ``test_hooked``'s end."""
+    for session in (lean, full):
+        assert session.outcome("test_hooked_next") == "passed"
+        assert not [line for line in session.result.outlines if "leftovers:" in line]

@@ -95,6 +95,24 @@ PROTOCOL = frozenset(
 )
 
 
+#: The implementations of the hooks that run after a test's last leftover snapshot (its
+#: teardown's end) and before the next test's start, besides its reporting: the protocol's
+#: wrappers (their code after the protocol) and ``pytest_runtest_logfinish``; each only undoes
+#: what it did around the protocol or writes the rank's terminal (rank/startreuse.py).
+AROUND = frozenset(
+    {
+        ("_pytest.warnings", "pytest_runtest_protocol"),
+        ("_pytest.assertion", "pytest_runtest_protocol"),
+        ("_pytest.unittest", "pytest_runtest_protocol"),
+        ("_pytest.faulthandler", "pytest_runtest_protocol"),
+        ("pytest_timeout", "pytest_runtest_protocol"),
+        *PROTOCOL,
+        ("_pytest.logging", "LoggingPlugin.pytest_runtest_logfinish"),
+        ("_pytest.terminal", "TerminalReporter.pytest_runtest_logfinish"),
+    }
+)
+#: Per item: whether every implementation of :data:`AROUND`'s hooks is known.
+KNOWN_AROUND = pytest.StashKey[bool]()
 #: Per item: the conditions of its reporting hooks' implementations, or None (see _read).
 CONDITIONS = pytest.StashKey["list[tuple[Quiet, Any]] | None"]()
 
@@ -163,6 +181,20 @@ class LeanProtocol:
             and not getattr(option, "setupshow", False)
             and self._conditions(item) is not None
         )
+
+    def known_around(self, item: pytest.Item) -> bool:
+        """Whether only known code ran after ``item``'s teardown (its reporting, logfinish and
+        protocol wrappers), so that its end may stand for the next test's start."""
+        if not self.eligible(item):
+            return False
+        if KNOWN_AROUND not in item.stash:
+            ihook = item.ihook
+            item.stash[KNOWN_AROUND] = all(
+                identity(impl.function) in AROUND
+                for name in ("pytest_runtest_protocol", "pytest_runtest_logfinish")
+                for impl in getattr(ihook, name).get_hookimpls()
+            )
+        return item.stash[KNOWN_AROUND]
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:

@@ -135,6 +135,11 @@ class WorkerPlugin:
         self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
         #: The file the rank's terminal report goes to (its .pytest.log).
         self.terminal_file: TextIO | None = None
+        #: Runs plain passing phases without pytest's reporting hooks (leanphases.py).
+        self.lean = LeanProtocol(self.passed, False)
+        #: The last test ended with only known code after its leftover snapshot, and passed: its
+        #: end may stand for the next test's start (rank/startreuse.py).
+        self.end_reusable = False
 
     def arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -163,8 +168,8 @@ class WorkerPlugin:
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
         # Plain passing phases without pytest's reporting hooks, where those are all known.
-        lean = LeanProtocol(self.passed, settings.lean_phases())
-        config.pluginmanager.register(lean, "distrank-lean-phases")
+        self.lean = LeanProtocol(self.passed, settings.lean_phases())
+        config.pluginmanager.register(self.lean, "distrank-lean-phases")
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
         config.pluginmanager.register(DeepSpeedRunner(), "distrank-deepspeed-runner")
         config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
@@ -407,7 +412,10 @@ class WorkerPlugin:
         self.warnings = []
         self.failed = False
         if self.checks is not None:
-            self.checks.start(item, harness=CASE in item.stash)
+            reuse = self.end_reusable and not self.leftovers.tore_down
+            sockets = not self.cfg.init_process_group  # a fresh store since: new sockets
+            self.checks.start(item, CASE in item.stash, reuse, sockets)
+        self.end_reusable = False
         self.arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
             ranklogs.new_test()
@@ -443,6 +451,7 @@ class WorkerPlugin:
         self._phase(Phase.IDLE)
         self.tests += 1
         self.cpu = time.process_time()
+        self.end_reusable = not (self.failed or self.forks) and self.lean.known_around(item)
 
     def _stop(self, session: pytest.Session) -> None:
         self._phase(Phase.STOPPING)
