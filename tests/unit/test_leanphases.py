@@ -15,12 +15,14 @@ from pytest import CallInfo, TestReport
 
 from pytest_distrank.outcome.records import compact_passed
 from pytest_distrank.pool.worker.leanphases import (
-    CONDITIONS,
+    KNOWN,
     LOGREPORT,
     MAKEREPORT,
     PROTOCOL,
+    Known,
     LeanProtocol,
     quiet_checks,
+    read_known,
     record,
 )
 
@@ -49,17 +51,6 @@ def _impl(key: tuple[str, str], wrapper: bool = False) -> Any:
     return types.SimpleNamespace(function=function, plugin=None, wrapper=wrapper, hookwrapper=False)
 
 
-def _ihook(protocol: list[Any], made: list[Any], logged: list[Any]) -> Any:
-    def caller(impls: list[Any]) -> Any:
-        return types.SimpleNamespace(get_hookimpls=lambda: impls)
-
-    return types.SimpleNamespace(
-        pytest_runtest_protocol=caller(protocol),
-        pytest_runtest_makereport=caller(made),
-        pytest_runtest_logreport=caller(logged),
-    )
-
-
 @given(unknown, st.booleans())
 def test_another_protocol_runner_takes_pytests_protocol(
     other: tuple[str, str], wrapper: bool
@@ -68,8 +59,27 @@ def test_another_protocol_runner_takes_pytests_protocol(
     made = [_impl(key) for key in MAKEREPORT]
     logged = [_impl(key) for key in LOGREPORT]
     protocol = [*(_impl(key) for key in PROTOCOL), _impl(other, wrapper)]
-    conditions = LeanProtocol._read(_ihook(protocol, made, logged))
-    assert (conditions is None) == (not wrapper)
+    known = read_known((protocol, made, logged, []))
+    assert (known.conditions is None) == (not wrapper)
+    assert not known.around  # an unknown wrapper's code runs after the test's end too
+
+
+class Unknown:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: Any) -> Any:
+        return (yield)
+
+
+def test_a_plugin_registered_later_is_seen_by_the_next_item(pytester: pytest.Pytester) -> None:
+    """The reading is kept while the implementations are the same objects: a plugin registered
+    between two items (an unknown makereport) is read for the second."""
+    first, second = pytester.getitems("def test_one():\n    pass\n\ndef test_two():\n    pass\n")
+    lean = LeanProtocol(lambda _: None, True)
+    before = lean.known(first)
+    first.config.pluginmanager.register(Unknown(), "unknown-makereport")
+    after = lean.known(second)
+    assert after is not before and after.conditions is None
+    assert lean.known(first) is before  # read once per item
 
 
 @FIXTURE
@@ -94,8 +104,8 @@ def test_a_phase_is_lean_exactly_when_its_report_would_travel_compact(
     def condition(answer: bool) -> Callable[[Any, pytest.Item], bool]:
         return lambda plugin, item: answer
 
-    checks = [(condition(q), None) for q in quiet]
-    item.stash[CONDITIONS] = checks
+    checks = tuple((condition(q), None) for q in quiet)
+    item.stash[KNOWN] = Known((), checks, True)
 
     def body() -> None:
         if raises:

@@ -22,6 +22,7 @@ off (settings.py; the equivalence test runs a varied file both ways).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -111,10 +112,30 @@ AROUND = frozenset(
         ("_pytest.terminal", "TerminalReporter.pytest_runtest_logfinish"),
     }
 )
-#: Per item: whether every implementation of :data:`AROUND`'s hooks is known.
-KNOWN_AROUND = pytest.StashKey[bool]()
-#: Per item: the conditions of its reporting hooks' implementations, or None (see _read).
-CONDITIONS = pytest.StashKey["list[tuple[Quiet, Any]] | None"]()
+#: The hooks whose implementations decide (their lists, compared by identity, key the reading).
+READ_HOOKS = (
+    "pytest_runtest_protocol",
+    "pytest_runtest_makereport",
+    "pytest_runtest_logreport",
+    "pytest_runtest_logfinish",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Known:
+    """What an item's hook implementations allow: read once per set of implementations."""
+
+    #: The implementations of :data:`READ_HOOKS` it was read from.
+    impls: tuple[list[Any], ...]
+    #: The conditions of the reporting hooks' implementations that are not always quiet, or
+    #: None: one is unknown (or another plugin runs the protocol): pytest's own protocol.
+    conditions: tuple[tuple[Quiet, Any], ...] | None
+    #: Whether every implementation of :data:`AROUND`'s hooks is known too.
+    around: bool
+
+
+#: Per item: what its hooks allow.
+KNOWN = pytest.StashKey[Known]()
 
 
 def identity(function: Any) -> tuple[str, str]:
@@ -135,6 +156,22 @@ def quiet_checks(
     return found
 
 
+def read_known(impls: tuple[list[Any], ...]) -> Known:
+    """What the implementations of :data:`READ_HOOKS` allow (see :class:`Known`)."""
+    protocol, made, logged, finished = (
+        [(identity(impl.function), impl) for impl in hook] for hook in impls
+    )
+    plain = [key for key, impl in protocol if not (impl.wrapper or impl.hookwrapper)]
+    made_checks = quiet_checks([(key, impl.plugin) for key, impl in made], MAKEREPORT)
+    logged_checks = quiet_checks([(key, impl.plugin) for key, impl in logged], LOGREPORT)
+    conditions = None
+    if all(key in PROTOCOL for key in plain) and made_checks is not None:
+        if logged_checks is not None:
+            conditions = tuple(c for c in made_checks + logged_checks if c[0] is not _always)
+    around = all(key in AROUND for key, _ in [*protocol, *finished])
+    return Known(impls, conditions, around)
+
+
 def record(call: pytest.CallInfo[None]) -> PassedPhase:
     """A lean phase's compact record: what ``compact_passed`` makes of pytest's report."""
     return ("passed", call.when, call.duration, call.start, call.stop)
@@ -147,29 +184,22 @@ class LeanProtocol:
         #: Hands a lean phase's record to the rank (``WorkerPlugin.passed``).
         self.keep = keep
         self.enabled = enabled and _compat.lean_run_available()
+        #: The last reading of hook implementations (most items share one).
+        self.last: Known | None = None
+        #: What a phase's call lets through (``Exit``; ``KeyboardInterrupt`` unless ``--pdb``).
+        self.reraise: tuple[type[BaseException], ...] | None = None
 
-    @classmethod
-    def _conditions(cls, item: pytest.Item) -> list[tuple[Quiet, Any]] | None:
-        """The item's conditions, read once per item (its hooks: pytest's, every plugin's and
-        those of the ``conftest.py`` files above it), or None: some implementation is unknown."""
-        if CONDITIONS not in item.stash:
-            item.stash[CONDITIONS] = cls._read(item.ihook)
-        return item.stash[CONDITIONS]
-
-    @staticmethod
-    def _read(ihook: Any) -> list[tuple[Quiet, Any]] | None:
-        def impls(name: str, wrappers: bool = True) -> list[tuple[tuple[str, str], Any]]:
-            return [
-                (identity(impl.function), impl.plugin)
-                for impl in getattr(ihook, name).get_hookimpls()
-                if wrappers or not (impl.wrapper or impl.hookwrapper)
-            ]
-
-        if any(key not in PROTOCOL for key, _ in impls("pytest_runtest_protocol", False)):
-            return None
-        made = quiet_checks(impls("pytest_runtest_makereport"), MAKEREPORT)
-        logged = quiet_checks(impls("pytest_runtest_logreport"), LOGREPORT)
-        return None if made is None or logged is None else made + logged
+    def known(self, item: pytest.Item) -> Known:
+        """What ``item``'s hooks allow (pytest's, every plugin's and those of the ``conftest.py``
+        files above it): read again only where the implementations differ from the last read."""
+        found = item.stash.get(KNOWN, None)
+        if found is None:
+            ihook = item.ihook
+            impls = tuple(getattr(ihook, name).get_hookimpls() for name in READ_HOOKS)
+            last = self.last
+            found = last if last is not None and last.impls == impls else read_known(impls)
+            item.stash[KNOWN] = self.last = found
+        return found
 
     def eligible(self, item: pytest.Item) -> bool:
         """Whether ``item`` runs here: a plain test function, every reporting hook known."""
@@ -179,22 +209,13 @@ class LeanProtocol:
             and type(item) is pytest.Function
             and not getattr(option, "setuponly", False)
             and not getattr(option, "setupshow", False)
-            and self._conditions(item) is not None
+            and self.known(item).conditions is not None
         )
 
     def known_around(self, item: pytest.Item) -> bool:
         """Whether only known code ran after ``item``'s teardown (its reporting, logfinish and
         protocol wrappers), so that its end may stand for the next test's start."""
-        if not self.eligible(item):
-            return False
-        if KNOWN_AROUND not in item.stash:
-            ihook = item.ihook
-            item.stash[KNOWN_AROUND] = all(
-                identity(impl.function) in AROUND
-                for name in ("pytest_runtest_protocol", "pytest_runtest_logfinish")
-                for impl in getattr(ihook, name).get_hookimpls()
-            )
-        return item.stash[KNOWN_AROUND]
+        return self.eligible(item) and self.known(item).around
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -222,7 +243,7 @@ class LeanProtocol:
         call = pytest.CallInfo.from_call(
             lambda: hook(item=item, **kwds),
             when=when,
-            reraise=_compat.reraise_exceptions(item.config),
+            reraise=self._reraise(item.config),
         )
         if self.plain_pass(item, call):
             _compat.note_tmp_path_passed(item, when)
@@ -234,6 +255,11 @@ class LeanProtocol:
             ihook.pytest_exception_interact(node=item, call=call, report=report)
         return report.passed
 
+    def _reraise(self, config: pytest.Config) -> tuple[type[BaseException], ...]:
+        if self.reraise is None:
+            self.reraise = _compat.reraise_exceptions(config)
+        return self.reraise
+
     def plain_pass(self, item: pytest.Item, call: pytest.CallInfo[None]) -> bool:
         """Whether the phase's report would be a plain pass that every reporting hook passes
         over: what :func:`outcome.records.compact_passed` would send for it."""
@@ -241,5 +267,5 @@ class LeanProtocol:
             return False
         if _compat.has_report_sections(item):
             return False
-        conditions = self._conditions(item) or ()
+        conditions = self.known(item).conditions or ()
         return all(quiet(plugin, item) for quiet, plugin in conditions)
