@@ -40,6 +40,7 @@ POOL = "pytest_distrank.pool.pools.pool"
 RANK_ROWS = [
     (0, "serve one test (WorkerPlugin._run)", WORKER, "WorkerPlugin._run"),
     (1, "pytest's run protocol", "_pytest.runner", "runtestprotocol"),
+    (1, "the lean run protocol", "hook:pytest_runtest_protocol", "LeanProtocol"),
     (2, "the phases' hooks (setup, call, teardown)", "_pytest.runner", "CallInfo.from_call"),
     (3, "fixtures set up", "_pytest.runner", "SetupState.setup"),
     (3, "the test's body", "_pytest.python", "Function.runtest"),
@@ -119,6 +120,7 @@ def _wrap(key, module, path):
 def pytest_configure(config):
     rank = os.environ.get("RANK")
     STATE["where"] = "controller" if rank is None else f"rank{{rank}}-{{os.getpid()}}"
+    config.pluginmanager.register(ControllerCount() if rank is None else RankCount())
     for key, (_, _, module, path) in enumerate(ROWS["controller" if rank is None else "rank"]):
         if module.startswith("hook:"):
             _wrap_hook(config, key, module[5:], path)
@@ -131,21 +133,43 @@ def _cpu():
     return t.user + t.system
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_logstart(nodeid):
-    if STATE["tests"] == SKIP:
+def _begin():
+    if STATE["tests"] == SKIP and STATE["cpu0"] is None:
         STATE["cpu0"] = _cpu()
         STATE["thread0"] = time.thread_time()
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_runtest_logfinish(nodeid):
+def _end():
     STATE["tests"] += 1
     if STATE["tests"] == K:  # ranks end with os._exit: written at the last test
         out = os.path.join(os.environ["DISTRANK_PROBE_DIR"], STATE["where"] + ".json")
         with open(out, "w") as f:
             json.dump({{"acc": ACC, "cpu": _cpu() - STATE["cpu0"],
                         "thread": time.thread_time() - STATE["thread0"], "tests": K - SKIP}}, f)
+
+
+class ControllerCount:
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid):
+        _begin()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(self, nodeid):
+        _end()
+
+
+class RankCount:
+    """In a rank, tests are counted in their setup and teardown hooks: an unknown
+    implementation of logstart/logfinish would keep the rank from reusing a test's end as the
+    next start (rank/startreuse.py), and the probe would measure a rank unlike a user's."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        _begin()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_teardown(self, item):
+        _end()
 '''
 
 

@@ -411,6 +411,18 @@ REQUIRE_SECRET_ENV = "DISTRANK_REQUIRE_SECRET"
 #: can kill peers that were just finishing.
 TEST_WAITS_ENV = "DISTRANK_TEST_WAITS"
 
+#: Test seam: ``DISTRANK_LEAN_PHASES=0`` makes every pool rank run pytest's own per-phase
+#: reporting for every test (pool/worker/leanphases.py), so that a test can compare the lean
+#: path's outcomes with the full protocol's. Read in the ranks (they inherit the controller's
+#: environment).
+LEAN_PHASES_ENV = "DISTRANK_LEAN_PHASES"
+
+
+def lean_phases() -> bool:
+    """Whether pool ranks may skip pytest's reporting hooks for plain passing phases."""
+    return os.environ.get(LEAN_PHASES_ENV, "1") != "0"
+
+
 #: Test seams of planning (planning/capabilities.py, planning/gpuplan.py), so that its GPU
 #: decisions are tested on machines without GPUs: ``DISTRANK_FAKE_GPU_COUNT=N`` makes the
 #: planner believe N GPUs are visible, ``DISTRANK_FAKE_NCCL_VERSION=2.30.1`` that this NCCL is

@@ -24,7 +24,9 @@ docstring says why the private access is needed and what breaks if it changes; t
 - ``childcode``: a test module imported with its asserts rewritten, in ``in_child``'s spawned
   child; a test's evaluated xfail mark, for its parent;
 - ``plugins``: pytest-rerunfailures' decision functions, pytest-cov's controller and
-  pytest-json-report's data on reports.
+  pytest-json-report's data on reports;
+- ``leanrun``: pieces of pytest's run protocol and the per-test state that pytest's, pytest-html's
+  and hypothesis' ``makereport`` read, for a rank's lean phases.
 """
 
 from __future__ import annotations
@@ -72,6 +74,18 @@ from .harness import (
     harness_run_spawned,
     harness_skip_message,
     harness_world_size,
+)
+from .leanrun import (
+    drop_request,
+    has_report_sections,
+    html_extras_pending,
+    hypothesis_reports,
+    interactive_exception,
+    lean_run_available,
+    note_tmp_path_passed,
+    reraise_exceptions,
+    start_request,
+    xfail_evaluated,
 )
 from .mp_internals import (
     adopt_fork_server,
@@ -191,6 +205,7 @@ __all__ = [
     "dispatch_modes",
     "drop_junit_xml",
     "drop_report_files",
+    "drop_request",
     "ds_destroy",
     "ds_fixture_kwargs",
     "ds_harness_base",
@@ -225,10 +240,15 @@ __all__ = [
     "harness_run_spawned",
     "harness_skip_message",
     "harness_world_size",
+    "has_report_sections",
+    "html_extras_pending",
+    "hypothesis_reports",
     "import_rewritten",
+    "interactive_exception",
     "json_report_data",
     "keep_rerun_counts_out_of_ranks",
     "kill_fork_server",
+    "lean_run_available",
     "load_conftests_late",
     "local_tensor_mode",
     "mark_rerun",
@@ -236,6 +256,7 @@ __all__ = [
     "mp_process_config",
     "new_gloo_group_named",
     "new_socket_address",
+    "note_tmp_path_passed",
     "one_rank_world",
     "point_faulthandler_plugin",
     "print_stacks_on_fatal_signal",
@@ -248,6 +269,7 @@ __all__ = [
     "rendezvous_handlers",
     "replace_catching_logs",
     "request_item",
+    "reraise_exceptions",
     "rerun_attempts_before",
     "rerun_condition",
     "rerun_count",
@@ -269,6 +291,7 @@ __all__ = [
     "share_rewritten_modules",
     "skip_exception",
     "skip_mark_reason",
+    "start_request",
     "stop_fork_server",
     "stop_resource_tracker",
     "take_suite_rerun",
@@ -277,5 +300,6 @@ __all__ = [
     "user_temp_root",
     "watch_local_collectives",
     "with_group_members",
+    "xfail_evaluated",
     "xfailed",
 ]

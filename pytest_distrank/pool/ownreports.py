@@ -9,7 +9,7 @@ pytest's teardown phase would. A pool's start is charged to the setup of the fir
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,9 +23,12 @@ if TYPE_CHECKING:
     from .pools.pool import Pool
 
 
-def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
+def rebuild_passed(
+    item: pytest.Item, data: PassedPhase, keywords: Iterable[str] | None = None
+) -> TestReport:
     """The TestReport a rank's pytest made for a plain passing phase (protocol.compact_passed),
-    built from this process's item as ``TestReport.from_item_and_call`` builds it."""
+    built from this process's item as ``TestReport.from_item_and_call`` builds it
+    (``keywords``: the item's, read once for all the test's reports)."""
     outcome, when, duration, start, stop = data
     if outcome != "passed" or when not in ("setup", "call", "teardown"):
         raise ValueError(f"not a passing phase: {data!r}")
@@ -33,7 +36,7 @@ def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
         item.nodeid,
         item.location,
         when,
-        keywords=item.keywords,
+        keywords=item.keywords if keywords is None else keywords,
         duration=duration,
         start=start,
         stop=stop,
@@ -43,10 +46,13 @@ def rebuild_passed(item: pytest.Item, data: PassedPhase) -> TestReport:
 def deserializer(item: pytest.Item) -> Callable[[Any], TestReport]:
     """Rebuild a rank's report: pytest's own hook, or (a plain pass) from the item."""
     config = item.config
+    keywords: list[str] = []  # the item's keywords, read at the first plain pass (a walk)
 
     def deserialize(data: dict[str, Any] | PassedPhase) -> TestReport:
         if isinstance(data, tuple):
-            return rebuild_passed(item, data)
+            if not keywords:
+                keywords.extend(item.keywords)
+            return rebuild_passed(item, data, keywords)
         report = config.hook.pytest_report_from_serializable(config=config, data=data)
         assert isinstance(report, TestReport)
         return report

@@ -2,9 +2,10 @@
 skipped.
 
 Runs in pool-mode rank processes (:mod:`rank.processstate` reads through these at every
-:class:`snapshot.Snapshot`, twice per test). Each mark changes whenever the walk it stands for
-could read something else (tests/unit/test_leftovers_fingerprint.py checks it against the walk,
-for every kind of change the leftover property test makes):
+:class:`snapshot.Snapshot`: after each test, and at its start where that is read in full). Each
+mark changes whenever the walk it stands for could read something else
+(tests/unit/test_leftovers_fingerprint.py checks it against the walk, for every kind of change
+the leftover property test makes):
 
 - **child processes**: the pid namespace's last allocated pid (``/proc/sys/kernel/ns_last_pid``,
   one read). A walk that found no child at all is reused while it stays the same: a child is

@@ -42,7 +42,7 @@ from typing import Any, TextIO
 
 import pytest
 
-from ... import _compat
+from ... import _compat, settings
 from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ...outcome.stacks import interruption_message
 from ...rank import reaper, seeding
@@ -67,6 +67,7 @@ from ..protocol import (
 from ..suites import CASE
 from . import ranklogs, rankreruns
 from .dsrank import DeepSpeedRunner
+from .leanphases import LeanProtocol
 from .rankgpu import CudaMemory, gloo_fallback_plugin
 from .rankgroup import group_problem, master_store, meet_before_destroy, start_rank
 from .rankpdb import LiveInput, Relay, TracePlugin, install, post_mortem
@@ -134,6 +135,11 @@ class WorkerPlugin:
         self.cuda = CudaMemory(cfg.cuda_device, cfg.cuda_growth)
         #: The file the rank's terminal report goes to (its .pytest.log).
         self.terminal_file: TextIO | None = None
+        #: Runs plain passing phases without pytest's reporting hooks (leanphases.py).
+        self.lean = LeanProtocol(self.passed, False)
+        #: The last test ended with only known code after its leftover snapshot, and passed: its
+        #: end may stand for the next test's start (rank/startreuse.py).
+        self.end_reusable = False
 
     def arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -161,6 +167,9 @@ class WorkerPlugin:
             config.pluginmanager.register(TracePlugin(self.relay), "distrank-trace")
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
+        # Plain passing phases without pytest's reporting hooks, where those are all known.
+        self.lean = LeanProtocol(self.passed, settings.lean_phases())
+        config.pluginmanager.register(self.lean, "distrank-lean-phases")
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
         config.pluginmanager.register(DeepSpeedRunner(), "distrank-deepspeed-runner")
         config.pluginmanager.register(self.leftovers, "distrank-leftover-teardown")
@@ -271,16 +280,22 @@ class WorkerPlugin:
     def pytest_runtest_teardown(self, item: pytest.Item) -> None:
         self._phase(Phase.TEARDOWN)
 
+    def passed(self, record: PassedPhase) -> None:
+        """A plain passing phase's record (from its report, or a lean phase's: leanphases.py)."""
+        if record[1] == "teardown":
+            self._phase(Phase.FINISHED)  # what runs now is protocol wrappers, then the send
+        self.pending.append(record)
+
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         assert self.config is not None
-        if report.when == "teardown":
-            self._phase(Phase.FINISHED)  # what runs now is protocol wrappers, then the send
-        self.failed = self.failed or report.failed
         compact = compact_passed(report)
         if compact is not None:
-            self.pending.append(compact)
+            self.passed(compact)
             return
+        if report.when == "teardown":
+            self._phase(Phase.FINISHED)
+        self.failed = self.failed or report.failed
         report.sections = [(title, cap_section(content)) for title, content in report.sections]
         data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
         self.pending.append(data)
@@ -397,7 +412,10 @@ class WorkerPlugin:
         self.warnings = []
         self.failed = False
         if self.checks is not None:
-            self.checks.start(item, harness=CASE in item.stash)
+            reuse = self.end_reusable and not self.leftovers.tore_down
+            sockets = not self.cfg.init_process_group  # a fresh store since: new sockets
+            self.checks.start(item, CASE in item.stash, reuse, sockets)
+        self.end_reusable = False
         self.arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
             ranklogs.new_test()
@@ -433,6 +451,7 @@ class WorkerPlugin:
         self._phase(Phase.IDLE)
         self.tests += 1
         self.cpu = time.process_time()
+        self.end_reusable = not (self.failed or self.forks) and self.lean.known_around(item)
 
     def _stop(self, session: pytest.Session) -> None:
         self._phase(Phase.STOPPING)
