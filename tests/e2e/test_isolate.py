@@ -77,7 +77,22 @@ ISOLATE = {
                     f.write(f"{os.getpid()} {collector.name} {name}\\n")
         """,
     "test_pruned/test_pruned.py": """
-        import pytest
+        import os, unittest, pytest
+
+        class Cases(unittest.TestCase):  # pytest makes an instance per item it collects
+            def __init__(self, methodName="runTest"):
+                super().__init__(methodName)
+                if "DISTRANK_POOL_TAG" in os.environ:
+                    with open(RECORD + "-instances.txt", "a") as f:
+                        f.write(f"{os.getpid()} {methodName}\\n")
+
+            @pytest.mark.world_size(2)
+            def test_a(self):
+                pass
+
+            @pytest.mark.world_size(2)
+            def test_b(self):
+                pass
 
         @pytest.mark.world_size(2)
         def test_one(rank):
@@ -139,8 +154,8 @@ def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> No
     isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
     isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
     assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
-    # 12 + 4 + 3 + 2 + 4 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["27 distributed tests; pools started: 27 at world size 2"])
+    # 12 + 4 + 3 + 2 + 6 tests, each in a pool of its own.
+    isolate.stdout.fnmatch_lines(["29 distributed tests; pools started: 29 at world size 2"])
 
 
 def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
@@ -202,6 +217,19 @@ def test_a_fork_makes_the_items_of_its_own_test_only(isolate: pytest.RunResult) 
     )
 
 
+def test_a_fork_makes_an_instance_for_its_own_unittest_method_only(
+    isolate: pytest.RunResult,
+) -> None:
+    """pytest makes a unittest class's instance for each of its methods it collects (one of
+    PyTorch's RPC classes: 215 of them); a fork, for its own test's method only."""
+    isolate.stdout.fnmatch_lines_random(["*::Cases::test_a PASSED*", "*::Cases::test_b PASSED*"])
+    made: dict[str, set[str]] = {}
+    for pid, name in _records("isolate", "instances"):
+        made.setdefault(pid, set()).add(name)
+    methods = sorted(sorted(names - {"runTest"}) for names in made.values())  # pytest's holder
+    assert methods == [["test_a"], ["test_a"], ["test_b"], ["test_b"]]
+
+
 def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=30)
+    isolate.assert_outcomes(passed=32)
     isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])

@@ -6,6 +6,7 @@ whose template died, a pool's ranks fork together; what a fork collects and make
 from __future__ import annotations
 
 import os
+import unittest
 from types import SimpleNamespace
 from typing import Any
 
@@ -193,3 +194,34 @@ def test_a_pool_asks_every_template_before_it_takes_an_answer_and_keeps_what_for
     parents, children = pipes.ends[0::2], pipes.ends[1::2]
     assert all(c.closed for c in children), "the forks' ends went to the templates"
     assert [p.closed for p in parents] == [False, True, False]
+
+
+class _Case(unittest.TestCase):
+    def test_a(self) -> None: ...
+
+    def test_b(self) -> None: ...
+
+
+class _CaseCollector(pytest.Class):
+    """What collectstart reads of the class's collector, without a session."""
+
+    nodeid = "t.py::_Case"
+    obj = _Case
+
+
+def test_a_forks_unittest_class_lists_the_methods_of_its_tests_only_while_it_collects() -> None:
+    """pytest's unittest plugin makes an item and an instance for every method the loader
+    lists: while the fork collects, a class on the way to its tests lists their methods only;
+    another class lists all; afterwards the loader lists all again."""
+    plugin = OnlyTheirTests(["t.py::_Case::test_b[x]"])
+    plugin.pytest_collectstart(object.__new__(_CaseCollector))
+    other = type("Other", (_Case,), {})
+    collection = plugin.pytest_collection()
+    next(collection)
+    try:
+        assert list(unittest.TestLoader().getTestCaseNames(_Case)) == ["test_b"]
+        assert list(unittest.TestLoader().getTestCaseNames(other)) == ["test_a", "test_b"]
+    finally:
+        with pytest.raises(StopIteration):
+            next(collection)
+    assert list(unittest.TestLoader().getTestCaseNames(_Case)) == ["test_a", "test_b"]

@@ -426,7 +426,8 @@ class Pool:
         # Everything the ranks started, found before the ranks die (see reaper.py): their
         # descendants (orphans included: ranks are subreapers) and what carries the pool's tag.
         live = [r.pid for r in self.ranks if r.process.exitcode is None]
-        leftovers = reaper.descendants(live) | reaper.tagged(self.tag)
+        leftovers = reaper.tagged(self.tag)  # no walk for descendants when every rank is gone
+        leftovers |= reaper.descendants(live) if live else set()
         for r in self.ranks:
             # Its process group even when the rank already died: its children may live on.
             with contextlib.suppress(OSError):
