@@ -56,17 +56,21 @@ def wanted_paths(nodeids: Iterable[str]) -> tuple[frozenset[str], frozenset[str]
 
 
 class OnlyTheirTests:
-    """A fork's collection makes the items of its pool's tests only (registered by
-    template.become): a module's or class's other functions and classes, and a unittest
-    ``TestCase`` class's other methods, are left uncollected, as pytest would drop them by name
-    after making them. What differs from a start: no ``pytest_pycollect_makeitem`` or
-    ``pytest_generate_tests`` call for those names, no instance of a ``TestCase`` class made
-    for each of its other methods."""
+    """A fork's collection makes the items of its pool's tests only (registered by the
+    template, aimed by each fork at its tests): a module's or class's other functions and
+    classes, and a unittest ``TestCase`` class's other methods, are left uncollected, as pytest
+    would drop them by name after making them. What differs from a start: no
+    ``pytest_pycollect_makeitem`` or ``pytest_generate_tests`` call for those names, no instance
+    of a ``TestCase`` class made for each of its other methods."""
 
-    def __init__(self, nodeids: Iterable[str]) -> None:
+    def __init__(self, nodeids: Iterable[str] = ()) -> None:
         self.wanted, self.filtered = wanted_paths(nodeids)
         #: The classes being collected on the way to the tests: id -> (class, node id).
         self.classes: dict[int, tuple[type, str]] = {}
+
+    def aim(self, nodeids: Iterable[str]) -> None:
+        """Collect ``nodeids`` only (in a fork: its pool's tests; none filters nothing)."""
+        self.wanted, self.filtered = wanted_paths(nodeids)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_collection(self) -> Generator[None, object, object]:
