@@ -225,3 +225,29 @@ def test_a_forks_unittest_class_lists_the_methods_of_its_tests_only_while_it_col
         with pytest.raises(StopIteration):
             next(collection)
     assert list(unittest.TestLoader().getTestCaseNames(_Case)) == ["test_a", "test_b"]
+
+
+def test_an_answer_asked_for_is_taken_when_asking_the_next_fails() -> None:
+    """Out of descriptors at the second rank's pipe: the first template's answer is still taken
+    (left in its pipe, it would answer the template's next fork request) and its rank kept."""
+    taken: list[int] = []
+
+    def ask(cfg: Any, conn: Any) -> Any:
+        def take() -> Any:
+            taken.append(cfg.rank)
+            return SimpleNamespace(pid=100 + cfg.rank)
+
+        return take
+
+    pipes = _Pipes()
+    pipe = pipes.Pipe
+    pipes.Pipe = lambda duplex: pipe(duplex) if not pipes.ends else _raise(OSError(24, "EMFILE"))  # type: ignore[method-assign]
+    configs = [SimpleNamespace(rank=r, log_path=f"r{r}.log") for r in range(3)]
+    ranks: list[Any] = []
+    with pytest.raises(OSError, match="EMFILE"):
+        fork_all(configs, pipes, ask, ranks)  # type: ignore[arg-type]
+    assert taken == [0] and [r.pid for r in ranks] == [100]
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc

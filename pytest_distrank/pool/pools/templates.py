@@ -123,16 +123,27 @@ def fork_from(pool: Any) -> AskFork:
 
 def fork_all(configs: Sequence[RankConfig], context: Any, ask: AskFork, ranks: list[Rank]) -> None:
     """Fork a pool's ranks: ask every rank's template first, then take the answers, so that
-    the ranks fork together, not one after the other. A rank that did not fork raises
-    (TemplateError) once the others' answers are in: those that did are in ``ranks``, for the
-    pool's kill."""
+    the ranks fork together, not one after the other. Every answer asked for is taken, even
+    when asking the next failed (a template's next answer would be stale); a rank that did not
+    fork raises (TemplateError) once the others' answers are in: those that did are in
+    ``ranks``, for the pool's kill."""
     asked = []
-    for cfg in configs:
-        parent_conn, child_conn = context.Pipe(duplex=True)
-        try:
-            asked.append((cfg, parent_conn, ask(cfg, child_conn)))
-        finally:
-            child_conn.close()
+    try:
+        for cfg in configs:
+            parent_conn, child_conn = context.Pipe(duplex=True)
+            try:
+                asked.append((cfg, parent_conn, ask(cfg, child_conn)))
+            finally:
+                child_conn.close()
+    finally:
+        failure = _take_all(asked, ranks)
+    if failure is not None:
+        raise failure
+
+
+def _take_all(
+    asked: list[tuple[RankConfig, Any, Callable[[], ForkedRank]]], ranks: list[Rank]
+) -> BaseException | None:
     failure: BaseException | None = None
     for cfg, parent_conn, take in asked:
         try:
@@ -142,8 +153,7 @@ def fork_all(configs: Sequence[RankConfig], context: Any, ask: AskFork, ranks: l
             parent_conn.close()
             continue
         ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid))
-    if failure is not None:
-        raise failure
+    return failure
 
 
 class Templates:
