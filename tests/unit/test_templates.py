@@ -197,6 +197,8 @@ def test_a_pool_asks_every_template_before_it_takes_an_answer_and_keeps_what_for
 
 
 class _Case(unittest.TestCase):
+    __test__ = False  # a specimen for the loader, not a test of this file
+
     def test_a(self) -> None: ...
 
     def test_b(self) -> None: ...
