@@ -32,15 +32,15 @@ from pathlib import Path
 MODES = ("fork", "start")
 
 
-def write_tests(folder: Path, count: int) -> Path:
+def write_tests(folder: Path, count: int, world_size: int = 4) -> Path:
     lines = ["import pytest, torch, torch.distributed as dist", ""]
     for index in range(count):
         lines += [
-            "@pytest.mark.world_size(4)",
+            f"@pytest.mark.world_size({world_size})",
             f"def test_{index}(rank):",
             "    t = torch.ones(1)",
             "    dist.all_reduce(t)",
-            "    assert t.item() == 4",
+            f"    assert t.item() == {world_size}",
             "",
         ]
     path = folder / f"test_fresh_{count}.py"

@@ -153,6 +153,7 @@ from .pytest_internals import (
     skip_mark_reason,
     teardown_exact,
     terminal_writer,
+    unittest_names,
     user_temp_root,
 )
 from .torch_internals import (
@@ -297,6 +298,7 @@ __all__ = [
     "take_suite_rerun",
     "teardown_exact",
     "terminal_writer",
+    "unittest_names",
     "user_temp_root",
     "watch_local_collectives",
     "with_group_members",

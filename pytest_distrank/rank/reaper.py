@@ -20,6 +20,7 @@ import contextlib
 import ctypes
 import os
 import signal
+from collections.abc import Callable
 
 from ..settings import POOL_TAG_ENV
 
@@ -65,15 +66,38 @@ def living_children(pid: int) -> list[int]:
     return out
 
 
-def descendants(roots: list[int]) -> set[int]:
-    """Every living descendant of ``roots`` (not the roots themselves)."""
+def _children_of(pid: int) -> list[int]:
+    """``pid``'s children, from ``/proc/<pid>/task/<tid>/children`` of each of its threads (an
+    orphan a subreaper adopts may be any thread's child); [] when it is gone."""
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(child) for child in f.read().split())
+    return out
+
+
+#: Whether the kernel lists each task's children (``CONFIG_PROC_CHILDREN``): then a rank's
+#: descendants are read from its own tree, not from a walk over every process of the machine
+#: (a rank's stop, fresh ranks' above all: ~1.5 ms of CPU with a hundred processes).
+LISTS_CHILDREN = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+
+
+def _every_processs_children() -> Callable[[int], list[int]]:
+    """Children by parent, from a walk over every process (a kernel that lists no children)."""
     children: dict[int, list[int]] = {}
     for pid, ppid in _parents().items():
         children.setdefault(ppid, []).append(pid)
+    return lambda pid: children.get(pid, [])
+
+
+def descendants(roots: list[int]) -> set[int]:
+    """Every living descendant of ``roots`` (not the roots themselves)."""
+    children_of = _children_of if LISTS_CHILDREN else _every_processs_children()
     found: set[int] = set()
     todo = list(roots)
     while todo:
-        for child in children.get(todo.pop(), []):
+        for child in children_of(todo.pop()):
             if child not in found:
                 found.add(child)
                 todo.append(child)

@@ -66,6 +66,51 @@ ISOLATE = {
         def test_after_a_parallel_import(rank, i):
             assert torch.ones(4_000_000).sum().item() == 4_000_000
         """,
+    # A fork makes the items of its own test only (pool/worker/forkcollect.py): its conftest's
+    # pytest_pycollect_makeitem sees no other name of the module or class.
+    "test_pruned/conftest.py": """
+        import os
+
+        def pytest_pycollect_makeitem(collector, name, obj):
+            if "DISTRANK_POOL_TAG" in os.environ and name.startswith(("test_", "Test")):
+                with open(RECORD + "-collected.txt", "a") as f:
+                    f.write(f"{os.getpid()} {collector.name} {name}\\n")
+        """,
+    "test_pruned/test_pruned.py": """
+        import os, unittest, pytest
+
+        class Cases(unittest.TestCase):  # pytest makes an instance per item it collects
+            def __init__(self, methodName="runTest"):
+                super().__init__(methodName)
+                if "DISTRANK_POOL_TAG" in os.environ:
+                    with open(RECORD + "-instances.txt", "a") as f:
+                        f.write(f"{os.getpid()} {methodName}\\n")
+
+            @pytest.mark.world_size(2)
+            def test_a(self):
+                pass
+
+            @pytest.mark.world_size(2)
+            def test_b(self):
+                pass
+
+        @pytest.mark.world_size(2)
+        def test_one(rank):
+            pass
+
+        @pytest.mark.world_size(2)
+        @pytest.mark.parametrize("i", range(2))
+        def test_two(rank, i):
+            pass
+
+        class TestThree:
+            @pytest.mark.world_size(2)
+            def test_method(self, rank):
+                pass
+
+        def test_here():
+            pass
+        """,
     # Ordinary tests run in the pytest process: the first and the last one count its open fds.
     "test_fds.py": """
         import os, pytest
@@ -109,8 +154,8 @@ def test_isolate_gives_fresh_processes_per_test(isolate: pytest.RunResult) -> No
     isolate.stdout.fnmatch_lines(["distrank: *, isolate*"])
     isolate.stdout.fnmatch_lines_random([f"*::test_pid[[]{i}[]] PASSED*" for i in range(4)])
     assert len({pid for _, pid in _records("isolate", "isolate")}) == 8
-    # 12 + 4 + 3 + 2 tests, each in a pool of its own.
-    isolate.stdout.fnmatch_lines(["23 distributed tests; pools started: 23 at world size 2"])
+    # 12 + 4 + 3 + 2 + 6 tests, each in a pool of its own.
+    isolate.stdout.fnmatch_lines(["29 distributed tests; pools started: 29 at world size 2"])
 
 
 def test_fresh_ranks_are_forked_from_templates_and_inherit_nothing_of_them(
@@ -155,6 +200,36 @@ def test_a_parallel_op_at_import_runs_in_the_fork_not_in_its_template(
     assert "start from nothing" not in isolate.stdout.str()
 
 
+def test_a_fork_makes_the_items_of_its_own_test_only(isolate: pytest.RunResult) -> None:
+    """Each fork's collection goes straight to its test: the module's and the class's other
+    names get no item (pytest would make them all, then keep the test's by node id)."""
+    isolate.stdout.fnmatch_lines_random(
+        ["*::test_one PASSED*", "*::test_two[[]1[]] PASSED*", "*::TestThree::test_method PASSED*"]
+    )
+    seen: dict[str, set[tuple[str, str]]] = {}
+    for pid, collector, name in _records("isolate", "collected"):
+        seen.setdefault(pid, set()).add((collector, name))
+    module = "test_pruned.py"
+    one, two = {(module, "test_one")}, {(module, "test_two")}
+    three = {(module, "TestThree"), ("TestThree", "test_method")}
+    assert sorted(map(sorted, seen.values())) == sorted(
+        map(sorted, [one, one, *[two] * 4, three, three])
+    )
+
+
+def test_a_fork_makes_an_instance_for_its_own_unittest_method_only(
+    isolate: pytest.RunResult,
+) -> None:
+    """pytest makes a unittest class's instance for each of its methods it collects (one of
+    PyTorch's RPC classes: 215 of them); a fork, for its own test's method only."""
+    isolate.stdout.fnmatch_lines_random(["*::Cases::test_a PASSED*", "*::Cases::test_b PASSED*"])
+    made: dict[str, set[str]] = {}
+    for pid, name in _records("isolate", "instances"):
+        made.setdefault(pid, set()).add(name)
+    methods = sorted(sorted(names - {"runTest"}) for names in made.values())  # pytest's holder
+    assert methods == [["test_a"], ["test_a"], ["test_b"], ["test_b"]]
+
+
 def test_isolated_pools_release_their_file_descriptors(isolate: pytest.RunResult) -> None:
-    isolate.assert_outcomes(passed=25)
+    isolate.assert_outcomes(passed=32)
     isolate.stdout.fnmatch_lines(["*::test_a_first PASSED*", "*::test_z_last PASSED*"])

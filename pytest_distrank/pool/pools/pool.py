@@ -17,8 +17,8 @@ import dataclasses
 import os
 import signal
 import time
-from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection, wait
+from collections.abc import Sequence
+from multiprocessing.connection import wait
 from typing import Any
 
 from ...outcome.endgame import (
@@ -63,6 +63,7 @@ from ..protocol import (
 from ..worker.entry import rank_main
 from .gpus import GpuLease
 from .poolkey import PoolKey
+from .templates import AskFork, fork_all
 
 Location = tuple[str, int | None, str]
 #: How long ranks get to count their collectives (a flight recorder dump: tens of ms).
@@ -97,7 +98,7 @@ class Pool:
         context: Any,
         configs: Sequence[RankConfig],
         parent_pid: int,
-        fork: Callable[[RankConfig, Connection], Any] | None = None,
+        fork: AskFork | None = None,
     ) -> None:
         self.key = key
         self.id = pool_id
@@ -168,23 +169,20 @@ class Pool:
         there is none); the start's clock stands still while the debugger is open.
         """
         self.started_at = time.monotonic()
-        for cfg in self.configs:
-            parent_conn, child_conn = self.context.Pipe(duplex=True)
-            if self.fork is not None:
-                try:
-                    process = self.fork(cfg, child_conn)
-                finally:
-                    child_conn.close()
-                self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid))
-                continue
-            process = self.context.Process(
-                target=rank_main,
-                args=(cfg, child_conn, self.phases, self.parent_pid),
-                name=f"distrank-pool{self.id}-rank{cfg.rank}",
-            )
-            process.start()
-            child_conn.close()
-            self.ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid))
+        if self.fork is not None:
+            fork_all(self.configs, self.context, self.fork, self.ranks)
+        else:
+            for cfg in self.configs:
+                parent_conn, child_conn = self.context.Pipe(duplex=True)
+                process = self.context.Process(
+                    target=rank_main,
+                    args=(cfg, child_conn, self.phases, self.parent_pid),
+                    name=f"distrank-pool{self.id}-rank{cfg.rank}",
+                )
+                process.start()
+                child_conn.close()
+                rank = Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid)
+                self.ranks.append(rank)
         forked_at = time.monotonic()
         #: Waiting for the fork server (its first start imports torch) and forking the ranks.
         self.fork_seconds = forked_at - self.started_at
@@ -428,7 +426,8 @@ class Pool:
         # Everything the ranks started, found before the ranks die (see reaper.py): their
         # descendants (orphans included: ranks are subreapers) and what carries the pool's tag.
         live = [r.pid for r in self.ranks if r.process.exitcode is None]
-        leftovers = reaper.descendants(live) | reaper.tagged(self.tag)
+        leftovers = reaper.tagged(self.tag)  # no walk for descendants when every rank is gone
+        leftovers |= reaper.descendants(live) if live else set()
         for r in self.ranks:
             # Its process group even when the rank already died: its children may live on.
             with contextlib.suppress(OSError):

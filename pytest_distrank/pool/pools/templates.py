@@ -24,14 +24,17 @@ import contextlib
 import dataclasses
 import os
 import select
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..onetest.ranks import Rank
 from ..protocol import STATUS_BYTES, Fork, Forked, RankConfig
 from .poolkey import PoolKey
 
+#: How a pool asks a template for one of its ranks (:func:`fork_from`): the answer, when taken.
+AskFork = Callable[[RankConfig, Connection], Callable[[], "ForkedRank"]]
 #: How long a template gets to answer a fork request.
 FORK_WAIT = 30.0
 #: Kinds of pool whose templates are kept at once (the oldest is stopped beyond that).
@@ -82,29 +85,75 @@ class TemplateError(Exception):
     """A template could not fork (it died, or did not answer in time); says which."""
 
 
-def fork_from(pool: Any) -> Callable[[RankConfig, Connection], ForkedRank]:
-    """The pool's way to start a rank: fork it from the template pool ``pool``'s rank."""
+def fork_from(pool: Any) -> AskFork:
+    """The pool's way to start a rank: ask the template pool ``pool``'s rank to fork it, and
+    return how to take the answer (which raises :class:`TemplateError`). A pool asks all its
+    templates first, then takes their answers: its ranks fork at once, not one after the other."""
 
-    def fork(cfg: RankConfig, conn: Connection) -> ForkedRank:
+    def ask(cfg: RankConfig, conn: Connection) -> Callable[[], ForkedRank]:
         template = pool.ranks[cfg.rank]
         status_r, status_w = os.pipe()
         try:
-            try:
-                template.conn.send(Fork(cfg))
-                reduction.send_handle(template.conn, conn.fileno(), template.pid)
-                reduction.send_handle(template.conn, status_w, template.pid)
-                answer = template.conn.recv() if template.conn.poll(FORK_WAIT) else None
-            except (OSError, EOFError) as exc:
-                answer = exc
+            template.conn.send(Fork(cfg))
+            reduction.send_handle(template.conn, conn.fileno(), template.pid)
+            reduction.send_handle(template.conn, status_w, template.pid)
+            failed: BaseException | None = None
+        except OSError as exc:
+            failed = exc
+        finally:
+            os.close(status_w)
+
+        def take() -> ForkedRank:
+            answer: object = failed
+            if failed is None:
+                try:
+                    answer = template.conn.recv() if template.conn.poll(FORK_WAIT) else None
+                except (OSError, EOFError) as exc:
+                    answer = exc
             if not isinstance(answer, Forked) or answer.pid <= 0:
                 os.close(status_r)
                 why = answer.why if isinstance(answer, Forked) else f"no answer ({answer!r})"
                 raise TemplateError(f"the template of rank {cfg.rank} did not fork it: {why}")
-        finally:
-            os.close(status_w)
-        return ForkedRank(answer.pid, status_r)
+            return ForkedRank(answer.pid, status_r)
 
-    return fork
+        return take
+
+    return ask
+
+
+def fork_all(configs: Sequence[RankConfig], context: Any, ask: AskFork, ranks: list[Rank]) -> None:
+    """Fork a pool's ranks: ask every rank's template first, then take the answers, so that
+    the ranks fork together, not one after the other. Every answer asked for is taken, even
+    when asking the next failed (a template's next answer would be stale); a rank that did not
+    fork raises (TemplateError) once the others' answers are in: those that did are in
+    ``ranks``, for the pool's kill."""
+    asked = []
+    try:
+        for cfg in configs:
+            parent_conn, child_conn = context.Pipe(duplex=True)
+            try:
+                asked.append((cfg, parent_conn, ask(cfg, child_conn)))
+            finally:
+                child_conn.close()
+    finally:
+        failure = _take_all(asked, ranks)
+    if failure is not None:
+        raise failure
+
+
+def _take_all(
+    asked: list[tuple[RankConfig, Any, Callable[[], ForkedRank]]], ranks: list[Rank]
+) -> BaseException | None:
+    failure: BaseException | None = None
+    for cfg, parent_conn, take in asked:
+        try:
+            process = take()
+        except BaseException as exc:
+            failure = failure or exc
+            parent_conn.close()
+            continue
+        ranks.append(Rank(cfg.rank, process, parent_conn, cfg.log_path, process.pid))
+    return failure
 
 
 class Templates:

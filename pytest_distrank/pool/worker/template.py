@@ -11,7 +11,7 @@ files from loading (and their command-line options from parsing) and stops at th
 ``pytest_sessionstart``, before collection, having imported only the library modules its
 first pool's files import (torch's distributed stack, PyTorch's test harness; as the fork server
 does). Each fork then loads the conftests, parses their options, runs their ``pytest_configure``
-and ``pytest_sessionstart``, collects its own pool's tests (by node id: :func:`collection_args`)
+and ``pytest_sessionstart``, collects its own pool's tests (by node id: :mod:`forkcollect`)
 and joins its group, as a rank started afresh does: what a test module or a conftest does at
 import or at the session's start is never shared between forks.
 
@@ -30,7 +30,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
@@ -38,10 +37,10 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ... import _compat
-from ...planning.crossize import ITEM_SUFFIX
 from ..protocol import STATUS_BYTES, Fork, Forked, PhaseFile, RankConfig, Ready, Shutdown
 from ..workerinput import xdist_environ
 from . import harnessenv
+from .forkcollect import OnlyTheirTests, collection_args
 from .rankfr import start_responder
 from .rankpdb import Relay, install
 from .rankproc import detach_from_controller_tree, rank_env
@@ -152,6 +151,9 @@ class TemplatePlugin:
         #: The whole command line pytest parses (addopts included), conftest options too.
         self.args: list[str] = []
         self.noconftest = False
+        #: What a fork collects; registered here, once: registering it in each fork (pytest
+        #: looks for fixtures in every plugin it registers) cost each fork 1 ms of CPU.
+        self.collection = OnlyTheirTests()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_load_initial_conftests(
@@ -175,8 +177,10 @@ class TemplatePlugin:
             with contextlib.suppress(Exception):  # harness: ~0.3 s of CPU a rank)
                 importlib.import_module(name)
         refuse = unforkable(self.threads_at_start)
+        session.config.pluginmanager.register(self.collection, "distrank-fork-collection")
         rank.conn.send(Ready(rank.cfg.rank, os.getpid(), (), (), time.process_time()))
         become(rank, *fork_ranks(rank.conn, refuse))
+        self.collection.aim(rank.cfg.nodeids)
         session.config.pluginmanager.unregister(self)
         self._load_conftests(session)
 
@@ -246,21 +250,3 @@ def become(rank: WorkerPlugin, cfg: RankConfig, conn: Connection) -> None:
     install(rank.relay)
     rank.redirect_terminal(config)
     rank.arm_faulthandler()
-
-
-def collection_args(nodeids: Sequence[str], files: Sequence[str], rootdir: str) -> list[str]:
-    """What a fork collects: its pool's test functions by node id (a rank started afresh
-    collects its pool's whole files: 1.2 s a rank for one of PyTorch's RPC files), each once,
-    without a parameter id: every parametrization of the function is collected, so that an id
-    that differs from the controller's (a value drawn at import) is a test the rank did not
-    collect, said as for a rank that collects files, not a collection error. Node ids are
-    relative to the rootdir, arguments to the invocation folder: joined to the rootdir."""
-    if not nodeids:
-        return list(files)
-    args = []
-    for nodeid in nodeids:
-        path, sep, names = nodeid.partition("::")
-        if nodeid.endswith(ITEM_SUFFIX):  # a cross-size fixture's producer: made at collection
-            sep = names = ""  # from the module's tests that request it (crossize.ProducerItems)
-        args.append(os.path.join(rootdir, path + sep + names.partition("[")[0]))
-    return list(dict.fromkeys(args))
