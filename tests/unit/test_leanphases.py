@@ -19,6 +19,7 @@ from pytest_distrank.pool.worker.leanphases import (
     LOGREPORT,
     MAKEREPORT,
     PROTOCOL,
+    TESTSTATUS,
     Known,
     LeanProtocol,
     quiet_checks,
@@ -29,7 +30,9 @@ from pytest_distrank.pool.worker.leanphases import (
 Phase = Literal["setup", "call", "teardown"]
 FIXTURE = settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=60)
 names = st.text("abcdefgh._<>", min_size=1, max_size=12)
-unknown = st.tuples(names, names).filter(lambda key: key not in {*MAKEREPORT, *LOGREPORT})
+unknown = st.tuples(names, names).filter(
+    lambda key: key not in {*MAKEREPORT, *LOGREPORT, *TESTSTATUS}
+)
 
 
 @pytest.fixture
@@ -59,9 +62,31 @@ def test_another_protocol_runner_takes_pytests_protocol(
     made = [_impl(key) for key in MAKEREPORT]
     logged = [_impl(key) for key in LOGREPORT]
     protocol = [*(_impl(key) for key in PROTOCOL), _impl(other, wrapper)]
-    known = read_known((protocol, made, logged, []))
+    status = [_impl(key) for key in TESTSTATUS]
+    known = read_known((protocol, made, logged, [], status))
     assert (known.conditions is None) == (not wrapper)
     assert not known.around  # an unknown wrapper's code runs after the test's end too
+
+
+@given(st.lists(st.one_of(st.sampled_from(sorted(TESTSTATUS)), unknown), max_size=6))
+def test_an_unknown_teststatus_takes_pytests_protocol(keys: list[tuple[str, str]]) -> None:
+    """The rank's terminal calls ``pytest_report_teststatus`` from its logreport, which a lean
+    phase skips: an unknown implementation may change the report (as the subtests plugin's does
+    for a test with a failed subtest)."""
+    made = [_impl(key) for key in MAKEREPORT]
+    logged = [_impl(key) for key in LOGREPORT]
+    protocol = [_impl(key) for key in PROTOCOL]
+    known = read_known((protocol, made, logged, [], [_impl(key) for key in keys]))
+    assert (known.conditions is None) == any(key not in TESTSTATUS for key in keys)
+
+
+def test_a_test_that_takes_subtests_is_not_lean(pytester: pytest.Pytester) -> None:
+    """The subtests plugin fails a passing call whose subtests failed (in its teststatus)."""
+    check = TESTSTATUS[("_pytest.subtests", "pytest_report_teststatus")]
+    plain, steps = pytester.getitems(
+        "def test_plain():\n    pass\ndef test_steps(subtests):\n    pass\n"
+    )
+    assert check(None, plain) and not check(None, steps)
 
 
 class Unknown:

@@ -86,6 +86,18 @@ LOGREPORT: dict[tuple[str, str], Quiet] = {
     # pytest-rerunfailures under xdist: reruns only.
     ("pytest_rerunfailures", "XDistHooks.pytest_runtest_logreport"): _always,
 }
+#: The known ``pytest_report_teststatus`` implementations (the rank's terminal calls them from
+#: its ``logreport``, which a lean phase skips): each pure for a plain pass, but the subtests
+#: plugin's, which turns a passing call with a failed subtest into a failure.
+TESTSTATUS: dict[tuple[str, str], Quiet] = {
+    ("_pytest.terminal", "pytest_report_teststatus"): _always,
+    ("_pytest.runner", "pytest_report_teststatus"): _always,
+    ("_pytest.skipping", "pytest_report_teststatus"): _always,
+    ("pytest_rerunfailures", "pytest_report_teststatus"): _always,
+    ("_pytest.subtests", "pytest_report_teststatus"): (
+        lambda p, i: "subtests" not in getattr(i, "fixturenames", ())
+    ),
+}
 #: The plain implementations of ``pytest_runtest_protocol`` that may stand beside this one
 #: (wrappers around it run as ever).
 PROTOCOL = frozenset(
@@ -118,6 +130,7 @@ READ_HOOKS = (
     "pytest_runtest_makereport",
     "pytest_runtest_logreport",
     "pytest_runtest_logfinish",
+    "pytest_report_teststatus",
 )
 
 
@@ -158,16 +171,17 @@ def quiet_checks(
 
 def read_known(impls: tuple[list[Any], ...]) -> Known:
     """What the implementations of :data:`READ_HOOKS` allow (see :class:`Known`)."""
-    protocol, made, logged, finished = (
+    protocol, made, logged, finished, status = (
         [(identity(impl.function), impl) for impl in hook] for hook in impls
     )
     plain = [key for key, impl in protocol if not (impl.wrapper or impl.hookwrapper)]
-    made_checks = quiet_checks([(key, impl.plugin) for key, impl in made], MAKEREPORT)
-    logged_checks = quiet_checks([(key, impl.plugin) for key, impl in logged], LOGREPORT)
+    checks = [
+        quiet_checks([(key, impl.plugin) for key, impl in found], known)
+        for found, known in ((made, MAKEREPORT), (logged, LOGREPORT), (status, TESTSTATUS))
+    ]
     conditions = None
-    if all(key in PROTOCOL for key in plain) and made_checks is not None:
-        if logged_checks is not None:
-            conditions = tuple(c for c in made_checks + logged_checks if c[0] is not _always)
+    if all(key in PROTOCOL for key in plain) and all(c is not None for c in checks):
+        conditions = tuple(c for found in checks for c in found or () if c[0] is not _always)
     around = all(key in AROUND for key, _ in [*protocol, *finished])
     return Known(impls, conditions, around)
 
