@@ -5,11 +5,12 @@ Two inner sessions over one varied file, run side by side: ``LEAN`` as a user ru
 with ``DISTRANK_LEAN_PHASES=0`` (every phase through pytest's reporting hooks). The file has
 fixtures of every scope, parametrized and class tests, printed output, ``capsys``, logs and
 ``caplog``, a warning, ``record_property``, ``tmp_path``, skip, skipif and xfail marks (strict
-and not), a skip inside the test, a failing assert on one rank, errors at setup and teardown, and
-a folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the
-full path). The junit reports and the terminal's outcome lines must be the same, and the lean
-path must have been taken where it applies: a rank's own terminal (its ``.pytest.log``, under
-``-v``) writes a lean test's node id but not its outcome word. What the conftest hook changes
+and not), a skip inside the test, a failing assert on one rank, errors at setup and teardown, a
+folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the full
+path), and a module whose fixture registers a plugin that fails the test it runs for. The junit
+reports and the terminal's outcome lines must be the same, and the lean path must have been
+taken where it applies: a rank's own terminal (its ``.pytest.log``, under ``-v``) writes a lean
+test's node id but not its outcome word. What the conftest hook changes
 after a test is no leftover of the next one (its start is read, not taken from the last end).
 """
 
@@ -201,10 +202,40 @@ def test_hooked_next(rank):
     pass
 """
 
+#: A plugin that a fixture registers during the test it judges: read before the test's reports
+#: (its eligibility was read before the fixture ran).
+REGISTERED = """
+import pytest
+
+
+class FailsTheFirst:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        if call.when == "call" and item.name == "test_registered_first":
+            report.outcome = "failed"
+            report.longrepr = "failed by a plugin its fixture registered"
+        return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registers(request):
+    plugin = FailsTheFirst()
+    request.config.pluginmanager.register(plugin, "fails-the-first")
+    yield
+    request.config.pluginmanager.unregister(plugin)
+
+
+@pytest.mark.world_size(2)
+def test_registered_first(rank):
+    pass
+"""
+
 FILES = {
     "test_varied.py": VARIED,
     "hooked/conftest.py": HOOKED_CONFTEST,
     "hooked/test_hooked.py": HOOKED,
+    "test_registered.py": REGISTERED,
 }
 ARGS = ("-v", "-rA", "-p", "no:randomly", "-o", "junit_logging=all")
 FULL = Session("lean-full", FILES, ARGS, env={"DISTRANK_LEAN_PHASES": "0"})
@@ -259,7 +290,8 @@ def outcome_lines(session: Shared) -> list[str]:
 
 def test_the_junit_reports_are_the_same(lean: Shared, full: Shared) -> None:
     lean_cases, full_cases = junit_cases(lean), junit_cases(full)
-    assert len(lean_cases) == 24  # 21 of the varied file (one parametrized twice), 3 hooked
+    # 21 of the varied file (one parametrized twice), 3 hooked, 1 registered
+    assert len(lean_cases) == 25
     assert lean_cases == full_cases
 
 
@@ -267,7 +299,7 @@ def test_the_outcome_lines_are_the_same(lean: Shared, full: Shared) -> None:
     lines = outcome_lines(lean)
     assert lines == outcome_lines(full)
     final = lines[-1]
-    for count in ("2 failed", "16 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
+    for count in ("3 failed", "16 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
         assert count in final, final
     assert any("a lean warning" in line for line in lines)
 
@@ -297,3 +329,10 @@ def test_what_a_conftest_hook_changes_after_a_test_is_no_leftover_of_the_next(
     for session in (lean, full):
         assert session.outcome("test_hooked_next") == "passed"
         assert not [line for line in session.result.outlines if "leftovers:" in line]
+
+
+def test_a_plugin_registered_during_a_test_reports_on_it(lean: Shared, full: Shared) -> None:
+    """Its ``makereport`` fails the test: the lean path must read it before the call's report."""
+    for session in (lean, full):
+        assert session.outcome("test_registered_first") == "failed"
+        assert "failed by a plugin its fixture registered" in session.text

@@ -6,18 +6,21 @@ teardown: every plugin's wrappers, capture, log capture, skipping, seeding, the 
 and then makes a ``TestReport`` through ``pytest_runtest_makereport`` and logs it through
 ``pytest_runtest_logreport``, about a third of a warm rank's CPU per trivial test. Here the
 phases run exactly as there; only a phase that passed plainly (nothing raised, no output or log
-captured in any phase so far, no ``xfail`` mark, no ``user_properties``) skips the two reporting
-hooks, and its compact passed record (``outcome.records.PassedPhase``, what the rank sends for
-such a report anyway) is made at once. Anything else goes through pytest's own hooks.
+captured in any phase so far, no ``xfail`` mark, no ``user_properties``, no failed subtest:
+pytest's subtests plugin fails such a call report as the rank's terminal logs it) skips the two
+reporting hooks, and its compact passed record (``outcome.records.PassedPhase``, what the rank
+sends for such a report anyway) is made at once. Anything else goes through pytest's own hooks.
 
 That is sound only where every implementation of those two hooks is known to do nothing for such
 a phase beyond making and logging the report (:data:`MAKEREPORT`, :data:`LOGREPORT`; a condition
 says where one does something for some tests), and where nothing but pytest's runner would run
 the protocol: otherwise (a ``conftest.py`` or an unknown plugin implements one of them, a
-unittest item, ``--setup-only``/``--setup-show``) the test runs pytest's own protocol. What a
-lean phase leaves out on purpose: the rank's own terminal line for it (its ``.pytest.log``
-progress letters; the controller's terminal is unchanged). ``DISTRANK_LEAN_PHASES=0`` turns it
-off (settings.py; the equivalence test runs a varied file both ways).
+unittest item, ``--setup-only``/``--setup-show``) the test runs pytest's own protocol; a plugin
+registered while a test runs (a fixture may register one) is read before the next phase's
+reporting. What a lean phase leaves out on purpose: the rank's own terminal line for it (its
+``.pytest.log`` progress letters; the controller's terminal is unchanged).
+``DISTRANK_LEAN_PHASES=0`` turns it off (settings.py; the equivalence test runs a varied file
+both ways).
 """
 
 from __future__ import annotations
@@ -132,6 +135,8 @@ class Known:
     conditions: tuple[tuple[Quiet, Any], ...] | None
     #: Whether every implementation of :data:`AROUND`'s hooks is known too.
     around: bool
+    #: :attr:`LeanProtocol.generation` when read: a plugin registered since makes it stale.
+    generation: int = 0
 
 
 #: Per item: what its hooks allow.
@@ -188,16 +193,24 @@ class LeanProtocol:
         self.last: Known | None = None
         #: What a phase's call lets through (``Exit``; ``KeyboardInterrupt`` unless ``--pdb``).
         self.reraise: tuple[type[BaseException], ...] | None = None
+        #: Plugins registered so far: one registered during a test (a fixture may register one)
+        #: may implement a hook that was read before, and its readings are read again.
+        self.generation = 0
+
+    def pytest_plugin_registered(self) -> None:
+        self.generation += 1
 
     def known(self, item: pytest.Item) -> Known:
         """What ``item``'s hooks allow (pytest's, every plugin's and those of the ``conftest.py``
         files above it): read again only where the implementations differ from the last read."""
         found = item.stash.get(KNOWN, None)
-        if found is None:
+        if found is None or found.generation != self.generation:
             ihook = item.ihook
             impls = tuple(getattr(ihook, name).get_hookimpls() for name in READ_HOOKS)
             last = self.last
             found = last if last is not None and last.impls == impls else read_known(impls)
+            if found.generation != self.generation:
+                found = dataclasses.replace(found, generation=self.generation)
             item.stash[KNOWN] = self.last = found
         return found
 
@@ -267,5 +280,9 @@ class LeanProtocol:
             return False
         if _compat.has_report_sections(item):
             return False
-        conditions = self.known(item).conditions or ()
+        if call.when == "call" and _compat.failed_subtests(item):
+            return False
+        conditions = self.known(item).conditions
+        if conditions is None:  # a plugin registered during the test implements one
+            return False
         return all(quiet(plugin, item) for quiet, plugin in conditions)
