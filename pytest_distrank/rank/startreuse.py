@@ -12,6 +12,9 @@ the mark that says it did not:
   conftest's or another plugin's implementations of them: the rank's caller allows the reuse only
   where every implementation is known (:mod:`pool.worker.leanphases`) and the test did not fail;
 - fixtures torn down before the next test (``teardown_left``, a finalizer): the caller says so;
+- a ``pytest_runtest_teardown`` wrapper outside the leftover check's (a ``conftest.py`` loaded
+  during collection registers after the check): the same reading allows the reuse only where the
+  check's wrapper is the first teardown implementation called;
 - a Python thread other than the main thread and the plugin's own (``distrank-*``), a Python
   signal handler other than pytest's ``SIGINT`` one, a trace or profile function, a garbage
   collector callback: any of them may run at any moment, so none may exist

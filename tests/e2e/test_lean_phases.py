@@ -7,11 +7,12 @@ fixtures of every scope, parametrized and class tests, printed output, ``capsys`
 ``caplog``, a warning, ``record_property``, ``tmp_path``, skip, skipif and xfail marks (strict
 and not), a skip inside the test, a failing assert on one rank, errors at setup and teardown, a
 folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the full
-path), and a module whose fixture registers a plugin that fails the test it runs for. The junit
-reports and the terminal's outcome lines must be the same, and the lean path must have been
-taken where it applies: a rank's own terminal (its ``.pytest.log``, under ``-v``) writes a lean
-test's node id but not its outcome word. What the conftest hook changes
-after a test is no leftover of the next one (its start is read, not taken from the last end).
+path), a module whose fixture registers a plugin that fails the test it runs for, and a folder
+whose ``conftest.py`` wraps ``pytest_runtest_teardown``. The junit reports and the terminal's
+outcome lines must be the same, and the lean path must have been taken where it applies: a
+rank's own terminal (its ``.pytest.log``, under ``-v``) writes a lean test's node id but not its
+outcome word. What the conftest hooks change after a test is no leftover of the next one (its
+start is read, not taken from the last end).
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ class FailsTheFirst:
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item, call):
         report = yield
-        if call.when == "call" and item.name == "test_registered_first":
+        first = item.name == "test_registered_first"
+        if call.when == "call" and first and item.funcargs["rank"] == 1:
             report.outcome = "failed"
             report.longrepr = "failed by a plugin its fixture registered"
         return report
@@ -231,11 +233,42 @@ def test_registered_first(rank):
     pass
 """
 
+#: A conftest.py loaded during collection registers after the leftover check: its teardown
+#: wrapper wraps the check's, and what it changes after the teardown is no leftover of the next.
+WRAPPED_CONFTEST = """
+import logging
+import pytest
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item):
+    try:
+        return (yield)
+    finally:
+        if item.name == "test_wrapped_first":
+            logging.getLogger("wrapped").setLevel(logging.ERROR)
+"""
+WRAPPED = """
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_wrapped_first(rank):
+    pass
+
+
+@pytest.mark.world_size(2)
+def test_wrapped_next(rank):
+    pass
+"""
+
 FILES = {
     "test_varied.py": VARIED,
     "hooked/conftest.py": HOOKED_CONFTEST,
     "hooked/test_hooked.py": HOOKED,
     "test_registered.py": REGISTERED,
+    "wrapped/conftest.py": WRAPPED_CONFTEST,
+    "wrapped/test_wrapped.py": WRAPPED,
 }
 ARGS = ("-v", "-rA", "-p", "no:randomly", "-o", "junit_logging=all")
 FULL = Session("lean-full", FILES, ARGS, env={"DISTRANK_LEAN_PHASES": "0"})
@@ -290,8 +323,8 @@ def outcome_lines(session: Shared) -> list[str]:
 
 def test_the_junit_reports_are_the_same(lean: Shared, full: Shared) -> None:
     lean_cases, full_cases = junit_cases(lean), junit_cases(full)
-    # 21 of the varied file (one parametrized twice), 3 hooked, 1 registered
-    assert len(lean_cases) == 25
+    # 21 of the varied file (one parametrized twice), 3 hooked, 1 registered, 2 wrapped
+    assert len(lean_cases) == 27
     assert lean_cases == full_cases
 
 
@@ -299,7 +332,7 @@ def test_the_outcome_lines_are_the_same(lean: Shared, full: Shared) -> None:
     lines = outcome_lines(lean)
     assert lines == outcome_lines(full)
     final = lines[-1]
-    for count in ("3 failed", "16 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
+    for count in ("3 failed", "18 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
         assert count in final, final
     assert any("a lean warning" in line for line in lines)
 
@@ -325,9 +358,11 @@ def test_what_a_conftest_hook_changes_after_a_test_is_no_leftover_of_the_next(
     lean: Shared, full: Shared
 ) -> None:
     """The hook sets a logger's level after ``test_hooked``'s teardown: the next test's start
-    must be read after it (rank/startreuse.py), not taken from ``test_hooked``'s end."""
+    must be read after it (rank/startreuse.py), not taken from ``test_hooked``'s end; so must
+    ``test_wrapped_next``'s, after a teardown wrapper outside the leftover check's."""
     for session in (lean, full):
         assert session.outcome("test_hooked_next") == "passed"
+        assert session.outcome("test_wrapped_next") == "passed"
         assert not [line for line in session.result.outlines if "leftovers:" in line]
 
 

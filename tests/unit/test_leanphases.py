@@ -16,6 +16,7 @@ from pytest import CallInfo, TestReport
 from pytest_distrank.outcome.records import compact_passed
 from pytest_distrank.pool.worker.leanphases import (
     KNOWN,
+    LEFTOVER_CHECK,
     LOGREPORT,
     MAKEREPORT,
     PROTOCOL,
@@ -59,9 +60,20 @@ def test_another_protocol_runner_takes_pytests_protocol(
     made = [_impl(key) for key in MAKEREPORT]
     logged = [_impl(key) for key in LOGREPORT]
     protocol = [*(_impl(key) for key in PROTOCOL), _impl(other, wrapper)]
-    known = read_known((protocol, made, logged, []))
+    known = read_known((protocol, made, logged, [], [_impl(LEFTOVER_CHECK, True)]))
     assert (known.conditions is None) == (not wrapper)
     assert not known.around  # an unknown wrapper's code runs after the test's end too
+
+
+@given(st.lists(st.one_of(st.just(LEFTOVER_CHECK), unknown), max_size=4))
+def test_an_end_stands_for_the_next_start_only_under_the_leftover_checks_outermost_wrapper(
+    torn: list[tuple[str, str]],
+) -> None:
+    """A teardown wrapper called before the check's (a conftest.py loaded during collection)
+    runs its code after the end's snapshot: that end may not stand for the next start."""
+    protocol = [_impl(key) for key in PROTOCOL]
+    known = read_known((protocol, [], [], [], [_impl(key, True) for key in torn]))
+    assert known.around == (bool(torn) and torn[-1] == LEFTOVER_CHECK)
 
 
 class Unknown:
@@ -117,3 +129,18 @@ def test_a_phase_is_lean_exactly_when_its_report_would_travel_compact(
     assert lean == (compact is not None and all(quiet))
     if lean:
         assert record(call) == compact
+
+
+def test_a_plugin_registered_during_a_test_is_read_before_its_next_report(
+    pytester: pytest.Pytester,
+) -> None:
+    """A fixture may register a plugin after the item's hooks were read (at its protocol's
+    start): once a plugin is registered the item's reading is read again."""
+    (first,) = pytester.getitems("def test_one():\n    pass\n")
+    lean = LeanProtocol(lambda _: None, True)
+    first.config.pluginmanager.register(lean, "lean")
+    before = lean.known(first)
+    first.config.pluginmanager.register(Unknown(), "unknown-makereport")
+    after = lean.known(first)
+    assert after is not before and after.conditions is None
+    assert not lean.plain_pass(first, CallInfo.from_call(lambda: None, "call"))

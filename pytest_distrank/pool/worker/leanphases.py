@@ -115,12 +115,17 @@ AROUND = frozenset(
         ("_pytest.terminal", "TerminalReporter.pytest_runtest_logfinish"),
     }
 )
+#: The leftover check's teardown wrapper: it takes the test's end snapshot as it ends, so only
+#: where it is the first teardown implementation called does no teardown code run after it (a
+#: ``conftest.py`` loaded during collection registers after it, and its wrapper wraps it).
+LEFTOVER_CHECK = ("pytest_distrank.rank.leftovers", "LeftoverCheck.pytest_runtest_teardown")
 #: The hooks whose implementations decide (their lists, compared by identity, key the reading).
 READ_HOOKS = (
     "pytest_runtest_protocol",
     "pytest_runtest_makereport",
     "pytest_runtest_logreport",
     "pytest_runtest_logfinish",
+    "pytest_runtest_teardown",
 )
 
 
@@ -133,7 +138,8 @@ class Known:
     #: The conditions of the reporting hooks' implementations that are not always quiet, or
     #: None: one is unknown (or another plugin runs the protocol): pytest's own protocol.
     conditions: tuple[tuple[Quiet, Any], ...] | None
-    #: Whether every implementation of :data:`AROUND`'s hooks is known too.
+    #: Whether every implementation of :data:`AROUND`'s hooks is known too, and the leftover
+    #: check's teardown wrapper is called first (:data:`LEFTOVER_CHECK`).
     around: bool
     #: :attr:`LeanProtocol.generation` when read: a plugin registered since makes it stale.
     generation: int = 0
@@ -163,7 +169,7 @@ def quiet_checks(
 
 def read_known(impls: tuple[list[Any], ...]) -> Known:
     """What the implementations of :data:`READ_HOOKS` allow (see :class:`Known`)."""
-    protocol, made, logged, finished = (
+    protocol, made, logged, finished, torn = (
         [(identity(impl.function), impl) for impl in hook] for hook in impls
     )
     plain = [key for key, impl in protocol if not (impl.wrapper or impl.hookwrapper)]
@@ -174,6 +180,7 @@ def read_known(impls: tuple[list[Any], ...]) -> Known:
         if logged_checks is not None:
             conditions = tuple(c for c in made_checks + logged_checks if c[0] is not _always)
     around = all(key in AROUND for key, _ in [*protocol, *finished])
+    around = around and bool(torn) and torn[-1][0] == LEFTOVER_CHECK  # pluggy calls the last first
     return Known(impls, conditions, around)
 
 
