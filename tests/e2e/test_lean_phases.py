@@ -7,12 +7,13 @@ fixtures of every scope, parametrized and class tests, printed output, ``capsys`
 ``caplog``, a warning, ``record_property``, ``tmp_path``, skip, skipif and xfail marks (strict
 and not), a skip inside the test, a failing assert on one rank, errors at setup and teardown, a
 folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the full
-path), a module whose fixture registers a plugin that fails the test it runs for, and a folder
-whose ``conftest.py`` wraps ``pytest_runtest_teardown``. The junit reports and the terminal's
-outcome lines must be the same, and the lean path must have been taken where it applies: a
-rank's own terminal (its ``.pytest.log``, under ``-v``) writes a lean test's node id but not its
-outcome word. What the conftest hooks change after a test is no leftover of the next one (its
-start is read, not taken from the last end).
+path), a module whose fixture registers a plugin that fails the test it runs for, a folder whose
+``conftest.py`` wraps ``pytest_runtest_teardown``, and a property whose value changes a logger
+as it is pickled. The junit reports and the terminal's outcome lines must be the same, and the
+lean path must have been taken where it applies: a rank's own terminal (its ``.pytest.log``,
+under ``-v``) writes a lean test's node id but not its outcome word. What the conftest hooks and
+the pickling change after a test is no leftover of the next one (its start is read, not taken
+from the last end).
 """
 
 from __future__ import annotations
@@ -262,6 +263,29 @@ def test_wrapped_next(rank):
     pass
 """
 
+#: A property whose value changes a logger as the rank pickles it, after the test's end: no
+#: leftover of the next test.
+PICKLED = """
+import logging
+import pytest
+
+
+class Value:
+    def __reduce__(self):
+        logging.getLogger("pickled").setLevel(logging.ERROR)
+        return (str, ("value",))
+
+
+@pytest.mark.world_size(2)
+def test_pickled_first(rank, record_property):
+    record_property("pickled", Value())
+
+
+@pytest.mark.world_size(2)
+def test_pickled_next(rank):
+    pass
+"""
+
 FILES = {
     "test_varied.py": VARIED,
     "hooked/conftest.py": HOOKED_CONFTEST,
@@ -269,6 +293,7 @@ FILES = {
     "test_registered.py": REGISTERED,
     "wrapped/conftest.py": WRAPPED_CONFTEST,
     "wrapped/test_wrapped.py": WRAPPED,
+    "test_pickled.py": PICKLED,
 }
 ARGS = ("-v", "-rA", "-p", "no:randomly", "-o", "junit_logging=all")
 FULL = Session("lean-full", FILES, ARGS, env={"DISTRANK_LEAN_PHASES": "0"})
@@ -323,8 +348,8 @@ def outcome_lines(session: Shared) -> list[str]:
 
 def test_the_junit_reports_are_the_same(lean: Shared, full: Shared) -> None:
     lean_cases, full_cases = junit_cases(lean), junit_cases(full)
-    # 21 of the varied file (one parametrized twice), 3 hooked, 1 registered, 2 wrapped
-    assert len(lean_cases) == 27
+    # 21 of the varied file (one parametrized twice), 3 hooked, 1 registered, 2 wrapped, 2 pickled
+    assert len(lean_cases) == 29
     assert lean_cases == full_cases
 
 
@@ -332,7 +357,7 @@ def test_the_outcome_lines_are_the_same(lean: Shared, full: Shared) -> None:
     lines = outcome_lines(lean)
     assert lines == outcome_lines(full)
     final = lines[-1]
-    for count in ("3 failed", "18 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
+    for count in ("3 failed", "20 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
         assert count in final, final
     assert any("a lean warning" in line for line in lines)
 
@@ -359,10 +384,12 @@ def test_what_a_conftest_hook_changes_after_a_test_is_no_leftover_of_the_next(
 ) -> None:
     """The hook sets a logger's level after ``test_hooked``'s teardown: the next test's start
     must be read after it (rank/startreuse.py), not taken from ``test_hooked``'s end; so must
-    ``test_wrapped_next``'s, after a teardown wrapper outside the leftover check's."""
+    ``test_wrapped_next``'s, after a teardown wrapper outside the leftover check's, and
+    ``test_pickled_next``'s, after a property's value was pickled."""
     for session in (lean, full):
         assert session.outcome("test_hooked_next") == "passed"
         assert session.outcome("test_wrapped_next") == "passed"
+        assert session.outcome("test_pickled_next") == "passed"
         assert not [line for line in session.result.outlines if "leftovers:" in line]
 
 

@@ -451,7 +451,9 @@ class WorkerPlugin:
         self._phase(Phase.IDLE)
         self.tests += 1
         self.cpu = time.process_time()
-        self.end_reusable = not (self.failed or self.forks) and self.lean.known_around(item)
+        # user_properties travel pickled after the test's end (a value's __reduce__ runs then).
+        clean = not (self.failed or self.forks or item.user_properties)
+        self.end_reusable = clean and self.lean.known_around(item)
 
     def _stop(self, session: pytest.Session) -> None:
         self._phase(Phase.STOPPING)
