@@ -159,9 +159,8 @@ class ControllerCount:
 
 
 class RankCount:
-    """In a rank, tests are counted in their setup and teardown hooks: an unknown
-    implementation of logstart/logfinish would keep the rank from reusing a test's end as the
-    next start (rank/startreuse.py), and the probe would measure a rank unlike a user's."""
+    """In a rank, tests are counted in their setup and teardown hooks, not in logstart/logfinish
+    implementations of the probe's own."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):

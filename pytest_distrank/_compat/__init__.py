@@ -77,6 +77,7 @@ from .harness import (
 )
 from .leanrun import (
     drop_request,
+    failed_subtests,
     has_report_sections,
     html_extras_pending,
     hypothesis_reports,
@@ -222,6 +223,7 @@ __all__ = [
     "environ_data",
     "every_rank_int",
     "executor_worker",
+    "failed_subtests",
     "fake_store",
     "finish_fixture",
     "fixture_info",

@@ -9,6 +9,8 @@ protocol, as before): a missing key reads as "something to report".
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 try:
@@ -18,6 +20,10 @@ try:
     from _pytest.tmpdir import tmppath_result_key as _tmp_path_key
 except ImportError:  # pragma: no cover - another pytest: lean_run_available() is False
     _interactive = _reraise = _xfailed_key = _tmp_path_key = None  # type: ignore[assignment]
+try:
+    from _pytest.subtests import failed_subtests_key as _failed_subtests_key
+except ImportError:  # pytest before 9: no subtests fixture
+    _failed_subtests_key = None  # type: ignore[assignment]
 
 #: Attributes hypothesis' pytest plugin sets on an item for its ``makereport`` to report
 #: (``_hypothesis_pytestplugin``: the report's "Hypothesis" section, statistics, failing examples).
@@ -69,6 +75,16 @@ def xfail_evaluated(item: pytest.Item) -> bool:
     """Whether pytest's skipping plugin found an ``xfail`` mark that applies (its
     ``makereport`` then decides the outcome); True where the key cannot be read."""
     return _xfailed_key is None or bool(item.stash.get(_xfailed_key, None))
+
+
+def failed_subtests(item: pytest.Item) -> bool:
+    """Whether a subtest of ``item`` failed: pytest's subtests plugin then fails the passing
+    call report in ``pytest_report_teststatus``, which the rank's terminal calls as it logs it."""
+    if _failed_subtests_key is None:
+        return False
+    counts: dict[Any, int] | None = item.config.stash.get(_failed_subtests_key, None)
+    keys = {item.nodeid, getattr(item, "id", item.nodeid)}
+    return counts is not None and any(counts.get(key, 0) for key in keys)
 
 
 def note_tmp_path_passed(item: pytest.Item, when: str) -> None:

@@ -95,7 +95,8 @@ def teardown_left(
     test sent ahead before its successor was known), the rest is torn down here, before ``item``.
     ``previous``: the rank's test before ``item``; ``expected``: the one it tore down for.
     """
-    left = _left_set_up(item)
+    needed = set(item.listchain())
+    left = [node for node in _compat.setup_stack(item.session) if node not in needed]
     if not left:
         return None
     try:
@@ -108,12 +109,6 @@ def teardown_left(
         error.__cause__ = exc.with_traceback(_outside_the_plugin(exc.__traceback__))
         return error
     return None
-
-
-def _left_set_up(item: pytest.Item) -> list[object]:
-    """The nodes set up that ``item`` does not need, outermost first."""
-    needed = set(item.listchain())
-    return [node for node in _compat.setup_stack(item.session) if node not in needed]
 
 
 def _outside_the_plugin(tb: TracebackType | None) -> TracebackType | None:
@@ -148,13 +143,10 @@ class Leftovers:
         self.error: LeftoverTeardownError | None = None
         self.previous = ""
         self.expected: str | None = None
-        #: Whether :meth:`before` tore anything down (finalizers ran between two tests).
-        self.tore_down = False
 
     def before(self, item: pytest.Item, next_nodeid: str | None) -> None:
         """At the start of ``item``, torn down for ``next_nodeid`` after it."""
-        self.tore_down = bool(_left_set_up(item))
-        self.error = teardown_left(item, self.previous, self.expected) if self.tore_down else None
+        self.error = teardown_left(item, self.previous, self.expected)
         self.previous, self.expected = item.nodeid, next_nodeid
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -50,7 +50,6 @@ from ..outcome.checks import and_words
 from . import processstate as ps
 from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
 from .snapshot import Snapshot, decoded, diff, env_key, live_groups, owned_groups, restore
-from .startreuse import StartReuse
 from .switches import PROFILER, restore_switch, switch_words
 from .torchstate import (
     DYNAMO,
@@ -144,19 +143,13 @@ class LeftoverCheck:
         #: (``sys.last_value``: a failed test's frames, and the groups in them, stay alive).
         self.start_owned = 0
         self.start_failure: Any = None
-        #: The last test's end, kept as the next start where nothing ran between them.
-        self.reuse = StartReuse()
 
     # -- the test's life ------------------------------------------------------------------------
 
-    def start(
-        self, item: pytest.Item, harness: bool, reuse: bool = False, sockets: bool = False
-    ) -> None:
+    def start(self, item: pytest.Item, harness: bool) -> None:
         """At the start of ``item``, before its setup (after what earlier tests left set up
-        and ``item`` does not need was torn down). ``reuse``: only the rank's own code and known
-        hooks ran since the last test's end (:mod:`startreuse`); ``sockets``: the rank opened
-        sockets since (a fresh rendezvous store)."""
-        self.expected = self.reuse.start(reuse and not harness, sockets)
+        and ``item`` does not need was torn down)."""
+        self.expected = Snapshot.take()
         self.start_owned = owned_groups()
         self.start_failure = getattr(sys, "last_value", None)
         self.harness = harness
@@ -195,8 +188,6 @@ class LeftoverCheck:
     @pytest.hookimpl
     def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any]) -> None:
         """A wider fixture was torn down: what it changed should be back as it was."""
-        if self.expected is None:  # between tests: its finalizer ran outside any test
-            self.reuse.forget()
         owned = self.owned.pop(id(fixturedef), None)
         if owned is None:
             return
@@ -224,8 +215,7 @@ class LeftoverCheck:
             expected, self.expected = self.expected, None
             if expected is not None:
                 now = Snapshot.take()
-                clean = self._settle(expected, now)
-                self.reuse.keep(now if clean and not self.harness else None)
+                self._settle(expected, now)
                 if self._sockets_readable():
                     self.found.sockets = frozenset(now.sockets) - frozenset(expected.sockets)
                 found = self.found
@@ -293,18 +283,15 @@ class LeftoverCheck:
 
     # -- comparing and restoring ----------------------------------------------------------------
 
-    def _settle(self, expected: Snapshot, now: Snapshot) -> bool:
-        """Restore ``now`` to ``expected`` where it differs and can be; name what differed.
-        Whether nothing differed."""
+    def _settle(self, expected: Snapshot, now: Snapshot) -> None:
+        """Restore ``now`` to ``expected`` where it differs and can be; name what differed."""
         whose, self.whose = self.whose, {}
         threads_left: list[tuple[threading.Thread, str]] = []
         variables: list[str] = []
         named: dict[str, list[str]] = {}
         imported: set[str] = set()  # modules imported during the test, read on first need
         until = time.monotonic() + ENDING_WAIT  # the children a test started end by then
-        clean = True
         for (category, key), value in diff(expected, now):
-            clean = False
             by = f" by {whose[category, key]}" if (category, key) in whose else ""
             if (category, key) in self.quiet:
                 restore(category, key, value)
@@ -344,7 +331,6 @@ class LeftoverCheck:
         for category, all_said in named.items():
             self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
-        return clean
 
     def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
         modes = now.torch.get(FUNCTION_MODES) or ()

@@ -53,39 +53,28 @@ class Snapshot:
 
     @classmethod
     def take(cls) -> Snapshot:
-        return cls(**{name: read() for name, read in READERS.items()})
-
-    def refresh(self, names: Iterable[str]) -> Snapshot:
-        """Read the categories ``names`` again (the others kept as they were read); itself."""
-        for name in names:
-            setattr(self, name, READERS[name]())
-        return self
+        return cls(
+            _compat.environ_data(),  # encoded names and values: decoded only where they differ
+            {"": _cwd()},
+            torch_flags(),
+            switches_state(),
+            {t.ident: t for t in threading.enumerate()},
+            live_groups(),
+            {"": _compat.compile_state()},
+            processstate.path_state(),
+            processstate.modules_state(),
+            processstate.umask_state(),
+            processstate.signal_state(),
+            processstate.logging_state(),
+            processstate.children_state(),
+            dict.fromkeys(processstate.socket_inodes(), True),  # None would read absent
+        )
 
     def categories(self) -> dict[str, Category]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     def copy(self) -> Snapshot:
         return Snapshot(**{name: dict(values) for name, values in self.categories().items()})
-
-
-#: How each category is read, in the order a snapshot is taken.
-READERS: dict[str, Callable[[], Category]] = {
-    # encoded names and values: decoded only where they differ
-    "env": lambda: _compat.environ_data(),
-    "cwd": lambda: {"": _cwd()},
-    "torch": lambda: torch_flags(),
-    "switches": lambda: switches_state(),
-    "threads": lambda: {t.ident: t for t in threading.enumerate()},
-    "groups": lambda: live_groups(),
-    "compiled": lambda: {"": _compat.compile_state()},
-    "path": lambda: processstate.path_state(),
-    "modules": lambda: processstate.modules_state(),
-    "umask": lambda: processstate.umask_state(),
-    "signals": lambda: processstate.signal_state(),
-    "logging": lambda: processstate.logging_state(),
-    "children": lambda: processstate.children_state(),
-    "sockets": lambda: dict.fromkeys(processstate.socket_inodes(), True),  # None: absent
-}
 
 
 def _cwd() -> str:

@@ -5,12 +5,15 @@ Two inner sessions over one varied file, run side by side: ``LEAN`` as a user ru
 with ``DISTRANK_LEAN_PHASES=0`` (every phase through pytest's reporting hooks). The file has
 fixtures of every scope, parametrized and class tests, printed output, ``capsys``, logs and
 ``caplog``, a warning, ``record_property``, ``tmp_path``, skip, skipif and xfail marks (strict
-and not), a skip inside the test, a failing assert on one rank, errors at setup and teardown, and
-a folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the
-full path). The junit reports and the terminal's outcome lines must be the same, and the lean
-path must have been taken where it applies: a rank's own terminal (its ``.pytest.log``, under
-``-v``) writes a lean test's node id but not its outcome word. What the conftest hook changes
-after a test is no leftover of the next one (its start is read, not taken from the last end).
+and not), a skip inside the test, a failing assert on one rank, errors at setup and teardown, a
+folder whose ``conftest.py`` implements ``pytest_runtest_logreport`` (its tests must take the full
+path), a module whose fixture registers a plugin that fails the test it runs for, a folder whose
+``conftest.py`` wraps ``pytest_runtest_teardown``, and a property whose value changes a logger
+as it is pickled. The junit reports and the terminal's outcome lines must be the same, and the
+lean path must have been taken where it applies: a rank's own terminal (its ``.pytest.log``,
+under ``-v``) writes a lean test's node id but not its outcome word. What the conftest hooks and
+the pickling change after a test is no leftover of the next one (its start is read, not taken
+from the last end).
 """
 
 from __future__ import annotations
@@ -201,10 +204,96 @@ def test_hooked_next(rank):
     pass
 """
 
+#: A plugin that a fixture registers during the test it judges: read before the test's reports
+#: (its eligibility was read before the fixture ran).
+REGISTERED = """
+import pytest
+
+
+class FailsTheFirst:
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = yield
+        first = item.name == "test_registered_first"
+        if call.when == "call" and first and item.funcargs["rank"] == 1:
+            report.outcome = "failed"
+            report.longrepr = "failed by a plugin its fixture registered"
+        return report
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registers(request):
+    plugin = FailsTheFirst()
+    request.config.pluginmanager.register(plugin, "fails-the-first")
+    yield
+    request.config.pluginmanager.unregister(plugin)
+
+
+@pytest.mark.world_size(2)
+def test_registered_first(rank):
+    pass
+"""
+
+#: A conftest.py loaded during collection registers after the leftover check: its teardown
+#: wrapper wraps the check's, and what it changes after the teardown is no leftover of the next.
+WRAPPED_CONFTEST = """
+import logging
+import pytest
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item):
+    try:
+        return (yield)
+    finally:
+        if item.name == "test_wrapped_first":
+            logging.getLogger("wrapped").setLevel(logging.ERROR)
+"""
+WRAPPED = """
+import pytest
+
+
+@pytest.mark.world_size(2)
+def test_wrapped_first(rank):
+    pass
+
+
+@pytest.mark.world_size(2)
+def test_wrapped_next(rank):
+    pass
+"""
+
+#: A property whose value changes a logger as the rank pickles it, after the test's end: no
+#: leftover of the next test.
+PICKLED = """
+import logging
+import pytest
+
+
+class Value:
+    def __reduce__(self):
+        logging.getLogger("pickled").setLevel(logging.ERROR)
+        return (str, ("value",))
+
+
+@pytest.mark.world_size(2)
+def test_pickled_first(rank, record_property):
+    record_property("pickled", Value())
+
+
+@pytest.mark.world_size(2)
+def test_pickled_next(rank):
+    pass
+"""
+
 FILES = {
     "test_varied.py": VARIED,
     "hooked/conftest.py": HOOKED_CONFTEST,
     "hooked/test_hooked.py": HOOKED,
+    "test_registered.py": REGISTERED,
+    "wrapped/conftest.py": WRAPPED_CONFTEST,
+    "wrapped/test_wrapped.py": WRAPPED,
+    "test_pickled.py": PICKLED,
 }
 ARGS = ("-v", "-rA", "-p", "no:randomly", "-o", "junit_logging=all")
 FULL = Session("lean-full", FILES, ARGS, env={"DISTRANK_LEAN_PHASES": "0"})
@@ -259,7 +348,8 @@ def outcome_lines(session: Shared) -> list[str]:
 
 def test_the_junit_reports_are_the_same(lean: Shared, full: Shared) -> None:
     lean_cases, full_cases = junit_cases(lean), junit_cases(full)
-    assert len(lean_cases) == 24  # 21 of the varied file (one parametrized twice), 3 hooked
+    # 21 of the varied file (one parametrized twice), 3 hooked, 1 registered, 2 wrapped, 2 pickled
+    assert len(lean_cases) == 29
     assert lean_cases == full_cases
 
 
@@ -267,7 +357,7 @@ def test_the_outcome_lines_are_the_same(lean: Shared, full: Shared) -> None:
     lines = outcome_lines(lean)
     assert lines == outcome_lines(full)
     final = lines[-1]
-    for count in ("2 failed", "16 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
+    for count in ("3 failed", "20 passed", "3 skipped", "1 xfailed", "1 xpassed", "2 errors"):
         assert count in final, final
     assert any("a lean warning" in line for line in lines)
 
@@ -293,7 +383,18 @@ def test_what_a_conftest_hook_changes_after_a_test_is_no_leftover_of_the_next(
     lean: Shared, full: Shared
 ) -> None:
     """The hook sets a logger's level after ``test_hooked``'s teardown: the next test's start
-    must be read after it (rank/startreuse.py), not taken from ``test_hooked``'s end."""
+    must be read after it, not taken from ``test_hooked``'s end; so must
+    ``test_wrapped_next``'s, after a teardown wrapper outside the leftover check's, and
+    ``test_pickled_next``'s, after a property's value was pickled."""
     for session in (lean, full):
         assert session.outcome("test_hooked_next") == "passed"
+        assert session.outcome("test_wrapped_next") == "passed"
+        assert session.outcome("test_pickled_next") == "passed"
         assert not [line for line in session.result.outlines if "leftovers:" in line]
+
+
+def test_a_plugin_registered_during_a_test_reports_on_it(lean: Shared, full: Shared) -> None:
+    """Its ``makereport`` fails the test: the lean path must read it before the call's report."""
+    for session in (lean, full):
+        assert session.outcome("test_registered_first") == "failed"
+        assert "failed by a plugin its fixture registered" in session.text

@@ -63,9 +63,8 @@ def test_another_protocol_runner_takes_pytests_protocol(
     logged = [_impl(key) for key in LOGREPORT]
     protocol = [*(_impl(key) for key in PROTOCOL), _impl(other, wrapper)]
     status = [_impl(key) for key in TESTSTATUS]
-    known = read_known((protocol, made, logged, [], status))
+    known = read_known((protocol, made, logged, status))
     assert (known.conditions is None) == (not wrapper)
-    assert not known.around  # an unknown wrapper's code runs after the test's end too
 
 
 @given(st.lists(st.one_of(st.sampled_from(sorted(TESTSTATUS)), unknown), max_size=6))
@@ -76,17 +75,8 @@ def test_an_unknown_teststatus_takes_pytests_protocol(keys: list[tuple[str, str]
     made = [_impl(key) for key in MAKEREPORT]
     logged = [_impl(key) for key in LOGREPORT]
     protocol = [_impl(key) for key in PROTOCOL]
-    known = read_known((protocol, made, logged, [], [_impl(key) for key in keys]))
+    known = read_known((protocol, made, logged, [_impl(key) for key in keys]))
     assert (known.conditions is None) == any(key not in TESTSTATUS for key in keys)
-
-
-def test_a_test_that_takes_subtests_is_not_lean(pytester: pytest.Pytester) -> None:
-    """The subtests plugin fails a passing call whose subtests failed (in its teststatus)."""
-    check = TESTSTATUS[("_pytest.subtests", "pytest_report_teststatus")]
-    plain, steps = pytester.getitems(
-        "def test_plain():\n    pass\ndef test_steps(subtests):\n    pass\n"
-    )
-    assert check(None, plain) and not check(None, steps)
 
 
 class Unknown:
@@ -130,7 +120,7 @@ def test_a_phase_is_lean_exactly_when_its_report_would_travel_compact(
         return lambda plugin, item: answer
 
     checks = tuple((condition(q), None) for q in quiet)
-    item.stash[KNOWN] = Known((), checks, True)
+    item.stash[KNOWN] = Known((), checks)
 
     def body() -> None:
         if raises:
@@ -142,3 +132,18 @@ def test_a_phase_is_lean_exactly_when_its_report_would_travel_compact(
     assert lean == (compact is not None and all(quiet))
     if lean:
         assert record(call) == compact
+
+
+def test_a_plugin_registered_during_a_test_is_read_before_its_next_report(
+    pytester: pytest.Pytester,
+) -> None:
+    """A fixture may register a plugin after the item's hooks were read (at its protocol's
+    start): once a plugin is registered the item's reading is read again."""
+    (first,) = pytester.getitems("def test_one():\n    pass\n")
+    lean = LeanProtocol(lambda _: None, True)
+    first.config.pluginmanager.register(lean, "lean")
+    before = lean.known(first)
+    first.config.pluginmanager.register(Unknown(), "unknown-makereport")
+    after = lean.known(first)
+    assert after is not before and after.conditions is None
+    assert not lean.plain_pass(first, CallInfo.from_call(lambda: None, "call"))

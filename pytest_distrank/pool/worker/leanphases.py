@@ -6,18 +6,21 @@ teardown: every plugin's wrappers, capture, log capture, skipping, seeding, the 
 and then makes a ``TestReport`` through ``pytest_runtest_makereport`` and logs it through
 ``pytest_runtest_logreport``, about a third of a warm rank's CPU per trivial test. Here the
 phases run exactly as there; only a phase that passed plainly (nothing raised, no output or log
-captured in any phase so far, no ``xfail`` mark, no ``user_properties``) skips the two reporting
-hooks, and its compact passed record (``outcome.records.PassedPhase``, what the rank sends for
-such a report anyway) is made at once. Anything else goes through pytest's own hooks.
+captured in any phase so far, no ``xfail`` mark, no ``user_properties``, no failed subtest:
+pytest's subtests plugin fails such a call report as the rank's terminal logs it) skips the two
+reporting hooks, and its compact passed record (``outcome.records.PassedPhase``, what the rank
+sends for such a report anyway) is made at once. Anything else goes through pytest's own hooks.
 
 That is sound only where every implementation of those two hooks is known to do nothing for such
 a phase beyond making and logging the report (:data:`MAKEREPORT`, :data:`LOGREPORT`; a condition
 says where one does something for some tests), and where nothing but pytest's runner would run
 the protocol: otherwise (a ``conftest.py`` or an unknown plugin implements one of them, a
-unittest item, ``--setup-only``/``--setup-show``) the test runs pytest's own protocol. What a
-lean phase leaves out on purpose: the rank's own terminal line for it (its ``.pytest.log``
-progress letters; the controller's terminal is unchanged). ``DISTRANK_LEAN_PHASES=0`` turns it
-off (settings.py; the equivalence test runs a varied file both ways).
+unittest item, ``--setup-only``/``--setup-show``) the test runs pytest's own protocol; a plugin
+registered while a test runs (a fixture may register one) is read before the next phase's
+reporting. What a lean phase leaves out on purpose: the rank's own terminal line for it (its
+``.pytest.log`` progress letters; the controller's terminal is unchanged).
+``DISTRANK_LEAN_PHASES=0`` turns it off (settings.py; the equivalence test runs a varied file
+both ways).
 """
 
 from __future__ import annotations
@@ -94,9 +97,7 @@ TESTSTATUS: dict[tuple[str, str], Quiet] = {
     ("_pytest.runner", "pytest_report_teststatus"): _always,
     ("_pytest.skipping", "pytest_report_teststatus"): _always,
     ("pytest_rerunfailures", "pytest_report_teststatus"): _always,
-    ("_pytest.subtests", "pytest_report_teststatus"): (
-        lambda p, i: "subtests" not in getattr(i, "fixturenames", ())
-    ),
+    ("_pytest.subtests", "pytest_report_teststatus"): lambda p, i: not _compat.failed_subtests(i),
 }
 #: The plain implementations of ``pytest_runtest_protocol`` that may stand beside this one
 #: (wrappers around it run as ever).
@@ -108,28 +109,11 @@ PROTOCOL = frozenset(
 )
 
 
-#: The implementations of the hooks that run after a test's last leftover snapshot (its
-#: teardown's end) and before the next test's start, besides its reporting: the protocol's
-#: wrappers (their code after the protocol) and ``pytest_runtest_logfinish``; each only undoes
-#: what it did around the protocol or writes the rank's terminal (rank/startreuse.py).
-AROUND = frozenset(
-    {
-        ("_pytest.warnings", "pytest_runtest_protocol"),
-        ("_pytest.assertion", "pytest_runtest_protocol"),
-        ("_pytest.unittest", "pytest_runtest_protocol"),
-        ("_pytest.faulthandler", "pytest_runtest_protocol"),
-        ("pytest_timeout", "pytest_runtest_protocol"),
-        *PROTOCOL,
-        ("_pytest.logging", "LoggingPlugin.pytest_runtest_logfinish"),
-        ("_pytest.terminal", "TerminalReporter.pytest_runtest_logfinish"),
-    }
-)
 #: The hooks whose implementations decide (their lists, compared by identity, key the reading).
 READ_HOOKS = (
     "pytest_runtest_protocol",
     "pytest_runtest_makereport",
     "pytest_runtest_logreport",
-    "pytest_runtest_logfinish",
     "pytest_report_teststatus",
 )
 
@@ -143,8 +127,8 @@ class Known:
     #: The conditions of the reporting hooks' implementations that are not always quiet, or
     #: None: one is unknown (or another plugin runs the protocol): pytest's own protocol.
     conditions: tuple[tuple[Quiet, Any], ...] | None
-    #: Whether every implementation of :data:`AROUND`'s hooks is known too.
-    around: bool
+    #: :attr:`LeanProtocol.generation` when read: a plugin registered since makes it stale.
+    generation: int = 0
 
 
 #: Per item: what its hooks allow.
@@ -171,7 +155,7 @@ def quiet_checks(
 
 def read_known(impls: tuple[list[Any], ...]) -> Known:
     """What the implementations of :data:`READ_HOOKS` allow (see :class:`Known`)."""
-    protocol, made, logged, finished, status = (
+    protocol, made, logged, status = (
         [(identity(impl.function), impl) for impl in hook] for hook in impls
     )
     plain = [key for key, impl in protocol if not (impl.wrapper or impl.hookwrapper)]
@@ -182,8 +166,7 @@ def read_known(impls: tuple[list[Any], ...]) -> Known:
     conditions = None
     if all(key in PROTOCOL for key in plain) and all(c is not None for c in checks):
         conditions = tuple(c for found in checks for c in found or () if c[0] is not _always)
-    around = all(key in AROUND for key, _ in [*protocol, *finished])
-    return Known(impls, conditions, around)
+    return Known(impls, conditions)
 
 
 def record(call: pytest.CallInfo[None]) -> PassedPhase:
@@ -202,16 +185,24 @@ class LeanProtocol:
         self.last: Known | None = None
         #: What a phase's call lets through (``Exit``; ``KeyboardInterrupt`` unless ``--pdb``).
         self.reraise: tuple[type[BaseException], ...] | None = None
+        #: Plugins registered so far: one registered during a test (a fixture may register one)
+        #: may implement a hook that was read before, and its readings are read again.
+        self.generation = 0
+
+    def pytest_plugin_registered(self) -> None:
+        self.generation += 1
 
     def known(self, item: pytest.Item) -> Known:
         """What ``item``'s hooks allow (pytest's, every plugin's and those of the ``conftest.py``
         files above it): read again only where the implementations differ from the last read."""
         found = item.stash.get(KNOWN, None)
-        if found is None:
+        if found is None or found.generation != self.generation:
             ihook = item.ihook
             impls = tuple(getattr(ihook, name).get_hookimpls() for name in READ_HOOKS)
             last = self.last
             found = last if last is not None and last.impls == impls else read_known(impls)
+            if found.generation != self.generation:
+                found = dataclasses.replace(found, generation=self.generation)
             item.stash[KNOWN] = self.last = found
         return found
 
@@ -225,11 +216,6 @@ class LeanProtocol:
             and not getattr(option, "setupshow", False)
             and self.known(item).conditions is not None
         )
-
-    def known_around(self, item: pytest.Item) -> bool:
-        """Whether only known code ran after ``item``'s teardown (its reporting, logfinish and
-        protocol wrappers), so that its end may stand for the next test's start."""
-        return self.eligible(item) and self.known(item).around
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None) -> Any:
@@ -281,5 +267,7 @@ class LeanProtocol:
             return False
         if _compat.has_report_sections(item):
             return False
-        conditions = self.known(item).conditions or ()
+        conditions = self.known(item).conditions
+        if conditions is None:  # a plugin registered during the test implements one
+            return False
         return all(quiet(plugin, item) for quiet, plugin in conditions)

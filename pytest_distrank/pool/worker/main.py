@@ -137,9 +137,6 @@ class WorkerPlugin:
         self.terminal_file: TextIO | None = None
         #: Runs plain passing phases without pytest's reporting hooks (leanphases.py).
         self.lean = LeanProtocol(self.passed, False)
-        #: The last test ended with only known code after its leftover snapshot, and passed: its
-        #: end may stand for the next test's start (rank/startreuse.py).
-        self.end_reusable = False
 
     def arm_faulthandler(self) -> None:
         """Crash tracebacks and the stack-dump signal go to the rank's log (a few us)."""
@@ -412,10 +409,7 @@ class WorkerPlugin:
         self.warnings = []
         self.failed = False
         if self.checks is not None:
-            reuse = self.end_reusable and not self.leftovers.tore_down
-            sockets = not self.cfg.init_process_group  # a fresh store since: new sockets
-            self.checks.start(item, CASE in item.stash, reuse, sockets)
-        self.end_reusable = False
+            self.checks.start(item, harness=CASE in item.stash)
         self.arm_faulthandler()  # a test may have disabled it: a crash must leave its stack
         if self.log_capture:  # under -p no:logging no logger gets a relay (test_c10d_logger)
             ranklogs.new_test()
@@ -451,7 +445,6 @@ class WorkerPlugin:
         self._phase(Phase.IDLE)
         self.tests += 1
         self.cpu = time.process_time()
-        self.end_reusable = not (self.failed or self.forks) and self.lean.known_around(item)
 
     def _stop(self, session: pytest.Session) -> None:
         self._phase(Phase.STOPPING)
