@@ -127,12 +127,6 @@ class Known:
     #: The conditions of the reporting hooks' implementations that are not always quiet, or
     #: None: one is unknown (or another plugin runs the protocol): pytest's own protocol.
     conditions: tuple[tuple[Quiet, Any], ...] | None
-    #: :attr:`LeanProtocol.generation` when read: a plugin registered since makes it stale.
-    generation: int = 0
-
-
-#: Per item: what its hooks allow.
-KNOWN = pytest.StashKey[Known]()
 
 
 def identity(function: Any) -> tuple[str, str]:
@@ -185,26 +179,17 @@ class LeanProtocol:
         self.last: Known | None = None
         #: What a phase's call lets through (``Exit``; ``KeyboardInterrupt`` unless ``--pdb``).
         self.reraise: tuple[type[BaseException], ...] | None = None
-        #: Plugins registered so far: one registered during a test (a fixture may register one)
-        #: may implement a hook that was read before, and its readings are read again.
-        self.generation = 0
-
-    def pytest_plugin_registered(self) -> None:
-        self.generation += 1
 
     def known(self, item: pytest.Item) -> Known:
-        """What ``item``'s hooks allow (pytest's, every plugin's and those of the ``conftest.py``
-        files above it): read again only where the implementations differ from the last read."""
-        found = item.stash.get(KNOWN, None)
-        if found is None or found.generation != self.generation:
-            ihook = item.ihook
-            impls = tuple(getattr(ihook, name).get_hookimpls() for name in READ_HOOKS)
-            last = self.last
-            found = last if last is not None and last.impls == impls else read_known(impls)
-            if found.generation != self.generation:
-                found = dataclasses.replace(found, generation=self.generation)
-            item.stash[KNOWN] = self.last = found
-        return found
+        """What ``item``'s hooks allow now (pytest's, every plugin's, those of the
+        ``conftest.py`` files above it, and a plugin registered during the test: a fixture may
+        register one): read again only where the implementations differ from the last read."""
+        ihook = item.ihook
+        impls = tuple(getattr(ihook, name).get_hookimpls() for name in READ_HOOKS)
+        last = self.last
+        if last is None or last.impls != impls:
+            last = self.last = read_known(impls)
+        return last
 
     def eligible(self, item: pytest.Item) -> bool:
         """Whether ``item`` runs here: a plain test function, every reporting hook known."""
