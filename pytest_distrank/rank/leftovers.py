@@ -183,7 +183,7 @@ class LeftoverCheck:
             if changed:
                 self.owned[id(fixturedef)] = (fixturedef.argname, changed)
                 for (category, key), _ in changed.items():
-                    getattr(self.expected, category)[key] = getattr(after, category).get(key)
+                    self.expected.put(category, key, getattr(after, category).get(key))
 
     @pytest.hookimpl
     def pytest_fixture_post_finalizer(self, fixturedef: pytest.FixtureDef[Any]) -> None:
@@ -196,12 +196,12 @@ class LeftoverCheck:
             now = Snapshot.take()
             expected = now.copy()
             for (category, key), value in changed.items():
-                getattr(expected, category)[key] = value
+                expected.put(category, key, value)
             self.whose = dict.fromkeys(changed, f"fixture {name!r}")
             self._settle(expected, now)
             return
         for (category, key), value in changed.items():
-            getattr(self.expected, category)[key] = value
+            self.expected.put(category, key, value)
             self.whose[(category, key)] = f"fixture {name!r}"
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import importlib
 import logging
+import operator
 import os
 import signal
 import sys
@@ -59,8 +60,10 @@ def path_state() -> dict[str, Any]:
 
 def modules_state() -> dict[str, Any]:
     """``sys.modules`` as it is: name -> the module object (a shallow copy: ``dict.copy`` clones
-    the table, ~15 us; ``dict(sys.modules)`` inserts entry by entry, ~40-60 us)."""
-    return sys.modules.copy()
+    the table, ~15 us; ``dict(sys.modules)`` inserts entry by entry, ~40-60 us), the last copy
+    again while the dict's version is unchanged (:func:`fingerprint.dict_mark`)."""
+    modules = sys.modules
+    return fingerprint.MODULES.read(fingerprint.dict_mark(modules), modules.copy)
 
 
 def umask_state() -> dict[str, Any]:
@@ -117,20 +120,53 @@ def _signals() -> tuple[tuple[str, int], ...]:
 
 def logging_state() -> dict[str, Any]:
     """Per logger (the root as ``""``): level, the handlers a test may add (pytest's and the
-    plugin's own left out), whether it propagates, whether it is disabled."""
+    plugin's own left out), whether it propagates, whether it is disabled. Read raw, for all
+    loggers at once; built into the category only when the raw read differs from the last one
+    (:data:`fingerprint.LOGGING`), over a list of loggers kept while ``loggerDict`` is unchanged."""
     manager = logging.Logger.manager
-    loggers: list[tuple[str, logging.Logger]] = [("", logging.getLogger())]
-    loggers += [
+    root, table = logging.root, manager.loggerDict
+    table_mark = fingerprint.dict_mark(table)
+    mark = None if table_mark is None else (manager, root, table_mark)
+    names, loggers = fingerprint.LOGGERS.read(mark, lambda: _loggers(root, table))
+    raw = (
+        manager.disable,
+        [*map(_LEVELS, loggers)],
+        [*map(tuple, map(_HANDLERS_OF, loggers))],
+    )
+    return fingerprint.LOGGING.read(
+        None if mark is None else (mark, raw), lambda: _logging_category(names, *raw)
+    )
+
+
+#: A logger's plain state and its handlers, read for all loggers with ``map``.
+_LEVELS = operator.attrgetter("level", "propagate", "disabled")
+_HANDLERS_OF = operator.attrgetter("handlers")
+
+
+def _loggers(
+    root: logging.Logger, table: dict[str, Any]
+) -> tuple[tuple[str, ...], tuple[logging.Logger, ...]]:
+    """(names, loggers) compared: the root as ``""``, every logger (no placeholder) but
+    torch's own."""
+    found = [("", root)] + [
         (name, lg)
-        for name, lg in list(manager.loggerDict.items())
+        for name, lg in list(table.items())
         if isinstance(lg, logging.Logger)
+        and not (name == TORCH_LOGGER or name.startswith(TORCH_LOGGER + "."))
     ]
-    state: dict[str, Any] = {DISABLE: manager.disable}
-    for name, logger in loggers:
-        if name == TORCH_LOGGER or name.startswith(TORCH_LOGGER + "."):
-            continue
-        handlers = tuple(h for h in logger.handlers if not _own_handler(h))
-        state[name] = (logger.level, handlers, logger.propagate, logger.disabled)
+    return tuple(name for name, _ in found), tuple(lg for _, lg in found)
+
+
+def _logging_category(
+    names: tuple[str, ...],
+    disable: int,
+    levels: list[tuple[int, bool, bool]],
+    handlers: list[tuple[logging.Handler, ...]],
+) -> dict[str, Any]:
+    state: dict[str, Any] = {DISABLE: disable}
+    for name, (level, propagate, disabled), own in zip(names, levels, handlers, strict=True):
+        kept = tuple(h for h in own if not _own_handler(h)) if own else ()
+        state[name] = (level, kept, propagate, disabled)
     return state
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _compat
-from . import processstate
+from . import fingerprint, processstate
 from .ownedgroups import is_owned
 from .switches import switches_state
 from .torchstate import set_torch_flag, torch_flags
@@ -54,7 +54,7 @@ class Snapshot:
     @classmethod
     def take(cls) -> Snapshot:
         return cls(
-            _compat.environ_data(),  # encoded names and values: decoded only where they differ
+            _environ(),  # encoded names and values: decoded only where they differ
             {"": _cwd()},
             torch_flags(),
             switches_state(),
@@ -71,10 +71,28 @@ class Snapshot:
         )
 
     def categories(self) -> dict[str, Category]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _FIELDS}
 
     def copy(self) -> Snapshot:
         return Snapshot(**{name: dict(values) for name, values in self.categories().items()})
+
+    def put(self, category: str, key: Any, value: Any) -> None:
+        """Set one entry (a wider fixture's change) in a copy of its category: a category read
+        through a mark is the same object in other snapshots, never changed in place."""
+        values = dict(getattr(self, category))
+        values[key] = value
+        setattr(self, category, values)
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))
+
+
+def _environ() -> Category:
+    """The environment (:func:`_compat.environ_data`), the last copy again while its dict is
+    unchanged (:func:`fingerprint.dict_mark`)."""
+    data = getattr(os.environ, "_data", None)
+    mark = fingerprint.dict_mark(data) if type(data) is dict else None
+    return fingerprint.ENVIRON.read(mark, _compat.environ_data)
 
 
 def _cwd() -> str:

@@ -2,9 +2,11 @@
 change. After every step of a generated sequence (the changes of the leftover property test in
 test_leftovers_process.py, their undoing, children started, orphaned, adopted and ended), what
 the leftover check reads through a mark or a cheaper read equals what a full walk reads now:
-child processes, ``sys.modules``, sockets, signal dispositions, flush-denormal (read on floats, against a
-tensor), and the whole snapshot. One subprocess (a child subreaper,
-as a rank is); budget < 30 s.
+child processes, ``sys.modules`` and the environment (their dicts' versions), loggers (their list
+kept by ``loggerDict``'s version, the category by their raw state), torch's flags (read through
+its C getters, against the public API), sockets, signal dispositions, flush-denormal (read on
+floats, against a tensor), and the whole snapshot. One subprocess (a child subreaper, as a rank
+is); budget < 30 s.
 """
 
 # ruff: noqa: E501  (the script below is one change a line)
@@ -16,7 +18,7 @@ import sys
 from tests.unit.test_leftovers_process import CHANGES
 
 PROPERTY = r"""
-import threading
+import functools, threading
 from pytest_distrank.rank import fingerprint, processstate as ps, reaper, torchstate
 from pytest_distrank.rank.snapshot import Snapshot, diff
 
@@ -38,6 +40,46 @@ def walked_sockets():  # readlink of each /proc/self/fd/N, as the check read the
         if target.startswith("socket:["):
             found.add(int(target[8:-1]))
     return found
+
+def walked_logging():  # every logger's attributes read one by one, as the check read them before
+    manager = logging.Logger.manager
+    loggers = [("", logging.getLogger())] + [(n, lg) for n, lg in list(manager.loggerDict.items()) if isinstance(lg, logging.Logger)]
+    state = {ps.DISABLE: manager.disable}
+    for name, lg in loggers:
+        if name == "torch" or name.startswith("torch."):
+            continue
+        state[name] = (lg.level, tuple(h for h in lg.handlers if not ps._own_handler(h)), lg.propagate, lg.disabled)
+    return state
+
+def walked_torch():  # torch's public getters and properties, as the check read them before
+    flags = {"default dtype": torch.get_default_dtype(), "default device": str(torch.get_default_device()),
+             "grad mode": torch.is_grad_enabled(),
+             "deterministic algorithms": (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()),
+             "torch threads": torch.get_num_threads(), "float32 matmul precision": torchstate._matmul_precision(torch)}
+    for path in torchstate.BACKEND_FLAGS:
+        try:
+            flags["torch." + path] = functools.reduce(getattr, path.split("."), torch)
+        except (AttributeError, RuntimeError):
+            pass
+    for device in torchstate._autocast_devices(torch):
+        flags[f"autocast {device}"] = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+    flags.update({"autocast nesting": torchstate._nesting(torch), "autocast cache": torch.is_autocast_cache_enabled(),
+                  "anomaly detection": (torch.is_anomaly_enabled(), torch.is_anomaly_check_nan_enabled()),
+                  "flush denormal": denormal_read() == 0.0, "warn always": torch.is_warn_always_enabled(),
+                  "autograd multithreading": torch.autograd.is_multithreading_enabled(),
+                  torchstate.FUNCTION_MODES: torchstate.function_modes(torch), torchstate.INFERENCE: torch.is_inference_mode_enabled(),
+                  "print options": tuple(getattr(torch._tensor_str.PRINT_OPTS, f) for f in torchstate.PRINT_FIELDS)})
+    flags.update((torchstate.DYNAMO + k, v) for k, v in dynamo_config.get_config_copy().items())
+    return flags
+
+swapped = logging.getLogger("left.swap")
+swapped.addHandler(logging.NullHandler())
+made = []
+
+def new_logger():  # under a placeholder first: "left.made.N.child" makes "left.made.N" one
+    name = f"left.made.{len(made)}"
+    made.append(logging.getLogger(name + ".child"))
+    made.append(logging.getLogger(name))
 
 def spawn():
     held.append(subprocess.Popen(["sleep", "30"]))
@@ -82,7 +124,21 @@ STEPS = {f"apply {name}": applying(name) for name in CHANGES if name not in ENTE
 STEPS.update({f"undo {name}": undoing(name) for name in CHANGES if CHANGES[name][3] is not None})
 STEPS.update({"spawn": spawn, "orphan": orphan, "end children": end_children, "thread": thread,
               "import": lambda: __import__("colorsys"), "forget import": lambda: sys.modules.pop("colorsys", None),
-              "denormals kept": lambda: torch.set_flush_denormal(False), "nothing": lambda: None})
+              "denormals kept": lambda: torch.set_flush_denormal(False), "nothing": lambda: None,
+              # each kind of change a mark must see, with the same length or count
+              "swap module": lambda: sys.modules.__setitem__("colorsys", types.ModuleType("colorsys")),
+              "same module": lambda: sys.modules.__setitem__("os", os),
+              "env value": lambda: os.environ.__setitem__("LEFT_V", "ab"[os.environ.get("LEFT_V") == "a"]),
+              "env same": lambda: os.environ.__setitem__("LEFT_V", os.environ.get("LEFT_V", "a")),
+              "swap handler": lambda: swapped.handlers.__setitem__(0, logging.NullHandler()),
+              "propagate": lambda: setattr(swapped, "propagate", not swapped.propagate),
+              "disabled": lambda: setattr(swapped, "disabled", not swapped.disabled),
+              "logger level": lambda: swapped.setLevel(logging.DEBUG if swapped.level != logging.DEBUG else logging.NOTSET),
+              "logging.disable": lambda: logging.disable(logging.INFO if not logging.root.manager.disable else logging.NOTSET),
+              "new logger": new_logger,
+              "default device": lambda: torch.set_default_device(None if str(torch.get_default_device()) == "meta" else "meta"),
+              "cudnn benchmark": lambda: setattr(torch.backends.cudnn, "benchmark", not torch.backends.cudnn.benchmark),
+              "fp32 precision": lambda: setattr(torch.backends.mkldnn, "fp32_precision", "bf16" if torch.backends.mkldnn.fp32_precision != "bf16" else "none")})
 skipped = [0]
 
 def differences(a, b):  # threads, sockets and children: compared with their walks above
@@ -104,6 +160,9 @@ def sequence(steps):
             skipped[0] += skipping
             assert before.modules == dict(sys.modules), (step, before.modules.keys() ^ sys.modules.keys())
             assert ps.modules_state() == dict(sys.modules), step
+            assert before.env == dict(os.environ._data) and ps.fingerprint.dict_mark(os.environ._data), step
+            assert before.logging == walked_logging() == ps.logging_state(), step
+            assert before.torch == walked_torch() == torchstate.torch_flags(), (step, before.torch.items() ^ walked_torch().items())
             assert ps.socket_inodes() == walked_sockets(), step
             signals = ps.signal_state()
             assert signals == walked_signals(), step
@@ -115,6 +174,7 @@ def sequence(steps):
             assert torchstate._flushes_denormals() == (denormal_read() == 0.0), step
     finally:
         end_children()
+        torch.set_default_device(None)
         for name in sorted(applied):  # back to the start, for the next sequence
             if CHANGES[name][3] is not None:
                 undoing(name)()
@@ -126,8 +186,9 @@ print("ok", skipped[0])
 
 
 def test_a_read_through_a_mark_equals_the_walk_after_any_change() -> None:
-    """Rule: whatever a sequence of generated changes did, the children, ``sys.modules`` and
-    signal dispositions read as a snapshot reads them equal a full walk's, and a
+    """Rule: whatever a sequence of generated changes did, the children, ``sys.modules``, the
+    environment, loggers, torch's flags and signal dispositions read as a snapshot reads them
+    (through marks, raw reads, C getters) equal a full walk's, and a
     skipped children walk would have found none; the skip happens (the mark is not always
     moved). 150 sequences of up to 8 steps, one subprocess."""
     done = subprocess.run(
