@@ -11,7 +11,6 @@ entered (popped). A profiler left entered cannot be exited from outside: the poo
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import socket
 import sys
@@ -60,11 +59,15 @@ def switches_state() -> dict[str, Any]:
             if isinstance(hooks, dict):
                 state[name] = tuple(hooks)  # the handles' ids
     autograd: Any = getattr(sys.modules.get("torch._C"), "_autograd", None)
-    if autograd is not None:
-        with contextlib.suppress(Exception):
+    if autograd is not None:  # try, not contextlib.suppress: ~1 us less a read
+        try:
             state[SAVED_HOOKS] = autograd._top_saved_tensors_default_hooks(True)
-        with contextlib.suppress(Exception):
+        except Exception:
+            pass
+        try:
             state[PROFILER] = bool(autograd._profiler_enabled())
+        except Exception:
+            pass
     return state
 
 
