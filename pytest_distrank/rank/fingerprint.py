@@ -14,7 +14,9 @@ the leftover property test makes):
   cannot be read, or when any process of the namespace was created since, the children are
   walked (``/proc/self/task/*/children``). Only a counter that wraps around to the very same pid
   between two reads could hide a child.
-- **``sys.modules``, the environment, the list of loggers**: the dict's version (PEP 509: CPython
+- **``sys.modules``, the environment, the list of loggers, the threads**: the versions of the
+  dicts they are read from (``threading``'s tables of threads started and starting). A dict's
+  version (PEP 509: CPython
   3.11-3.13 gives every dict a version, globally unique, that changes on every change of its
   content; read with ``ctypes``, checked at first use on a dict of its own, unused where that
   check fails). While ``(id, version)`` is the one read before the last copy, the copy stands
@@ -23,7 +25,8 @@ the leftover property test makes):
   level, handlers, propagation and disabled flag are read raw (two C-level maps, ~10 us for 120
   loggers), and the category is built from them only when they differ from the last read's.
 
-No cheap mark sees the rest, so it is read on every snapshot: torch's flags and the process-wide
+No cheap mark sees the rest, so it is read on every snapshot: process groups (a last read kept
+would keep a destroyed group, and its listening socket, alive), torch's flags and the process-wide
 switches (direct reads of torch's C getters, ~10 us), signal dispositions (``signal.signal``
 keeps no count), and the sockets held open (a descriptor closed and reopened as a socket keeps
 its number: each is read with ``readlink``, ~1 us a descriptor).
@@ -134,9 +137,10 @@ def _version_reader() -> Callable[[dict[Any, Any]], int] | None:
     return version
 
 
-#: The last copy of ``sys.modules`` and of the environment; the list of loggers, and the
-#: logging category built from their raw state.
+#: The last copy of ``sys.modules`` and of the environment; the threads read; the list of
+#: loggers, and the logging category built from their raw state.
 MODULES = Marked()
 ENVIRON = Marked()
+THREADS = Marked()
 LOGGERS = Marked()
 LOGGING = Marked()

@@ -58,7 +58,7 @@ class Snapshot:
             {"": _cwd()},
             torch_flags(),
             switches_state(),
-            {t.ident: t for t in threading.enumerate()},
+            _threads(),
             live_groups(),
             {"": _compat.compile_state()},
             processstate.path_state(),
@@ -90,8 +90,8 @@ _FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))
 def _environ() -> Category:
     """The environment (:func:`_compat.environ_data`), the last copy again while its dict is
     unchanged (:func:`fingerprint.dict_mark`)."""
-    data = getattr(os.environ, "_data", None)
-    mark = fingerprint.dict_mark(data) if type(data) is dict else None
+    data = _compat.environ_table()
+    mark = None if data is None else fingerprint.dict_mark(data)
     return fingerprint.ENVIRON.read(mark, _compat.environ_data)
 
 
@@ -102,8 +102,20 @@ def _cwd() -> str:
         return "(a removed folder)"
 
 
+def _threads() -> Category:
+    """The Python threads by ``ident``, the last read again while ``threading``'s tables of
+    threads (started, starting) are unchanged (:func:`fingerprint.dict_mark`)."""
+    tables = _compat.thread_tables()
+    marks = None if tables is None else tuple(map(fingerprint.dict_mark, tables))
+    return fingerprint.THREADS.read(
+        None if marks is None or None in marks else marks,
+        lambda: {t.ident: t for t in threading.enumerate()},
+    )
+
+
 def live_groups() -> Category:
-    """The process groups alive in this rank that are not the plugin's own, by ``id``."""
+    """The process groups alive in this rank that are not the plugin's own, by ``id`` (walked
+    every time: a last read kept would keep a destroyed group, and its listening socket, alive)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return {}

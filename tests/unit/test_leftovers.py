@@ -79,6 +79,17 @@ def test_a_snapshot_reads_the_precision_a_mixed_setting_hides(
     assert Snapshot.take().cwd[""] == os.getcwd()
 
 
+def test_a_change_put_in_a_snapshot_leaves_the_category_other_snapshots_share() -> None:
+    """Rule: a category read through a mark is the same object in two snapshots (while
+    ``sys.modules`` is unchanged); a wider fixture's change put in one leaves the other, and
+    the next read, as read."""
+    first, second = Snapshot.take(), Snapshot.take()
+    assert first.modules is second.modules  # shared: this Python keeps dicts' versions
+    first.put("modules", "left.fake", 1)
+    assert first.modules["left.fake"] == 1
+    assert "left.fake" not in second.modules and "left.fake" not in Snapshot.take().modules
+
+
 def test_a_cleared_environment_names_a_few_variables_and_counts_the_rest() -> None:
     words = [f"V{i} unset" for i in range(40)]
     assert few(words, "environment variables") == [

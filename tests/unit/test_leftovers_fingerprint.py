@@ -2,7 +2,7 @@
 change. After every step of a generated sequence (the changes of the leftover property test in
 test_leftovers_process.py, their undoing, children started, orphaned, adopted and ended), what
 the leftover check reads through a mark or a cheaper read equals what a full walk reads now:
-child processes, ``sys.modules`` and the environment (their dicts' versions), loggers (their list
+child processes, ``sys.modules``, the environment and threads (their dicts' versions), loggers (their list
 kept by ``loggerDict``'s version, the category by their raw state), torch's flags (read through
 its C getters, against the public API), sockets, signal dispositions, flush-denormal (read on
 floats, against a tensor), and the whole snapshot. One subprocess (a child subreaper, as a rank
@@ -98,6 +98,20 @@ def end_children():
             pass
     held[:] = [h for h in held if not isinstance(h, subprocess.Popen)]
 
+stop = threading.Event()
+daemons = []
+
+def daemon():  # a thread left running, until "end threads"
+    daemons.append(threading.Thread(target=stop.wait, daemon=True))
+    daemons[-1].start()
+
+def end_threads():
+    stop.set()
+    for t in daemons:
+        t.join()
+    daemons.clear()
+    stop.clear()
+
 def thread():  # moves the pid mark without making a child
     t = threading.Thread(target=lambda: None)
     t.start()
@@ -123,6 +137,7 @@ def undoing(name):
 STEPS = {f"apply {name}": applying(name) for name in CHANGES if name not in ENTERED}
 STEPS.update({f"undo {name}": undoing(name) for name in CHANGES if CHANGES[name][3] is not None})
 STEPS.update({"spawn": spawn, "orphan": orphan, "end children": end_children, "thread": thread,
+              "daemon": daemon, "end threads": end_threads,
               "import": lambda: __import__("colorsys"), "forget import": lambda: sys.modules.pop("colorsys", None),
               "denormals kept": lambda: torch.set_flush_denormal(False), "nothing": lambda: None,
               # each kind of change a mark must see, with the same length or count
@@ -160,6 +175,7 @@ def sequence(steps):
             skipped[0] += skipping
             assert before.modules == dict(sys.modules), (step, before.modules.keys() ^ sys.modules.keys())
             assert ps.modules_state() == dict(sys.modules), step
+            assert before.threads == {t.ident: t for t in threading.enumerate()} == Snapshot.take().threads, step
             assert before.env == dict(os.environ._data) and ps.fingerprint.dict_mark(os.environ._data), step
             assert before.logging == walked_logging() == ps.logging_state(), step
             assert before.torch == walked_torch() == torchstate.torch_flags(), (step, before.torch.items() ^ walked_torch().items())
@@ -174,6 +190,7 @@ def sequence(steps):
             assert torchstate._flushes_denormals() == (denormal_read() == 0.0), step
     finally:
         end_children()
+        end_threads()
         torch.set_default_device(None)
         for name in sorted(applied):  # back to the start, for the next sequence
             if CHANGES[name][3] is not None:
@@ -187,7 +204,7 @@ print("ok", skipped[0])
 
 def test_a_read_through_a_mark_equals_the_walk_after_any_change() -> None:
     """Rule: whatever a sequence of generated changes did, the children, ``sys.modules``, the
-    environment, loggers, torch's flags and signal dispositions read as a snapshot reads them
+    environment, threads, loggers, torch's flags and signal dispositions read as a snapshot reads them
     (through marks, raw reads, C getters) equal a full walk's, and a
     skipped children walk would have found none; the skip happens (the mark is not always
     moved). 150 sequences of up to 8 steps, one subprocess."""
