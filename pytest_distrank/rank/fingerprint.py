@@ -7,13 +7,12 @@ mark changes whenever the walk it stands for could read something else
 (tests/unit/test_leftovers_fingerprint.py checks it against the walk, for every kind of change
 the leftover property test makes):
 
-- **child processes**: the pid namespace's last allocated pid (``/proc/sys/kernel/ns_last_pid``,
-  one read). A walk that found no child at all is reused while it stays the same: a child is
-  made only by creating a process, which moves it, and a rank with no child has no descendant to
-  adopt. When the last walk found children (a compile worker, a resource tracker), when the mark
-  cannot be read, or when any process of the namespace was created since, the children are
-  walked (``/proc/self/task/*/children``). Only a counter that wraps around to the very same pid
-  between two reads could hide a child.
+- **child processes**: whether the rank has any child at all (``waitid(P_ALL, WNOHANG |
+  WNOWAIT | __WALL)``: one call, ECHILD when none, reaping nothing). The children are walked
+  (``/proc/self/task/*/children``) only when it has one (a compile worker, a resource tracker,
+  a test's): a child, or an orphan of one adopted by the rank (a subreaper), is a child of one
+  of its threads, which ``waitid`` waits for. Other processes of the machine do not count
+  (the pid namespace's last pid, the mark before, moved with every process on a busy machine).
 - **``sys.modules``, the environment, the list of loggers, the threads**: the versions of the
   dicts they are read from (``threading``'s tables of threads started and starting). A dict's
   version (PEP 509: CPython
@@ -42,43 +41,26 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-#: The pid namespace's last allocated pid (Linux 3.3+; readable by every user).
-LAST_PID = "/proc/sys/kernel/ns_last_pid"
+#: ``waitid``'s options: any child (exited or not, of any thread, cloned or forked:
+#: ``__WALL``), without waiting and without reaping it.
+_ANY_CHILD = (
+    getattr(os, "WEXITED", 0) | getattr(os, "WNOHANG", 0) | getattr(os, "WNOWAIT", 0) | 0x40000000
+)
 
 
-def last_pid() -> bytes | None:
-    """The mark of process creation in this pid namespace, or None where it cannot be read."""
-    try:
-        fd = os.open(LAST_PID, os.O_RDONLY)
-    except OSError:
+def has_children() -> bool | None:
+    """Whether this process has a child (running, or exited and not waited for) of any of its
+    threads; None where the kernel cannot be asked (no ``waitid``, or it refused the options)."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:
         return None
     try:
-        return os.read(fd, 32)
+        waitid(os.P_ALL, 0, _ANY_CHILD)
+    except ChildProcessError:  # ECHILD: no child at all
+        return False
     except OSError:
         return None
-    finally:
-        os.close(fd)
-
-
-class Children:
-    """The walk of a rank's children, skipped while none exist and no process was created."""
-
-    def __init__(self) -> None:
-        #: The mark read before the last walk, kept only when that walk found no child at all.
-        self.quiet: bytes | None = None
-
-    def read(self, walk: Callable[[], tuple[dict[str, Any], bool]]) -> dict[str, Any]:
-        """``walk()``'s children, or {} when its last call found none and the mark is unchanged.
-        ``walk`` returns (the children named, whether any child at all was listed)."""
-        mark = last_pid()  # before the walk: a child made during it moves the mark after it
-        if mark is not None and mark == self.quiet:
-            return {}
-        found, any_child = walk()
-        self.quiet = None if any_child else mark
-        return found
-
-
-CHILDREN = Children()
+    return True
 
 
 class Marked:

@@ -178,22 +178,22 @@ def children_state() -> dict[str, Any]:
     """This process's children still running (zombies left out): pid -> its command line.
 
     Read from ``/proc/self/task/*/children`` (a rank is a child subreaper: orphans of its
-    children are re-parented to it and listed there too), unless the last read found no child
-    and no process was created since (:class:`fingerprint.Children`). A fork of this process
+    children are re-parented to it and listed there too), unless the rank has no child at all
+    (:func:`fingerprint.has_children`). A fork of this process
     that multiprocessing does not manage is left out: it runs the rank's own code, and the fork
     check (:func:`hygiene.stray_forks`) reports it; so is torch.compile's pool of compile
     workers (inductor's, started on the first compile, living as long as the process), and
     multiprocessing's forkserver and resource tracker (started on first use, likewise)."""
-    return fingerprint.CHILDREN.read(_walk_children)
+    return {} if fingerprint.has_children() is False else _walk_children()
 
 
-def _walk_children() -> tuple[dict[str, Any], bool]:
-    """(the children :func:`children_state` names, whether any child was listed at all)."""
+def _walk_children() -> dict[str, Any]:
+    """The children :func:`children_state` names."""
     found: dict[str, Any] = {}
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return found, True  # unknown: walked again next time
+        return found
     pids = [p for task in tasks for p in (_read(f"/proc/self/task/{task}/children") or b"").split()]
     own: str | None = None  # read once a child is found
     for pid in pids:
@@ -203,7 +203,7 @@ def _walk_children() -> tuple[dict[str, Any], bool]:
         own = _command("self") if own is None else own
         if command != own or _managed(int(pid)):
             found[pid.decode()] = command
-    return found, bool(pids)
+    return found
 
 
 def _read(path: str) -> bytes | None:
