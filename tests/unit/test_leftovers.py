@@ -158,17 +158,18 @@ def test_a_socket_a_wider_fixture_opened_is_its_own_one_the_test_left_is_named()
     check = LeftoverCheck(0, "restore", (), ())
     held: list[socket.socket] = []
     fixture = types.SimpleNamespace(scope="module", argname="server")
+    item = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_server"))
     try:
-        check.start(cast(pytest.Item, None), harness=False)
+        check.start(item, harness=False)
         _drive(
             check.pytest_fixture_setup(cast(Any, fixture), cast(Any, None)),
             lambda: held.append(socket.create_server(("127.0.0.1", 0))),
         )
-        _drive(check.pytest_runtest_teardown(cast(pytest.Item, None)))
+        _drive(check.pytest_runtest_teardown(item))
         assert check.finish() == ((), "")
-        check.start(cast(pytest.Item, None), harness=False)
+        check.start(item, harness=False)
         held.append(socket.create_server(("127.0.0.1", 0)))
-        _drive(check.pytest_runtest_teardown(cast(pytest.Item, None)))
+        _drive(check.pytest_runtest_teardown(item))
         words, unfit = check.finish()
         port = held[1].getsockname()[1]
         assert words == (f"a socket listening on 127.0.0.1:{port} (not restored)",), words

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from ...outcome.checks import foreign_crash, is_own, leftover_lines, sequences_in_step, unmatched
+from ...outcome.checks import (
+    between_lines,
+    foreign_crash,
+    is_own,
+    leftover_lines,
+    sequences_in_step,
+    unmatched,
+)
 from ...outcome.collectives import Verdict, crash_verdict, explain, load
 from ...outcome.endgame import FOREVER, LATE, LATE_REASON, Endgame, Unfinished, failed_itself
 from ...outcome.merge import NOTE_ATTR, VERDICT_ATTR
@@ -139,6 +146,7 @@ class Attempt:
             self._strays()
         if not pool.closed and self.result.broken is None:
             self._check_collectives()
+        self.result.notes.extend(between_lines(self.test.nodeid, self.result.between))
         self.result.notes.extend(leftover_lines(self.test.nodeid, self.result.leftovers))
         return self.result
 
@@ -301,6 +309,8 @@ class Attempt:
             self.unfit(f"{self.test.nodeid} {message.pg_problem}")
         if message.leftovers:
             self.result.leftovers[rank.rank] = message.leftovers
+        if message.between:
+            self.result.between[rank.rank] = message.between
         if message.cuda_note:
             ws = self.pool.world_size
             self.result.notes.append(
