@@ -42,6 +42,9 @@ from _pytest._code.code import (
     ReprTracebackNative,
 )
 
+# pytest.fail's exception: the public name ``pytest.fail.Exception`` is no type to a checker.
+from _pytest.outcomes import Failed
+
 from .childcode import import_rewritten, xfailed
 from .deepspeed import (
     DS_CHILD,
@@ -194,6 +197,7 @@ __all__ = [
     "RERUNFAILURES_PLUGIN",
     "ExceptionChainRepr",
     "ExceptionRepr",
+    "Failed",
     "ReprEntryNative",
     "ReprFileLocation",
     "ReprTracebackNative",

@@ -102,7 +102,7 @@ HARNESS_CATEGORIES = (
 MESH_DESC = "mesh_"
 
 
-class LeftoverError(pytest.fail.Exception):
+class LeftoverError(_compat.Failed):
     """A test left process-wide state changed (``--distrank-leftovers=fail``): reported as
     :func:`pytest.fail` with ``pytrace=False`` reports, by its message alone (the frames are
     the plugin's, no help to the test's author)."""
