@@ -42,9 +42,6 @@ from _pytest._code.code import (
     ReprTracebackNative,
 )
 
-# pytest.fail's exception: the public name ``pytest.fail.Exception`` is no type to a checker.
-from _pytest.outcomes import Failed
-
 from .childcode import import_rewritten, xfailed
 from .deepspeed import (
     DS_CHILD,
@@ -132,6 +129,7 @@ from .plugins import (
     take_suite_rerun,
 )
 from .pytest_internals import (
+    Failed,
     can_redirect_terminal,
     config_parser,
     default_plugin_modules,
