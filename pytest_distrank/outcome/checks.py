@@ -107,17 +107,25 @@ def leftover_lines(
     return lines
 
 
-def between_lines(nodeid: str, per_rank: Mapping[int, tuple[str, Sequence[str]]]) -> list[str]:
-    """The summary lines of what changed in warm ranks between their previous test and
-    ``nodeid``, outside both (rank/between.py): ``leftovers: between FILE::test_b and
-    FILE::test_c, code outside both tests (...) left ...``."""
+def leftover_notes(
+    nodeid: str,
+    left: Mapping[int, Sequence[str]],
+    between: Mapping[int, tuple[str, Sequence[str]]],
+) -> list[str]:
+    """The summary lines of a test's leftovers (:func:`leftover_lines`), after those of what
+    changed in its ranks between their previous test and it, outside both (rank/between.py:
+    ``leftovers: between FILE::test_b and FILE::test_c, code outside both tests (...) left
+    ...``)."""
     by_previous: dict[str, dict[int, Sequence[str]]] = {}
-    for rank, (previous, words) in per_rank.items():
+    for rank, (previous, words) in between.items():
         by_previous.setdefault(previous, {})[rank] = words
     return [
-        line
-        for previous, words in by_previous.items()
-        for line in leftover_lines(nodeid, words, BETWEEN_SUBJECT.format(previous, nodeid))
+        *(
+            line
+            for previous, words in by_previous.items()
+            for line in leftover_lines(nodeid, words, BETWEEN_SUBJECT.format(previous, nodeid))
+        ),
+        *leftover_lines(nodeid, left),
     ]
 
 
