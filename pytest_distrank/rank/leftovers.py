@@ -26,6 +26,8 @@ changes are measured around its setup), less what such fixtures undid when torn 
   thread, and an idle worker of a ``ThreadPoolExecutor`` (an executor typically lives as long as
   the process), are named only.
 - ``--distrank-leftovers=fail`` also fails the test: an error at its teardown naming what it left.
+- What changed between two tests, outside both (:mod:`between`), is found at the next test's
+  start, named on a line of its own and restored where it can be; it fails no test.
 
 What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``DISTRANK_*``) and what the ini lists
 ``distrank_leftovers_ignore_env`` and ``distrank_leftovers_ignore_threads`` name never count;
