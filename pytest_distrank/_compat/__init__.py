@@ -131,6 +131,7 @@ from .plugins import (
     take_suite_rerun,
 )
 from .pytest_internals import (
+    Failed,
     can_redirect_terminal,
     config_parser,
     default_plugin_modules,
@@ -196,6 +197,7 @@ __all__ = [
     "RERUNFAILURES_PLUGIN",
     "ExceptionChainRepr",
     "ExceptionRepr",
+    "Failed",
     "ReprEntryNative",
     "ReprFileLocation",
     "ReprTracebackNative",

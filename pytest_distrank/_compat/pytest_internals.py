@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import pytest
+from _pytest import outcomes
 from _pytest._io import TerminalWriter
 from _pytest.junitxml import xml_key
 from _pytest.runner import runtestprotocol
 from _pytest.tmpdir import TempPathFactory
+
+#: pytest.fail's exception (``pytest.fail.Exception`` is no type to a checker).
+Failed = outcomes.Failed
 
 # -- running a test and its fixtures -------------------------------------------------------------
 

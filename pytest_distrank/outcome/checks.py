@@ -82,10 +82,13 @@ def forked_crash(pids: Sequence[int]) -> str:
 NOT_RESTORED = " (not restored)"
 
 
-def leftover_lines(nodeid: str, per_rank: Mapping[int, Sequence[str]]) -> list[str]:
+def leftover_lines(
+    nodeid: str, per_rank: Mapping[int, Sequence[str]], subject: str = ""
+) -> list[str]:
     """The summary lines of what a test left behind in its warm ranks (rank/leftovers.py), one
     per set of ranks that left the same: ``leftovers: FILE::test_c left X set and the default
-    dtype float64 on ranks 0, 1 (restored)``. Daemon threads are named, not restored."""
+    dtype float64 on ranks 0, 1 (restored)``. Daemon threads are named, not restored.
+    ``subject``: who left it, if not the test."""
     by_words: dict[str, list[int]] = {}
     for rank in sorted(per_rank):
         for words in per_rank[rank]:
@@ -100,8 +103,36 @@ def leftover_lines(nodeid: str, per_rank: Mapping[int, Sequence[str]]) -> list[s
         restored = [w for w in all_words if w not in still]
         parts = [f"{and_words(restored)} on {on} (restored)"] if restored else []
         parts += [f"{and_words(still)} on {on}"] if still else []
-        lines.append(f"leftovers: {nodeid} left {'; '.join(parts)}")
+        lines.append(f"leftovers: {subject or nodeid} left {'; '.join(parts)}")
     return lines
+
+
+def leftover_notes(
+    nodeid: str,
+    left: Mapping[int, Sequence[str]],
+    between: Mapping[int, tuple[str, Sequence[str]]],
+) -> list[str]:
+    """The summary lines of a test's leftovers (:func:`leftover_lines`), after those of what
+    changed in its ranks between their previous test and it, outside both (rank/between.py:
+    ``leftovers: between FILE::test_b and FILE::test_c, code outside both tests (...) left
+    ...``)."""
+    by_previous: dict[str, dict[int, Sequence[str]]] = {}
+    for rank, (previous, words) in between.items():
+        by_previous.setdefault(previous, {})[rank] = words
+    return [
+        *(
+            line
+            for previous, words in by_previous.items()
+            for line in leftover_lines(nodeid, words, BETWEEN_SUBJECT.format(previous, nodeid))
+        ),
+        *leftover_lines(nodeid, left),
+    ]
+
+
+#: Who left what changed between two tests (rank/between.py).
+BETWEEN_SUBJECT = (
+    "between {} and {}, code outside both tests (a fixture torn down there, a hook, a __del__)"
+)
 
 
 def and_words(words: Sequence[str]) -> str:

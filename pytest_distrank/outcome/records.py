@@ -118,3 +118,6 @@ class Reports:
     #: only), each in words ("LEAKED_BY_C set", "the default dtype float64"); what could not be
     #: restored is in ``pg_problem`` (rank/leftovers.py).
     leftovers: tuple[str, ...] = ()
+    #: With ``done``: what changed on this rank between its previous test and this one, outside
+    #: both (rank/between.py): the previous test's node id and the words; None if nothing.
+    between: tuple[str, tuple[str, ...]] | None = None

@@ -147,8 +147,17 @@ def same_way(failures: Failures, world_size: int) -> str:
     if len(keys) != 1 or None in keys:
         return ""
     ((path, lineno, kind),) = keys  # type: ignore[misc]
-    where = f"{path.rsplit('/', 1)[-1]}:{lineno}"
-    return f"all {world_size} ranks failed the same way ({kind or 'an error'} at {where})"
+    where = "" if _insides(path) else f" at {path.rsplit('/', 1)[-1]}:{lineno}"
+    return f"all {world_size} ranks failed the same way ({kind or 'an error'}{where})"
+
+
+#: Where a failure's location says nothing to a test's author: the frames of pytest, pluggy and
+#: the plugin (a failure they raise with ``pytrace=False``, as ``--distrank-leftovers=fail``'s).
+INSIDES = ("/_pytest/", "/pluggy/", "/pytest_distrank/")
+
+
+def _insides(path: str) -> bool:
+    return any(part in path.replace("\\", "/") for part in INSIDES)
 
 
 def head(

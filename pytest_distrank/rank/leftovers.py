@@ -26,6 +26,8 @@ changes are measured around its setup), less what such fixtures undid when torn 
   thread, and an idle worker of a ``ThreadPoolExecutor`` (an executor typically lives as long as
   the process), are named only.
 - ``--distrank-leftovers=fail`` also fails the test: an error at its teardown naming what it left.
+- What changed between two tests, outside both (:mod:`between`), is found at the next test's
+  start, named on a line of its own and restored where it can be; it fails no test.
 
 What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``DISTRANK_*``) and what the ini lists
 ``distrank_leftovers_ignore_env`` and ``distrank_leftovers_ignore_threads`` name never count;
@@ -48,8 +50,18 @@ import pytest
 from .. import _compat
 from ..outcome.checks import and_words
 from . import processstate as ps
+from .between import UNKNOWN, expected_start, kept
 from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
-from .snapshot import Snapshot, decoded, diff, env_key, live_groups, owned_groups, restore
+from .snapshot import (
+    Category,
+    Snapshot,
+    decoded,
+    diff,
+    env_key,
+    live_groups,
+    owned_groups,
+    restore,
+)
 from .switches import PROFILER, restore_switch, switch_words
 from .torchstate import (
     DYNAMO,
@@ -92,11 +104,16 @@ HARNESS_CATEGORIES = (
 MESH_DESC = "mesh_"
 
 
-class LeftoverError(Exception):
-    """A test left process-wide state changed (``--distrank-leftovers=fail``)."""
+class LeftoverError(_compat.Failed):
+    """A test left process-wide state changed (``--distrank-leftovers=fail``): reported as
+    :func:`pytest.fail` with ``pytrace=False`` reports, by its message alone (the frames are
+    the plugin's, no help to the test's author)."""
 
     #: Named without its module on the report's crash line, as pytest names its ``Failed``.
     __module__ = "builtins"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, pytrace=False)
 
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
@@ -143,6 +160,16 @@ class LeftoverCheck:
         #: (``sys.last_value``: a failed test's frames, and the groups in them, stay alive).
         self.start_owned = 0
         self.start_failure: Any = None
+        #: What :meth:`_settle` put back, by (category, key): the value it restored.
+        self.restored: dict[tuple[str, Any], Any] = {}
+        #: The last test's end: its node id, its snapshot after the teardown, what was restored.
+        self.ended: tuple[str, dict[str, Category], dict[tuple[str, Any], Any]] | None = None
+        #: Wider fixtures torn down since it: (category, key) -> (name, value before its setup).
+        self.torn: dict[tuple[str, Any], tuple[str, Any]] = {}
+        #: What changed between the last test and this one (:mod:`between`): the last test's node
+        #: id and the words, sent with this test's reports.
+        self.between: tuple[str, tuple[str, ...]] | None = None
+        self.between_unfit: list[str] = []
 
     # -- the test's life ------------------------------------------------------------------------
 
@@ -150,6 +177,7 @@ class LeftoverCheck:
         """At the start of ``item``, before its setup (after what earlier tests left set up
         and ``item`` does not need was torn down)."""
         self.expected = Snapshot.take()
+        self._between(self.expected)
         self.start_owned = owned_groups()
         self.start_failure = getattr(sys, "last_value", None)
         self.harness = harness
@@ -192,13 +220,8 @@ class LeftoverCheck:
         if owned is None:
             return
         name, changed = owned
-        if self.expected is None:  # torn down between tests: compared and restored now
-            now = Snapshot.take()
-            expected = now.copy()
-            for (category, key), value in changed.items():
-                expected.put(category, key, value)
-            self.whose = dict.fromkeys(changed, f"fixture {name!r}")
-            self._settle(expected, now)
+        if self.expected is None:  # torn down between tests: compared at the next one's start
+            self.torn.update((key, (name, value)) for key, value in changed.items())
             return
         for (category, key), value in changed.items():
             self.expected.put(category, key, value)
@@ -215,7 +238,9 @@ class LeftoverCheck:
             expected, self.expected = self.expected, None
             if expected is not None:
                 now = Snapshot.take()
+                self.restored = {}
                 self._settle(expected, now)
+                self.ended = (item.nodeid, kept(now), self.restored)
                 if self._sockets_readable():
                     self.found.sockets = frozenset(now.sockets) - frozenset(expected.sockets)
                 found = self.found
@@ -239,7 +264,10 @@ class LeftoverCheck:
         found, self.found = self.found, Found()
         destroyed = self._destroy(found)  # its own frame: no reference to a group outlives it
         found.words += self._listening(found.sockets, destroyed)
-        unfit = "; ".join(f"{why} on rank {self.rank}" for why in found.unfit)
+        unfit = "; ".join(
+            f"{why} on rank {self.rank}" for why in (*self.between_unfit, *found.unfit)
+        )
+        self.between_unfit = []
         return tuple(found.words), unfit
 
     def _destroy(self, found: Found) -> bool:
@@ -294,17 +322,17 @@ class LeftoverCheck:
         for (category, key), value in diff(expected, now):
             by = f" by {whose[category, key]}" if (category, key) in whose else ""
             if (category, key) in self.quiet:
-                restore(category, key, value)
+                self._restore(category, key, value)
                 continue
             if category == "env":
                 name = decoded(key)
                 if _matches(name, self.ignore_env):
                     continue  # the plugin's own, or the ini's: neither named nor restored
                 variables.append(env_words(name, value, now.env.get(key)) + by)
-                restore(category, key, value)
+                self._restore(category, key, value)
             elif category == "cwd":
                 self.found.words.append("the working folder changed" + by)
-                restore(category, key, value)
+                self._restore(category, key, value)
             elif category == "torch":
                 self._torch(key, value, expected, now, by)
             elif category == "switches":
@@ -332,6 +360,41 @@ class LeftoverCheck:
             self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
 
+    def _restore(self, category: str, key: Any, value: Any) -> None:
+        if restore(category, key, value):
+            self.restored[category, key] = value
+
+    def _between(self, start: Snapshot) -> None:
+        """Name and restore what changed since the last test's end, outside both tests (a
+        fixture torn down there, a hook, a ``__del__``); ``start`` is updated to what was put
+        back. Sent with this test's reports, on a line of its own; never fails a test."""
+        ended, self.ended = self.ended, None
+        torn, self.torn = self.torn, {}
+        self.between = None
+        if ended is None:
+            return
+        previous, end, restored = ended
+        owned = {key: value for key, (_, value) in torn.items()}
+        expected = expected_start(end, restored, owned, start)
+        found, self.found = self.found, Found()
+        quiet, self.quiet = self.quiet, {("env", env_key(name)) for name in QUIET_ENV}
+        self.whose = {key: f"fixture {name!r}" for key, (name, _) in torn.items()}
+        self.restored = {}
+        try:
+            self._settle(expected, start)
+        finally:
+            between, self.found, self.quiet = self.found, found, quiet
+        for (category, key), value in self.restored.items():
+            if value is not UNKNOWN:
+                start.put(category, key, value)
+        self.between_unfit = [  # the pool goes all the same; the test is not failed for it
+            f"started with {why.removeprefix('left ')}, left between {previous} and it outside "
+            "both tests"
+            for why in between.unfit
+        ]
+        if between.words:
+            self.between = (previous, tuple(between.words))
+
     def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
         modes = now.torch.get(FUNCTION_MODES) or ()
         if key == FUNCTION_MODES:  # every later test would run under them: the pool goes
@@ -353,15 +416,17 @@ class LeftoverCheck:
                 return
             self.found.words.append(flag_words(key, now.torch.get(key)) + by)
             reset_dynamo_config(key)
+            self.restored["torch", key] = UNKNOWN  # its default, not read
             return
         self.found.words.append(flag_words(key, now.torch.get(key)) + by)
-        restore("torch", key, value)
+        self._restore("torch", key, value)
 
     def _switch(self, key: str, value: Any, now: Snapshot, by: str) -> None:
         words = switch_words(key, now.switches.get(key)) + by
         if key == PROFILER:
             self.found.unfit.append(f"left {words}")
         elif restore_switch(key, value):
+            self.restored["switches", key] = value
             self.found.words.append(words)
         else:
             self.found.words.append(not_restored(words))

@@ -153,8 +153,9 @@ def same(a: Any, b: Any) -> bool:
         return False
 
 
-def restore(category: str, key: Any, value: Any) -> None:
-    """Put one entry of a :data:`RESTORED` category back (the others are only named)."""
+def restore(category: str, key: Any, value: Any) -> bool:
+    """Put one entry of a :data:`RESTORED` category back (the others are only named); whether
+    it was put back."""
     restorers: dict[str, Callable[[Any, Any], None]] = {
         "env": _restore_env,
         "cwd": lambda _, v: os.chdir(v),
@@ -162,11 +163,12 @@ def restore(category: str, key: Any, value: Any) -> None:
     }
     put_back = restorers.get(category)
     if put_back is None:
-        return
+        return False
     try:
         put_back(key, value)
     except Exception:  # e.g. the folder is gone; named either way
-        return
+        return False
+    return True
 
 
 def env_key(name: str) -> Any:

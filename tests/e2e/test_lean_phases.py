@@ -379,18 +379,31 @@ def test_the_lean_path_is_taken_where_every_reporting_hook_is_known(
     assert passed.search(full_log) and hooked.search(full_log)
 
 
-def test_what_a_conftest_hook_changes_after_a_test_is_no_leftover_of_the_next(
+#: Who the summary says changed what changed between two tests.
+BETWEEN_WHO = "code outside both tests (a fixture torn down there, a hook, a __del__)"
+
+
+def test_what_a_conftest_hook_changes_after_a_test_is_named_between_the_tests(
     lean: Shared, full: Shared
 ) -> None:
-    """The hook sets a logger's level after ``test_hooked``'s teardown: the next test's start
-    must be read after it, not taken from ``test_hooked``'s end; so must
-    ``test_wrapped_next``'s, after a teardown wrapper outside the leftover check's, and
-    ``test_pickled_next``'s, after a property's value was pickled."""
+    """The hook sets a logger's level after ``test_hooked``'s teardown: no leftover of the next
+    test (its start is read after it), named on a line of its own between the two
+    (rank/between.py); so are a teardown wrapper's outside the leftover check's, and a
+    property's value's as it is pickled."""
+    pairs = {
+        "hooked": ("hooked/test_hooked.py::test_hooked", "test_hooked_next"),
+        "wrapped": ("wrapped/test_wrapped.py::test_wrapped_first", "test_wrapped_next"),
+        "pickled": ("test_pickled.py::test_pickled_first", "test_pickled_next"),
+    }
     for session in (lean, full):
-        assert session.outcome("test_hooked_next") == "passed"
-        assert session.outcome("test_wrapped_next") == "passed"
-        assert session.outcome("test_pickled_next") == "passed"
-        assert not [line for line in session.result.outlines if "leftovers:" in line]
+        for logger, (first, name) in pairs.items():
+            then = first.rpartition("::")[0] + "::" + name
+            assert session.outcome(name) == "passed"
+            line = f"leftovers: between {first} and {then}, {BETWEEN_WHO} left logger '{logger}': "
+            assert line + "level ERROR (not restored) on ranks 0, 1" in session.result.outlines
+        outlines = session.result.outlines
+        credited = [line for line in outlines if re.match(r"leftovers: \S+ left", line)]
+        assert not credited, credited
 
 
 def test_a_plugin_registered_during_a_test_reports_on_it(lean: Shared, full: Shared) -> None:

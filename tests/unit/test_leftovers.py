@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 import torch
 
-from pytest_distrank.outcome.checks import and_words, leftover_lines
+from pytest_distrank.outcome.checks import and_words, leftover_lines, leftover_notes
 from pytest_distrank.rank import processstate
 from pytest_distrank.rank.leftoverwords import env_words, few
 from pytest_distrank.rank.snapshot import Snapshot
@@ -35,6 +35,19 @@ def test_different_leftovers_get_a_line_per_set_of_ranks() -> None:
         "leftovers: t.py::test_c left X set on ranks 0, 1 (restored)",
         "leftovers: t.py::test_c left grad mode off on rank 1 (restored)",
     ]
+
+
+def test_what_changed_between_two_tests_is_credited_to_neither() -> None:
+    """The ranks' between words (rank/between.py) get lines of their own, before the test's."""
+    between = {r: ("t.py::test_b", ("the default dtype float64",)) for r in (0, 1)}
+    lines = leftover_notes("t.py::test_c", {1: ("X set",)}, between)
+    assert lines == [
+        "leftovers: between t.py::test_b and t.py::test_c, code outside both tests (a fixture "
+        "torn down there, a hook, a __del__) left the default dtype float64 on ranks 0, 1 "
+        "(restored)",
+        "leftovers: t.py::test_c left X set on rank 1 (restored)",
+    ]
+    assert leftover_notes("t.py::test_c", {}, {}) == []
 
 
 def test_a_daemon_thread_is_named_not_restored() -> None:
@@ -169,17 +182,18 @@ def test_a_socket_a_wider_fixture_opened_is_its_own_one_the_test_left_is_named()
     check = LeftoverCheck(0, "restore", (), ())
     held: list[socket.socket] = []
     fixture = types.SimpleNamespace(scope="module", argname="server")
+    item = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_server"))
     try:
-        check.start(cast(pytest.Item, None), harness=False)
+        check.start(item, harness=False)
         _drive(
             check.pytest_fixture_setup(cast(Any, fixture), cast(Any, None)),
             lambda: held.append(socket.create_server(("127.0.0.1", 0))),
         )
-        _drive(check.pytest_runtest_teardown(cast(pytest.Item, None)))
+        _drive(check.pytest_runtest_teardown(item))
         assert check.finish() == ((), "")
-        check.start(cast(pytest.Item, None), harness=False)
+        check.start(item, harness=False)
         held.append(socket.create_server(("127.0.0.1", 0)))
-        _drive(check.pytest_runtest_teardown(cast(pytest.Item, None)))
+        _drive(check.pytest_runtest_teardown(item))
         words, unfit = check.finish()
         port = held[1].getsockname()[1]
         assert words == (f"a socket listening on 127.0.0.1:{port} (not restored)",), words

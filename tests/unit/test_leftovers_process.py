@@ -1,9 +1,11 @@
 """Unit, property with real process state: whatever a generated test body changes in a process,
-the leftover check (rank/leftovers.py) either restores it or names it, never keeps it silently.
+the leftover check (rank/leftovers.py) either restores it or names it, never keeps it silently;
+and what changes between two tests is named apart, credited to neither (rank/between.py).
 
 The bodies run in one subprocess (torch's global state of this test process is left alone):
 200 generated subsets of the changes below, each applied, then the check's teardown and finish
-as a rank runs them, then every change compared with the state before. Budget: < 30 s.
+as a rank runs them, then every change compared with the state before; then 100 subsets made
+between two clean tests. Budget: < 30 s.
 """
 
 # ruff: noqa: E501  (the body below is a script, one change a line)
@@ -12,9 +14,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 #: The changes a generated test body makes (tests/unit/test_leftovers_fingerprint.py uses them too).
 CHANGES = r"""
-import decimal, gc, logging, os, signal, socket, subprocess, sys, time, types
+import decimal, gc, logging, os, signal, socket, subprocess, sys, time, traceback, types
 import numpy, torch, torch._dynamo.config as dynamo_config
 from hypothesis import given, settings, strategies as st
 from pytest_distrank.rank import leftovers
@@ -105,26 +109,28 @@ CHANGES = {
 
 #: What is left entered and cannot be exited from outside: the pool goes (named in unfit).
 ENTERED = {"meta_device", "profiler", "inference"}
-"""
 
-BODY = CHANGES + r"""
-def teardown(check):
-    gen = check.pytest_runtest_teardown(None)
+def teardown(check, item):  # the check's teardown wrapper around an empty one, as pluggy runs it
+    gen = check.pytest_runtest_teardown(item)
     next(gen)
     try:
         gen.send(None)
     except StopIteration:
         pass
+"""
+
+BODY = CHANGES + r"""
+ITEM = types.SimpleNamespace(nodeid="t.py::test_body")
 
 @settings(max_examples=200, deadline=None, database=None)
 @given(st.sets(st.sampled_from(sorted(CHANGES))))
 def body(chosen):
     check = LeftoverCheck(0, "restore", (), ())
     reads = {name: CHANGES[name][1]() for name in CHANGES}
-    check.start(None, harness=False)
+    check.start(ITEM, harness=False)
     for name in sorted(chosen):
         CHANGES[name][0]()
-    teardown(check)
+    teardown(check, ITEM)
     words, unfit = check.finish()
     said = " | ".join([*words, unfit])
     # What is kept must be named as kept: "(not restored)", "still running", or why the pool goes.
@@ -147,23 +153,102 @@ def body(chosen):
             if undo is not None:
                 undo()
 
+from pytest_distrank.rank.between import BETWEEN
+
+FIRST = types.SimpleNamespace(nodeid="t.py::test_first")
+SECOND = types.SimpleNamespace(nodeid="t.py::test_second")
+#: Changes of categories not compared between two tests (the plugin's own code changes them there).
+NOT_COMPARED = {"module", "child", "socket"}
+
+def run(check, item):
+    check.start(item, harness=False)
+    teardown(check, item)
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(st.sets(st.sampled_from(sorted(CHANGES))))
+def between(chosen):
+    check = LeftoverCheck(0, "fail", (), ())
+    reads = {name: CHANGES[name][1]() for name in CHANGES}
+    run(check, FIRST)
+    assert check.finish() == ((), ""), "a clean first test"
+    for name in sorted(chosen):
+        CHANGES[name][0]()
+    made = {name for name in chosen if CHANGES[name][1]() != reads[name]}
+    try:
+        run(check, SECOND)  # under "fail": a teardown that raised would fail this body
+        words, unfit = check.finish()
+        previous, said = check.between or ("", ())
+        said = " | ".join(said)
+        assert not words, f"credited to the second test: {words}"
+        assert not check.between or previous == FIRST.nodeid, check.between
+        kept_words = " | ".join(
+            [w for w in check.between[1] if w.endswith(("(not restored)", "still running"))]
+            if check.between else []
+        ) + " | " + unfit
+        for name in sorted(chosen - NOT_COMPARED):
+            _, read, pattern, _ = CHANGES[name]
+            kept = read() != reads[name]
+            replaced = unfit and name not in ENTERED
+            assert not kept or replaced or (pattern is not None and pattern in kept_words), (
+                f"{name}: kept and not named as kept in {said!r} / {unfit!r}")
+            if pattern is None or kept or name not in made:
+                continue
+            named = pattern in said or (name.startswith("autocast") and "autocast" in said)
+            assert named, f"{name}: restored unnamed: {said!r}"
+        for name in set(CHANGES) - chosen:  # nothing is named that was not changed
+            assert CHANGES[name][2] is None or CHANGES[name][2] not in said or name in ("autocast", "autocast_dtype"), (name, said)
+        assert not unfit or ENTERED & chosen, unfit
+    finally:
+        for name in sorted(chosen):
+            undo = CHANGES[name][3]
+            if undo is not None:
+                undo()
+
+def check(name, prop):  # each property's verdict on its own line (one torch import for both)
+    try:
+        prop()
+    except BaseException:
+        traceback.print_exc()
+        print(f"{name} failed")
+    else:
+        print(f"{name} ok")
+
 logging.getLogger().setLevel(logging.WARNING)
 os.umask(0o022)
 os.environ["TZ"] = "UTC"  # a zone that differs from Asia/Tokyo, as the rank's own
 time.tzset()
 os.environ["MASTER_PORT"] = "29400"
-body()
-print("ok")
+check("body", body)
+check("between", between)
 """
 
 
-def test_every_change_a_generated_test_makes_is_restored_or_named() -> None:
+@pytest.fixture(scope="module")
+def generated() -> subprocess.CompletedProcess[str]:
+    """Both properties' run (200 bodies, then 100 sets of changes between two tests)."""
+    return subprocess.run(
+        [sys.executable, "-c", BODY], capture_output=True, text=True, timeout=180, check=False
+    )
+
+
+def _verdict(done: subprocess.CompletedProcess[str], name: str) -> None:
+    assert f"{name} ok" in done.stdout.splitlines(), done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_every_change_a_generated_test_makes_is_restored_or_named(
+    generated: subprocess.CompletedProcess[str],
+) -> None:
     """Rule: after the check, each change the body made either reads as before it (restored)
     or is named in the check's words (only named); a change is never kept silently, and
-    nothing the body did not change is named. 200 bodies, one subprocess."""
-    done = subprocess.run(
-        [sys.executable, "-c", BODY], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (
-        done.stdout[-3000:] + done.stderr[-3000:]
-    )
+    nothing the body did not change is named. 200 bodies."""
+    _verdict(generated, "body")
+
+
+def test_what_changes_between_two_tests_is_named_apart_and_credited_to_neither(
+    generated: subprocess.CompletedProcess[str],
+) -> None:
+    """Rule (rank/between.py): after a change made between two tests, outside both, the second
+    test's start names it on the between line (as kept, where it is kept), the second test is
+    credited with nothing (and not failed under ``fail``), and nothing unchanged is named. 100
+    generated sets of changes."""
+    _verdict(generated, "between")

@@ -5,6 +5,9 @@ replays: tests/unit/test_replay.py; the real sessions: tests/e2e/test_report_fil
 
 from __future__ import annotations
 
+import types
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 from pytest import TestReport
@@ -97,3 +100,24 @@ def test_a_root_cause_only_when_a_rank_failed_before_the_signal(states: list[str
     else:
         assert "root cause:" not in head
         assert head.startswith("distrank: the session was interrupted by SIGTERM while ")
+
+
+def test_failing_the_same_way_inside_pytest_or_the_plugin_names_no_place() -> None:
+    """A failure raised from pytest's, pluggy's or the plugin's own frames (the leftover
+    check's under --distrank-leftovers=fail) is located nowhere useful: the head names its kind
+    only, never "at _manager.py:183"; one in the test's own file keeps its place."""
+    from pytest_distrank._compat import ReprFileLocation
+    from pytest_distrank.outcome.rootcause import same_way
+
+    def failures(path: str) -> list[tuple[int, Any]]:
+        crash = ReprFileLocation(path, 183, "LeftoverError: t.py::test_x left X set on rank 0")
+        report = types.SimpleNamespace(longrepr=types.SimpleNamespace(reprcrash=crash))
+        return [(rank, report) for rank in range(2)]
+
+    inside = "/venv/lib/python3.11/site-packages/pluggy/_manager.py"
+    assert same_way(failures(inside), 2) == "all 2 ranks failed the same way (LeftoverError)"
+    own = "/x/pytest_distrank/pool/worker/leanphases.py"
+    assert same_way(failures(own), 2) == "all 2 ranks failed the same way (LeftoverError)"
+    assert same_way(failures("/home/u/tests/t.py"), 2) == (
+        "all 2 ranks failed the same way (LeftoverError at t.py:183)"
+    )

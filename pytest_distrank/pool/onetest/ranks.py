@@ -102,6 +102,8 @@ class TestRun:
     notes: list[str] = dataclasses.field(default_factory=list)
     #: Per rank: what the test left behind there and was restored, in words (Reports.leftovers).
     leftovers: dict[int, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    #: Per rank: what changed there between its previous test and this one (Reports.between).
+    between: dict[int, tuple[str, tuple[str, ...]]] = dataclasses.field(default_factory=dict)
     #: The interrupt (a signal, Ctrl-C) that ended the test: the controller raises it again once
     #: the test's reports are logged (interrupts.py).
     interrupted: BaseException | None = None

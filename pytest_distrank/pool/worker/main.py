@@ -310,6 +310,7 @@ class WorkerPlugin:
         started: float = 0.0,
         cuda_note: str = "",
         leftovers: tuple[str, ...] = (),
+        between: tuple[str, tuple[str, ...]] | None = None,
     ) -> None:
         assert self.ctx is not None
         pending, self.pending = self.pending, []
@@ -331,6 +332,7 @@ class WorkerPlugin:
                 started,
                 cuda_note,
                 leftovers,
+                between,
             )
 
         try:
@@ -441,6 +443,7 @@ class WorkerPlugin:
             started=started,
             cuda_note=cuda_note,
             leftovers=left,
+            between=self.checks.between if self.checks is not None else None,
         )
         self._phase(Phase.IDLE)
         self.tests += 1
