@@ -92,7 +92,6 @@ from .mp_internals import (
     adopt_fork_server,
     close_fork_server_alive_fd,
     environ_data,
-    environ_table,
     executor_worker,
     foreign_thread,
     forkserver_pid,
@@ -103,7 +102,6 @@ from .mp_internals import (
     resource_tracker_running,
     stop_fork_server,
     stop_resource_tracker,
-    thread_tables,
 )
 from .oneworld import one_rank_world
 from .plugins import (
@@ -225,7 +223,6 @@ __all__ = [
     "dump_flight_recorder",
     "ensure_unconfigure",
     "environ_data",
-    "environ_table",
     "every_rank_int",
     "executor_worker",
     "failed_subtests",
@@ -305,7 +302,6 @@ __all__ = [
     "take_suite_rerun",
     "teardown_exact",
     "terminal_writer",
-    "thread_tables",
     "unittest_names",
     "user_temp_root",
     "watch_local_collectives",

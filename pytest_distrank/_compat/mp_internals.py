@@ -155,19 +155,3 @@ def environ_data() -> dict[Any, Any]:
     every name and value. If renamed, the decoded copy is taken."""
     data = getattr(os.environ, "_data", None)
     return dict(data) if isinstance(data, dict) else dict(os.environ)
-
-
-def environ_table() -> dict[Any, Any] | None:
-    """The dict ``os.environ`` keeps its encoded entries in (``os.environ._data``, private), or
-    None if renamed: its version marks the environment (:mod:`rank.fingerprint`)."""
-    data = getattr(os.environ, "_data", None)
-    return data if type(data) is dict else None
-
-
-def thread_tables() -> tuple[dict[Any, Any], ...] | None:
-    """``threading``'s tables of threads started and starting (``_active``, ``_limbo``, private:
-    ``threading.enumerate`` lists their values), or None if renamed."""
-    import threading
-
-    tables = (getattr(threading, "_active", None), getattr(threading, "_limbo", None))
-    return tables if all(type(t) is dict for t in tables) else None  # type: ignore[return-value]

@@ -1,5 +1,5 @@
-"""Cheap marks of a rank's process state: a leftover check's read that would find nothing is
-skipped.
+"""Cheap marks of a rank's process state: a leftover check's read is skipped, or its last result
+reused, where the mark shows it cannot read otherwise.
 
 Runs in pool-mode rank processes (:mod:`rank.processstate` reads through these at every
 :class:`snapshot.Snapshot`: after each test, and at its start where that is read in full). Each
@@ -13,22 +13,23 @@ the leftover property test makes):
   a test's): a child, or an orphan of one adopted by the rank (a subreaper), is a child of one
   of its threads, which ``waitid`` waits for. Other processes of the machine do not count
   (the pid namespace's last pid, the mark before, moved with every process on a busy machine).
-- **``sys.modules``, the environment, the list of loggers, the threads**: the versions of the
-  dicts they are read from (``threading``'s tables of threads started and starting). A dict's
-  version (PEP 509: CPython
-  3.11-3.13 gives every dict a version, globally unique, that changes on every change of its
-  content; read with ``ctypes``, checked at first use on a dict of its own, unused where that
-  check fails). While ``(id, version)`` is the one read before the last copy, the copy stands
-  (:class:`Marked`): the snapshot shares it, and the compare sees the same object.
+- **``sys.modules`` and the list of loggers**: the version of the dict they are read from
+  (PEP 509: CPython 3.11-3.13 gives every dict a version, globally unique, that changes on every
+  change of its content; read with ``ctypes``, checked at first use on a dict of its own, unused
+  where that check fails). While ``(id, version)`` is the one read before the last copy, the
+  copy stands (:class:`Marked`): the snapshot shares it, and the compare sees the same object.
+  (The environment and ``threading``'s tables were tried too: their marks cost more than their
+  copies, in a test's flow.)
 - **loggers**: the list of loggers is kept while ``loggerDict``'s version stays; each logger's
   level, handlers, propagation and disabled flag are read raw (two C-level maps, ~10 us for 120
   loggers), and the category is built from them only when they differ from the last read's.
 
-No cheap mark sees the rest, so it is read on every snapshot: process groups (a last read kept
-would keep a destroyed group, and its listening socket, alive), torch's flags and the process-wide
-switches (direct reads of torch's C getters, ~10 us), signal dispositions (``signal.signal``
-keeps no count), and the sockets held open (a descriptor closed and reopened as a socket keeps
-its number: each is read with ``readlink``, ~1 us a descriptor).
+No cheap mark sees the rest, or none that pays, so it is read on every snapshot: the
+environment and the threads (plain copies), process groups (a last read kept would keep a
+destroyed group, and its listening socket, alive), torch's flags (torch's C getters, looked up
+once: ~13 us) and the process-wide switches, signal dispositions (``signal.signal`` keeps no
+count), and the sockets held open (a descriptor closed and reopened as a socket keeps its
+number: each is read with ``readlink``, ~1 us a descriptor).
 """
 
 from __future__ import annotations
@@ -119,10 +120,8 @@ def _version_reader() -> Callable[[dict[Any, Any]], int] | None:
     return version
 
 
-#: The last copy of ``sys.modules`` and of the environment; the threads read; the list of
-#: loggers, and the logging category built from their raw state.
+#: The last copy of ``sys.modules``; the list of loggers, and the logging category built from
+#: their raw state.
 MODULES = Marked()
-ENVIRON = Marked()
-THREADS = Marked()
 LOGGERS = Marked()
 LOGGING = Marked()

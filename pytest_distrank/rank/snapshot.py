@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _compat
-from . import fingerprint, processstate
+from . import processstate
 from .ownedgroups import is_owned
 from .switches import switches_state
 from .torchstate import set_torch_flag, torch_flags
@@ -54,11 +54,11 @@ class Snapshot:
     @classmethod
     def take(cls) -> Snapshot:
         return cls(
-            _environ(),  # encoded names and values: decoded only where they differ
+            _compat.environ_data(),  # encoded names and values: decoded only where they differ
             {"": _cwd()},
             torch_flags(),
             switches_state(),
-            _threads(),
+            {t.ident: t for t in threading.enumerate()},
             live_groups(),
             {"": _compat.compile_state()},
             processstate.path_state(),
@@ -87,30 +87,11 @@ class Snapshot:
 _FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))
 
 
-def _environ() -> Category:
-    """The environment (:func:`_compat.environ_data`), the last copy again while its dict is
-    unchanged (:func:`fingerprint.dict_mark`)."""
-    data = _compat.environ_table()
-    mark = None if data is None else fingerprint.dict_mark(data)
-    return fingerprint.ENVIRON.read(mark, _compat.environ_data)
-
-
 def _cwd() -> str:
     try:
         return os.getcwd()
     except OSError:  # the test removed the folder it left the rank in
         return "(a removed folder)"
-
-
-def _threads() -> Category:
-    """The Python threads by ``ident``, the last read again while ``threading``'s tables of
-    threads (started, starting) are unchanged (:func:`fingerprint.dict_mark`)."""
-    tables = _compat.thread_tables()
-    marks = None if tables is None else tuple(map(fingerprint.dict_mark, tables))
-    return fingerprint.THREADS.read(
-        None if marks is None or None in marks else marks,
-        lambda: {t.ident: t for t in threading.enumerate()},
-    )
 
 
 def live_groups() -> Category:

@@ -2,7 +2,7 @@
 change. After every step of a generated sequence (the changes of the leftover property test in
 test_leftovers_process.py, their undoing, children started, orphaned, adopted and ended), what
 the leftover check reads through a mark or a cheaper read equals what a full walk reads now:
-child processes, ``sys.modules``, the environment and threads (their dicts' versions), loggers (their list
+child processes, ``sys.modules`` (its dict's version), loggers (their list
 kept by ``loggerDict``'s version, the category by their raw state), torch's flags (read through
 its C getters, against the public API), sockets, signal dispositions, flush-denormal (read on
 floats, against a tensor), and the whole snapshot. One subprocess (a child subreaper, as a rank
@@ -185,7 +185,7 @@ def sequence(steps):
             assert before.modules == dict(sys.modules), (step, before.modules.keys() ^ sys.modules.keys())
             assert ps.modules_state() == dict(sys.modules), step
             assert before.threads == {t.ident: t for t in threading.enumerate()} == Snapshot.take().threads, step
-            assert before.env == dict(os.environ._data) and ps.fingerprint.dict_mark(os.environ._data), step
+            assert before.env == dict(os.environ._data) and fingerprint.dict_mark(sys.modules), step  # marks in use
             assert before.logging == walked_logging() == ps.logging_state(), step
             assert before.torch == walked_torch() == torchstate.torch_flags(), (step, before.torch.items() ^ walked_torch().items())
             assert ps.socket_inodes() == walked_sockets(), step
