@@ -70,6 +70,7 @@ from .torchstate import (
     dynamo_default,
     flag_words,
     reset_dynamo_config,
+    restored_with,
 )
 
 #: How long the threads and children a test started get, all together, to end before they
@@ -427,7 +428,8 @@ class LeftoverCheck:
             self.restored["torch", key] = UNKNOWN  # its default, not read
             return
         self.found.words.append(flag_words(key, now.torch.get(key)) + by)
-        self._restore("torch", key, value)
+        for name in restored_with(key, expected.torch):  # each precision setting, in order
+            self._restore("torch", name, expected.torch[name])
 
     def _switch(self, key: str, value: Any, now: Snapshot, by: str) -> None:
         words = switch_words(key, now.switches.get(key)) + by
