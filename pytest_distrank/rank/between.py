@@ -57,15 +57,19 @@ def expected_start(
             _put(categories[category], key, getattr(start, category).get(key), value)
     for (category, key), value in owned.items():  # a torn-down fixture's, in any category
         _put(categories[category], key, getattr(start, category).get(key), value)
+    env = categories["env"]
+    _put(env, _CURRENT_TEST, start.env.get(_CURRENT_TEST), UNKNOWN)  # env: equal at once
     port = start.env.get(_PLUGIN_PORT)
     if port is not None:  # the plugin serves a fresh store before each test: MASTER_PORT is its
-        categories["env"][_MASTER_PORT] = port
+        env[_MASTER_PORT] = port
     return Snapshot(**categories)
 
 
 #: An ``init_process_group=False`` pool serves a fresh TCPStore before each test and exports
 #: its port as both (pool/worker/rankgroup.master_store): a change of the plugin's own.
 _PLUGIN_PORT, _MASTER_PORT = env_key(PLUGIN_PORT_ENV), env_key("MASTER_PORT")
+#: pytest's, set at each phase and unset after the teardown (never a leftover): as start has it.
+_CURRENT_TEST = env_key("PYTEST_CURRENT_TEST")
 
 
 def _put(values: dict[Any, Any], key: Any, now: Any, value: Any) -> None:
