@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .snapshot import Snapshot
+from ..settings import PLUGIN_PORT_ENV
+from .snapshot import Snapshot, env_key
 
 #: The categories compared between two tests.
 BETWEEN = ("env", "cwd", "torch", "switches", "path", "umask", "signals", "logging")
@@ -43,8 +44,8 @@ def expected_start(
     """What ``start`` should read: ``ended``, the previous test's end as :func:`kept` keeps it,
     with what the check ``restored`` after it put back, and each key a fixture torn down between
     the two tests ``owned`` (its value before that fixture's setup, in any category); ``start``
-    itself in the categories not compared. :func:`snapshot.diff` of it and ``start`` is what
-    changed between the two tests."""
+    itself in the categories not compared; ``MASTER_PORT`` is the port the plugin serves now.
+    :func:`snapshot.diff` of it and ``start`` is what changed between the two tests."""
     # The categories not compared are start's own dicts (diff sees them the same at once),
     # copied only where a torn-down fixture's key is put in.
     categories = start.categories()
@@ -56,7 +57,19 @@ def expected_start(
             _put(categories[category], key, getattr(start, category).get(key), value)
     for (category, key), value in owned.items():  # a torn-down fixture's, in any category
         _put(categories[category], key, getattr(start, category).get(key), value)
+    env = categories["env"]
+    _put(env, _CURRENT_TEST, start.env.get(_CURRENT_TEST), UNKNOWN)  # env: equal at once
+    port = start.env.get(_PLUGIN_PORT)
+    if port is not None:  # the plugin serves a fresh store before each test: MASTER_PORT is its
+        env[_MASTER_PORT] = port
     return Snapshot(**categories)
+
+
+#: An ``init_process_group=False`` pool serves a fresh TCPStore before each test and exports
+#: its port as both (pool/worker/rankgroup.master_store): a change of the plugin's own.
+_PLUGIN_PORT, _MASTER_PORT = env_key(PLUGIN_PORT_ENV), env_key("MASTER_PORT")
+#: pytest's, set at each phase and unset after the teardown (never a leftover): as start has it.
+_CURRENT_TEST = env_key("PYTEST_CURRENT_TEST")
 
 
 def _put(values: dict[Any, Any], key: Any, now: Any, value: Any) -> None:

@@ -70,6 +70,7 @@ from .torchstate import (
     dynamo_default,
     flag_words,
     reset_dynamo_config,
+    restored_with,
 )
 
 #: How long the threads and children a test started get, all together, to end before they
@@ -167,9 +168,10 @@ class LeftoverCheck:
         #: Wider fixtures torn down since it: (category, key) -> (name, value before its setup).
         self.torn: dict[tuple[str, Any], tuple[str, Any]] = {}
         #: What changed between the last test and this one (:mod:`between`): the last test's node
-        #: id and the words, sent with this test's reports.
+        #: id and the words, sent with this test's reports (once :meth:`finish` destroyed the
+        #: groups of :attr:`between_found`, found at this test's start).
         self.between: tuple[str, tuple[str, ...]] | None = None
-        self.between_unfit: list[str] = []
+        self.between_found: tuple[str, Found] | None = None
 
     # -- the test's life ------------------------------------------------------------------------
 
@@ -264,11 +266,24 @@ class LeftoverCheck:
         found, self.found = self.found, Found()
         destroyed = self._destroy(found)  # its own frame: no reference to a group outlives it
         found.words += self._listening(found.sockets, destroyed)
-        unfit = "; ".join(
-            f"{why} on rank {self.rank}" for why in (*self.between_unfit, *found.unfit)
-        )
-        self.between_unfit = []
+        unfit = "; ".join(f"{why} on rank {self.rank}" for why in (*self._after(), *found.unfit))
         return tuple(found.words), unfit
+
+    def _after(self) -> list[str]:
+        """What changed between the last test and this one, once the groups a fixture torn down
+        there left are destroyed (named on the between line, as after a test): sets
+        :attr:`between`; why the pool must go (the test is not failed for it)."""
+        if self.between_found is None:
+            return []
+        (previous, between), self.between_found = self.between_found, None
+        self._destroy(between)
+        if between.words:
+            self.between = (previous, tuple(between.words))
+        return [
+            f"started with {why.removeprefix('left ')}, left between {previous} and it outside "
+            "both tests"
+            for why in between.unfit
+        ]
 
     def _destroy(self, found: Found) -> bool:
         """Destroy the groups ``found`` holds (a DeviceMesh's unnamed); whether any was."""
@@ -370,7 +385,7 @@ class LeftoverCheck:
         back. Sent with this test's reports, on a line of its own; never fails a test."""
         ended, self.ended = self.ended, None
         torn, self.torn = self.torn, {}
-        self.between = None
+        self.between = self.between_found = None
         if ended is None:
             return
         previous, end, restored = ended
@@ -387,13 +402,7 @@ class LeftoverCheck:
         for (category, key), value in self.restored.items():
             if value is not UNKNOWN:
                 getattr(start, category)[key] = value
-        self.between_unfit = [  # the pool goes all the same; the test is not failed for it
-            f"started with {why.removeprefix('left ')}, left between {previous} and it outside "
-            "both tests"
-            for why in between.unfit
-        ]
-        if between.words:
-            self.between = (previous, tuple(between.words))
+        self.between_found = (previous, between)
 
     def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
         modes = now.torch.get(FUNCTION_MODES) or ()
@@ -419,7 +428,8 @@ class LeftoverCheck:
             self.restored["torch", key] = UNKNOWN  # its default, not read
             return
         self.found.words.append(flag_words(key, now.torch.get(key)) + by)
-        self._restore("torch", key, value)
+        for name in restored_with(key, expected.torch):  # each precision setting, in order
+            self._restore("torch", name, expected.torch[name])
 
     def _switch(self, key: str, value: Any, now: Snapshot, by: str) -> None:
         words = switch_words(key, now.switches.get(key)) + by

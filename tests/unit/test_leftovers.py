@@ -1,5 +1,6 @@
 """Unit: the words of what a test left behind (rank/leftovers.py, rank/torchstate.py) and the
-summary lines the controller makes of them (outcome/checks.py ``leftover_lines``)."""
+summary lines the controller makes of them (outcome/checks.py ``leftover_lines``); what a rank
+expects at a test's start (rank/between.py ``expected_start``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import torch
 
 from pytest_distrank.outcome.checks import and_words, leftover_lines, leftover_notes
 from pytest_distrank.rank import processstate
+from pytest_distrank.rank.between import expected_start, kept
 from pytest_distrank.rank.leftoverwords import env_words, few
-from pytest_distrank.rank.snapshot import Snapshot
+from pytest_distrank.rank.snapshot import Snapshot, diff, env_key
 from pytest_distrank.rank.torchstate import flag_words
+from pytest_distrank.settings import PLUGIN_PORT_ENV
 
 
 def test_lines_group_the_ranks_that_left_the_same() -> None:
@@ -241,3 +244,29 @@ def test_children_are_read_without_the_process_helpers() -> None:
         for child in started:
             child.kill()
             child.wait()
+
+
+def test_the_port_the_plugin_serves_anew_before_a_test_is_expected_at_its_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule: an ``init_process_group=False`` pool serves a fresh store before each test and
+    exports its port as MASTER_PORT and DISTRANK_MASTER_PORT (pool/worker/rankgroup.py): the
+    next start expects that port, not the last end's (put back, every test after the first
+    rendezvoused at the previous test's closed store's port); a hook's MASTER_PORT is still
+    put back, to the plugin's."""
+
+    def env_changes(start: Snapshot) -> dict[object, object]:
+        expected = expected_start(kept(end), {}, {}, start)
+        return {key: value for (category, key), value in diff(expected, start) if category == "env"}
+
+    monkeypatch.setenv("MASTER_PORT", "1111")
+    monkeypatch.setenv(PLUGIN_PORT_ENV, "1111")
+    end = Snapshot.take()
+    monkeypatch.setenv("MASTER_PORT", "2222")
+    monkeypatch.setenv(PLUGIN_PORT_ENV, "2222")
+    assert env_changes(Snapshot.take()) == {env_key(PLUGIN_PORT_ENV): env_key("1111")}
+    monkeypatch.setenv("MASTER_PORT", "3333")  # a hook's, after the plugin's
+    assert env_changes(Snapshot.take()) == {
+        env_key(PLUGIN_PORT_ENV): env_key("1111"),  # ignored by the check: DISTRANK_*
+        env_key("MASTER_PORT"): env_key("2222"),
+    }
