@@ -34,8 +34,10 @@ UNKNOWN: Any = object()
 
 def kept(end: Snapshot) -> dict[str, dict[Any, Any]]:
     """What is kept of a test's end snapshot until the next test's start: the categories
-    compared (not the process groups, which it would keep alive, nor the threads)."""
-    return {category: getattr(end, category) for category in BETWEEN}
+    compared (not the process groups, which it would keep alive, nor the threads), and the
+    modules (not compared: told apart from those imported between the two tests, whose loggers
+    are no change of anyone's)."""
+    return {category: getattr(end, category) for category in (*BETWEEN, "modules")}
 
 
 def expected_start(

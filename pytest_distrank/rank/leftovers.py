@@ -36,13 +36,11 @@ What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``DISTRANK_*``) and what t
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
-import gc
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -51,6 +49,7 @@ from .. import _compat
 from ..outcome.checks import and_words
 from . import processstate as ps
 from .between import UNKNOWN, expected_start, kept
+from .leftgroups import Found, destroy, listening
 from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
 from .snapshot import (
     Category,
@@ -119,22 +118,6 @@ class LeftoverError(_compat.Failed):
 
 def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-@dataclasses.dataclass
-class Found:
-    """What a test left, on this rank: words (restored, or named with
-    :data:`checks.NOT_RESTORED` or " still running"), why the pool must go, groups."""
-
-    words: list[str] = dataclasses.field(default_factory=list)
-    unfit: list[str] = dataclasses.field(default_factory=list)
-    #: Process groups to destroy after the test's sequence numbers were read, and to name.
-    groups: list[Any] = dataclasses.field(default_factory=list)
-    #: Groups of a DeviceMesh the test built: destroyed too, never named (normal, not a leak).
-    mesh_groups: list[Any] = dataclasses.field(default_factory=list)
-    #: Sockets the test opened and still holds: named in :meth:`LeftoverCheck.finish` if they
-    #: still listen once its groups are destroyed (a gloo group listens until then).
-    sockets: frozenset[int] = frozenset()
 
 
 class LeftoverCheck:
@@ -264,8 +247,8 @@ class LeftoverCheck:
         """After the test's reports and sequence numbers: destroy the groups it left; return
         (what it left, in words; why the rank is unfit, or "")."""
         found, self.found = self.found, Found()
-        destroyed = self._destroy(found)  # its own frame: no reference to a group outlives it
-        found.words += self._listening(found.sockets, destroyed)
+        destroyed = destroy(found)  # its own frame: no reference to a group outlives it
+        found.words += listening(found.sockets, destroyed)
         unfit = "; ".join(f"{why} on rank {self.rank}" for why in (*self._after(), *found.unfit))
         return tuple(found.words), unfit
 
@@ -276,7 +259,7 @@ class LeftoverCheck:
         if self.between_found is None:
             return []
         (previous, between), self.between_found = self.between_found, None
-        self._destroy(between)
+        destroy(between)
         if between.words:
             self.between = (previous, tuple(between.words))
         return [
@@ -285,49 +268,13 @@ class LeftoverCheck:
             for why in between.unfit
         ]
 
-    def _destroy(self, found: Found) -> bool:
-        """Destroy the groups ``found`` holds (a DeviceMesh's unnamed); whether any was."""
-        # Under init_process_group=False the pool destroys whatever the test left, by design
-        # (rankgroup.group_problem, before this): only groups still alive are leftovers.
-        groups, meshes = found.groups, found.mesh_groups
-        found.groups = found.mesh_groups = []
-        live = live_groups() if groups or meshes else {}
-        named = {id(pg) for pg in groups}
-        for pg in (pg for pg in [*groups, *meshes] if id(pg) in live):
-            words = group_words(pg)
-            try:
-                import torch.distributed as dist
-
-                dist.destroy_process_group(pg)
-            except Exception as exc:
-                found.unfit.append(f"left {words} that could not be destroyed ({exc!r})")
-            else:
-                if id(pg) in named:
-                    found.words.append(words)
-        return bool(live)
-
-    def _listening(self, sockets: frozenset[int], destroyed: bool) -> list[str]:
-        """Words for the new sockets that still listen; a destroyed group's listener closes
-        once the group is freed (a collection, only when groups were destroyed)."""
-        new = sockets & ps.socket_inodes() if sockets else sockets  # no new socket: no walk
-        left = ps.listening(new) if new else {}
-        if left and destroyed:
-            gc.collect()
-            left = ps.listening(new & ps.socket_inodes())
-        words = few(
-            [ps.socket_words(address) for address in sorted(left.values())], NAMES["sockets"]
-        )
-        if words and destroyed:
-            words[-1] += (
-                " (a process group destroyed after the test listens until freed: a DeviceMesh "
-                "or group the test kept in a global holds it)"
-            )
-        return [not_restored(w) for w in words]
-
     # -- comparing and restoring ----------------------------------------------------------------
 
-    def _settle(self, expected: Snapshot, now: Snapshot) -> None:
-        """Restore ``now`` to ``expected`` where it differs and can be; name what differed."""
+    def _settle(
+        self, expected: Snapshot, now: Snapshot, modules: Mapping[str, Any] | None = None
+    ) -> None:
+        """Restore ``now`` to ``expected`` where it differs and can be; name what differed.
+        ``modules``: those before what is compared (``expected``'s, unless given)."""
         whose, self.whose = self.whose, {}
         threads_left: list[tuple[threading.Thread, str]] = []
         variables: list[str] = []
@@ -346,8 +293,9 @@ class LeftoverCheck:
                 variables.append(env_words(name, value, now.env.get(key)) + by)
                 self._restore(category, key, value)
             elif category == "cwd":
-                self.found.words.append("the working folder changed" + by)
-                self._restore(category, key, value)
+                words = "the working folder changed" + by
+                restored = self._restore(category, key, value)
+                self.found.words.append(words if restored else not_restored(words))
             elif category == "torch":
                 self._torch(key, value, expected, now, by)
             elif category == "switches":
@@ -364,7 +312,8 @@ class LeftoverCheck:
             elif category != "sockets":  # sockets: once the test's groups are destroyed
                 after = getattr(now, category).get(key)
                 if category == "logging":
-                    imported = imported or (now.modules.keys() - expected.modules.keys())
+                    before = expected.modules if modules is None else modules
+                    imported = imported or (now.modules.keys() - before.keys())
                     said = ps.logging_words(key, value, after, imported)
                 else:
                     said = named_words(category, key, value, after, until)
@@ -375,9 +324,11 @@ class LeftoverCheck:
             self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
 
-    def _restore(self, category: str, key: Any, value: Any) -> None:
-        if restore(category, key, value):
-            self.restored[category, key] = value
+    def _restore(self, category: str, key: Any, value: Any) -> bool:
+        if not restore(category, key, value):
+            return False
+        self.restored[category, key] = value
+        return True
 
     def _between(self, start: Snapshot) -> None:
         """Name and restore what changed since the last test's end, outside both tests (a
@@ -393,12 +344,14 @@ class LeftoverCheck:
         expected = expected_start(end, restored, owned, start)
         found, self.found = self.found, Found()
         quiet, self.quiet = self.quiet, {("env", env_key(name)) for name in QUIET_ENV}
+        harness, self.harness = self.harness, False  # the last test's: none of a harness here
         self.whose = {key: f"fixture {name!r}" for key, (name, _) in torn.items()}
         self.restored = {}
         try:
-            self._settle(expected, start)
+            self._settle(expected, start, end["modules"])
         finally:
             between, self.found, self.quiet = self.found, found, quiet
+            self.harness = harness
         for (category, key), value in self.restored.items():
             if value is not UNKNOWN:
                 getattr(start, category)[key] = value

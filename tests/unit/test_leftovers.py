@@ -270,3 +270,68 @@ def test_the_port_the_plugin_serves_anew_before_a_test_is_expected_at_its_start(
         env_key(PLUGIN_PORT_ENV): env_key("1111"),  # ignored by the check: DISTRANK_*
         env_key("MASTER_PORT"): env_key("2222"),
     }
+
+
+def _run_test(check: Any, item: pytest.Item, body: Any = None) -> tuple[tuple[str, ...], str]:
+    """One test as a rank runs it through the check: its start, ``body``, its teardown."""
+    check.start(item, harness=False)
+    if body is not None:
+        body()
+    _drive(check.pytest_runtest_teardown(item))
+    return cast(tuple[tuple[str, ...], str], check.finish())
+
+
+def test_a_working_folder_that_cannot_be_put_back_is_named_as_kept(tmp_path: Any) -> None:
+    """A test that removes the folder it started in leaves the working folder changed: named
+    "(not restored)", never said to be restored."""
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    item = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_rmdir"))
+    check = LeftoverCheck(0, "restore", (), ())
+    old = os.getcwd()
+    os.chdir(start)
+    try:
+
+        def leave() -> None:
+            os.chdir(elsewhere)
+            start.rmdir()
+
+        words, _ = _run_test(check, item, leave)
+    finally:
+        os.chdir(old)
+    assert words == ("the working folder changed (not restored)",), words
+
+
+def test_a_logger_a_module_imported_between_two_tests_configures_is_no_ones(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module imported between two tests (the plugin imports lazily there) that configures
+    its own logger is not named on the between line, as it is not within a test; a logger
+    configured between them by no import is."""
+    import logging
+
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    (tmp_path / "between_configured.py").write_text(
+        "import logging\nlogging.getLogger('between_configured').setLevel(logging.DEBUG)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check = LeftoverCheck(0, "restore", (), ())
+    first = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_first"))
+    second = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_second"))
+    other = logging.getLogger("between_other")
+    try:
+        assert _run_test(check, first) == ((), "")
+        __import__("between_configured")
+        other.setLevel(logging.ERROR)
+        assert _run_test(check, second) == ((), "")
+        assert check.between == (
+            "t.py::test_first",
+            ("logger 'between_other': level ERROR (not restored)",),
+        ), check.between
+    finally:
+        other.setLevel(logging.NOTSET)
+        monkeypatch.delitem(__import__("sys").modules, "between_configured", raising=False)
