@@ -11,8 +11,9 @@ it (its restores applied), named on its own line, and restored where it can be, 
 next test starts as the previous one ended.
 
 Only the categories that nothing of the plugin's own changes between two tests are compared
-(:data:`BETWEEN`): process groups are destroyed, threads and children end, sockets close and
-modules are imported there by the plugin itself.
+(:data:`BETWEEN`): process groups are destroyed, children end, sockets close and modules are
+imported there by the plugin itself; of the threads, only one that is no daemon and started
+there (a fresh process would wait for it at exit: the pool goes).
 """
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ UNKNOWN: Any = object()
 
 def kept(end: Snapshot) -> dict[str, dict[Any, Any]]:
     """What is kept of a test's end snapshot until the next test's start: the categories
-    compared (not the process groups, which it would keep alive, nor the threads), and the
-    modules (not compared: told apart from those imported between the two tests, whose loggers
-    are no change of anyone's)."""
-    return {category: getattr(end, category) for category in (*BETWEEN, "modules")}
+    compared (not the process groups, which it would keep alive), the threads, and the modules
+    (not compared: told apart from those imported between the two tests, whose loggers are no
+    change of anyone's)."""
+    return {category: getattr(end, category) for category in (*BETWEEN, "threads", "modules")}
 
 
 def expected_start(
@@ -59,6 +60,10 @@ def expected_start(
             _put(categories[category], key, getattr(start, category).get(key), value)
     for (category, key), value in owned.items():  # a torn-down fixture's, in any category
         _put(categories[category], key, getattr(start, category).get(key), value)
+    threads = categories["threads"] = dict(ended["threads"])
+    for ident, thread in start.threads.items():  # a daemon started there: the plugin's, maybe
+        if ident not in threads and getattr(thread, "daemon", True):
+            threads[ident] = thread
     env = categories["env"]
     _put(env, _CURRENT_TEST, start.env.get(_CURRENT_TEST), UNKNOWN)  # env: equal at once
     port = start.env.get(_PLUGIN_PORT)

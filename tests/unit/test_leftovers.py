@@ -335,3 +335,34 @@ def test_a_logger_a_module_imported_between_two_tests_configures_is_no_ones(
     finally:
         other.setLevel(logging.NOTSET)
         monkeypatch.delitem(__import__("sys").modules, "between_configured", raising=False)
+
+
+def test_a_thread_started_between_two_tests_that_is_no_daemon_makes_the_pool_go() -> None:
+    """A non-daemon thread a hook starts between two tests (a fresh process would wait for it
+    at exit) makes the rank unfit, said as started between them; a daemon thread started there
+    (the plugin starts its own) is not named."""
+    import threading
+
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    check = LeftoverCheck(0, "fail", (), ())
+    first = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_first"))
+    second = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_second"))
+    stop = threading.Event()
+    held = threading.Thread(target=stop.wait, name="held-up", daemon=False)
+    helper = threading.Thread(target=stop.wait, name="a-daemon", daemon=True)
+    try:
+        assert _run_test(check, first) == ((), "")
+        held.start()
+        helper.start()
+        words, unfit = _run_test(check, second)  # under "fail": not failed for it
+        assert words == ()
+        assert unfit == (
+            "started with thread 'held-up' running (not a daemon: a fresh process would wait "
+            "for it), left between t.py::test_first and it outside both tests on rank 0"
+        ), unfit
+        assert check.between is None, check.between
+    finally:
+        stop.set()
+        held.join()
+        helper.join()
