@@ -36,13 +36,11 @@ What the plugin sets itself (``PYTEST_CURRENT_TEST``, ``DISTRANK_*``) and what t
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
-import gc
 import sys
 import threading
 import time
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Mapping
 from typing import Any
 
 import pytest
@@ -51,6 +49,7 @@ from .. import _compat
 from ..outcome.checks import and_words
 from . import processstate as ps
 from .between import UNKNOWN, expected_start, kept
+from .leftgroups import Found, destroy, listening
 from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
 from .snapshot import (
     Category,
@@ -70,6 +69,7 @@ from .torchstate import (
     dynamo_default,
     flag_words,
     reset_dynamo_config,
+    restored_with,
 )
 
 #: How long the threads and children a test started get, all together, to end before they
@@ -120,22 +120,6 @@ def _matches(name: str, patterns: Iterable[str]) -> bool:
     return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 
-@dataclasses.dataclass
-class Found:
-    """What a test left, on this rank: words (restored, or named with
-    :data:`checks.NOT_RESTORED` or " still running"), why the pool must go, groups."""
-
-    words: list[str] = dataclasses.field(default_factory=list)
-    unfit: list[str] = dataclasses.field(default_factory=list)
-    #: Process groups to destroy after the test's sequence numbers were read, and to name.
-    groups: list[Any] = dataclasses.field(default_factory=list)
-    #: Groups of a DeviceMesh the test built: destroyed too, never named (normal, not a leak).
-    mesh_groups: list[Any] = dataclasses.field(default_factory=list)
-    #: Sockets the test opened and still holds: named in :meth:`LeftoverCheck.finish` if they
-    #: still listen once its groups are destroyed (a gloo group listens until then).
-    sockets: frozenset[int] = frozenset()
-
-
 class LeftoverCheck:
     """The pytest plugin of a rank that finds, restores and names what each test left."""
 
@@ -167,9 +151,10 @@ class LeftoverCheck:
         #: Wider fixtures torn down since it: (category, key) -> (name, value before its setup).
         self.torn: dict[tuple[str, Any], tuple[str, Any]] = {}
         #: What changed between the last test and this one (:mod:`between`): the last test's node
-        #: id and the words, sent with this test's reports.
+        #: id and the words, sent with this test's reports (once :meth:`finish` destroyed the
+        #: groups of :attr:`between_found`, found at this test's start).
         self.between: tuple[str, tuple[str, ...]] | None = None
-        self.between_unfit: list[str] = []
+        self.between_found: tuple[str, Found] | None = None
 
     # -- the test's life ------------------------------------------------------------------------
 
@@ -262,57 +247,34 @@ class LeftoverCheck:
         """After the test's reports and sequence numbers: destroy the groups it left; return
         (what it left, in words; why the rank is unfit, or "")."""
         found, self.found = self.found, Found()
-        destroyed = self._destroy(found)  # its own frame: no reference to a group outlives it
-        found.words += self._listening(found.sockets, destroyed)
-        unfit = "; ".join(
-            f"{why} on rank {self.rank}" for why in (*self.between_unfit, *found.unfit)
-        )
-        self.between_unfit = []
+        destroyed = destroy(found)  # its own frame: no reference to a group outlives it
+        found.words += listening(found.sockets, destroyed)
+        unfit = "; ".join(f"{why} on rank {self.rank}" for why in (*self._after(), *found.unfit))
         return tuple(found.words), unfit
 
-    def _destroy(self, found: Found) -> bool:
-        """Destroy the groups ``found`` holds (a DeviceMesh's unnamed); whether any was."""
-        # Under init_process_group=False the pool destroys whatever the test left, by design
-        # (rankgroup.group_problem, before this): only groups still alive are leftovers.
-        groups, meshes = found.groups, found.mesh_groups
-        found.groups = found.mesh_groups = []
-        live = live_groups() if groups or meshes else {}
-        named = {id(pg) for pg in groups}
-        for pg in (pg for pg in [*groups, *meshes] if id(pg) in live):
-            words = group_words(pg)
-            try:
-                import torch.distributed as dist
-
-                dist.destroy_process_group(pg)
-            except Exception as exc:
-                found.unfit.append(f"left {words} that could not be destroyed ({exc!r})")
-            else:
-                if id(pg) in named:
-                    found.words.append(words)
-        return bool(live)
-
-    def _listening(self, sockets: frozenset[int], destroyed: bool) -> list[str]:
-        """Words for the new sockets that still listen; a destroyed group's listener closes
-        once the group is freed (a collection, only when groups were destroyed)."""
-        new = sockets & ps.socket_inodes() if sockets else sockets  # no new socket: no walk
-        left = ps.listening(new) if new else {}
-        if left and destroyed:
-            gc.collect()
-            left = ps.listening(new & ps.socket_inodes())
-        words = few(
-            [ps.socket_words(address) for address in sorted(left.values())], NAMES["sockets"]
-        )
-        if words and destroyed:
-            words[-1] += (
-                " (a process group destroyed after the test listens until freed: a DeviceMesh "
-                "or group the test kept in a global holds it)"
-            )
-        return [not_restored(w) for w in words]
+    def _after(self) -> list[str]:
+        """What changed between the last test and this one, once the groups a fixture torn down
+        there left are destroyed (named on the between line, as after a test): sets
+        :attr:`between`; why the pool must go (the test is not failed for it)."""
+        if self.between_found is None:
+            return []
+        (previous, between), self.between_found = self.between_found, None
+        destroy(between)
+        if between.words:
+            self.between = (previous, tuple(between.words))
+        return [
+            f"started with {why.removeprefix('left ')}, left between {previous} and it outside "
+            "both tests"
+            for why in between.unfit
+        ]
 
     # -- comparing and restoring ----------------------------------------------------------------
 
-    def _settle(self, expected: Snapshot, now: Snapshot) -> None:
-        """Restore ``now`` to ``expected`` where it differs and can be; name what differed."""
+    def _settle(
+        self, expected: Snapshot, now: Snapshot, modules: Mapping[str, Any] | None = None
+    ) -> None:
+        """Restore ``now`` to ``expected`` where it differs and can be; name what differed.
+        ``modules``: those before what is compared (``expected``'s, unless given)."""
         whose, self.whose = self.whose, {}
         threads_left: list[tuple[threading.Thread, str]] = []
         variables: list[str] = []
@@ -331,8 +293,9 @@ class LeftoverCheck:
                 variables.append(env_words(name, value, now.env.get(key)) + by)
                 self._restore(category, key, value)
             elif category == "cwd":
-                self.found.words.append("the working folder changed" + by)
-                self._restore(category, key, value)
+                words = "the working folder changed" + by
+                restored = self._restore(category, key, value)
+                self.found.words.append(words if restored else not_restored(words))
             elif category == "torch":
                 self._torch(key, value, expected, now, by)
             elif category == "switches":
@@ -349,7 +312,8 @@ class LeftoverCheck:
             elif category != "sockets":  # sockets: once the test's groups are destroyed
                 after = getattr(now, category).get(key)
                 if category == "logging":
-                    imported = imported or (now.modules.keys() - expected.modules.keys())
+                    before = expected.modules if modules is None else modules
+                    imported = imported or (now.modules.keys() - before.keys())
                     said = ps.logging_words(key, value, after, imported)
                 else:
                     said = named_words(category, key, value, after, until)
@@ -360,9 +324,11 @@ class LeftoverCheck:
             self.found.words += [not_restored(w) for w in few(all_said, NAMES[category])]
         self._threads(threads_left)
 
-    def _restore(self, category: str, key: Any, value: Any) -> None:
-        if restore(category, key, value):
-            self.restored[category, key] = value
+    def _restore(self, category: str, key: Any, value: Any) -> bool:
+        if not restore(category, key, value):
+            return False
+        self.restored[category, key] = value
+        return True
 
     def _between(self, start: Snapshot) -> None:
         """Name and restore what changed since the last test's end, outside both tests (a
@@ -370,7 +336,7 @@ class LeftoverCheck:
         back. Sent with this test's reports, on a line of its own; never fails a test."""
         ended, self.ended = self.ended, None
         torn, self.torn = self.torn, {}
-        self.between = None
+        self.between = self.between_found = None
         if ended is None:
             return
         previous, end, restored = ended
@@ -378,22 +344,18 @@ class LeftoverCheck:
         expected = expected_start(end, restored, owned, start)
         found, self.found = self.found, Found()
         quiet, self.quiet = self.quiet, {("env", env_key(name)) for name in QUIET_ENV}
+        harness, self.harness = self.harness, False  # the last test's: none of a harness here
         self.whose = {key: f"fixture {name!r}" for key, (name, _) in torn.items()}
         self.restored = {}
         try:
-            self._settle(expected, start)
+            self._settle(expected, start, end["modules"])
         finally:
             between, self.found, self.quiet = self.found, found, quiet
+            self.harness = harness
         for (category, key), value in self.restored.items():
             if value is not UNKNOWN:
                 start.put(category, key, value)
-        self.between_unfit = [  # the pool goes all the same; the test is not failed for it
-            f"started with {why.removeprefix('left ')}, left between {previous} and it outside "
-            "both tests"
-            for why in between.unfit
-        ]
-        if between.words:
-            self.between = (previous, tuple(between.words))
+        self.between_found = (previous, between)
 
     def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
         modes = now.torch.get(FUNCTION_MODES) or ()
@@ -419,7 +381,8 @@ class LeftoverCheck:
             self.restored["torch", key] = UNKNOWN  # its default, not read
             return
         self.found.words.append(flag_words(key, now.torch.get(key)) + by)
-        self._restore("torch", key, value)
+        for name in restored_with(key, expected.torch):  # each precision setting, in order
+            self._restore("torch", name, expected.torch[name])
 
     def _switch(self, key: str, value: Any, now: Snapshot, by: str) -> None:
         words = switch_words(key, now.switches.get(key)) + by

@@ -84,7 +84,8 @@ class Snapshot:
         setattr(self, category, values)
 
 
-_FIELDS = tuple(f.name for f in dataclasses.fields(Snapshot))
+#: The categories, in the order taken (read once: ``dataclasses.fields`` costs more than a read).
+_FIELDS = tuple(field.name for field in dataclasses.fields(Snapshot))
 
 
 def _cwd() -> str:

@@ -13,7 +13,7 @@ import functools
 import inspect
 import operator
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, cast
 
 #: ``torch.backends`` flags read and restored by attribute path, where this torch has them.
@@ -24,6 +24,9 @@ BACKEND_FLAGS = (
     "backends.cudnn.conv.fp32_precision",
     "backends.cudnn.rnn.fp32_precision",
     "backends.mkldnn.fp32_precision",
+    "backends.mkldnn.matmul.fp32_precision",
+    "backends.mkldnn.conv.fp32_precision",
+    "backends.mkldnn.rnn.fp32_precision",
     "backends.cudnn.enabled",
     "backends.cudnn.benchmark",
     "backends.cudnn.deterministic",
@@ -34,6 +37,13 @@ BACKEND_FLAGS = (
 )
 #: ``torch.get_float32_matmul_precision()`` once a test mixed the legacy and new precision APIs.
 MIXED = "(mixed legacy and new precision settings)"
+#: The float32 precision settings, legacy and new: setting one sets others (a parent its
+#: children, the legacy matmul precision both matmul backends' settings), so that one put back
+#: alone may leave another changed that the test never changed (:func:`restored_with`).
+PRECISION = (
+    "float32 matmul precision",
+    *(f"torch.{path}" for path in BACKEND_FLAGS if path.endswith(".fp32_precision")),
+)
 #: The device types autocast keeps a state for (torch 2.13), read where this torch knows them.
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
 #: ``torch._tensor_str.PRINT_OPTS``'s fields, as ``torch.set_printoptions`` names them.
@@ -211,6 +221,15 @@ def _backend_flags(torch: Any) -> tuple[tuple[str, Any, str], ...]:
         except AttributeError:
             continue
     return tuple(found)
+
+
+def restored_with(name: str, flags: Mapping[str, Any]) -> list[str]:
+    """The keys of ``flags`` to put back when ``name`` differs, in the order of ``flags`` (the
+    order :func:`torch_flags` reads them: parents before children): every precision setting
+    with one of them, else ``name`` alone."""
+    if name not in PRECISION:
+        return [name]
+    return [key for key in flags if key in PRECISION]
 
 
 def set_torch_flag(name: str, value: Any) -> None:

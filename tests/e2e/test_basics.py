@@ -86,6 +86,8 @@ BASICS = {
         def test_self_init(rank, round):
             assert not dist.is_initialized()
             assert os.environ["RANK"] == str(rank) and os.environ["WORLD_SIZE"] == "2"
+            # The store the pool serves for this test, in round 2 too (was: the last test's)
+            assert os.environ["MASTER_PORT"] == os.environ["DISTRANK_MASTER_PORT"]
             dist.init_process_group("gloo")
             t = torch.tensor([rank + round], dtype=torch.float32)
             dist.all_reduce(t)

@@ -275,9 +275,39 @@ def module_env():
     yield
 """
 
+#: A module fixture's group, never destroyed: its module's last distributed test is followed by
+#: a test in the controller, so the pool's next test (test_left.py's first) is of another module
+#: and the fixture is torn down between the two (rank/between.py).
+TORN = """
+import pytest, torch.distributed as dist
+
+KEPT = []
+
+
+@pytest.fixture(scope="module")
+def module_group(rank):
+    KEPT.append(dist.new_group([0, 1]))
+    yield
+    KEPT.clear()
+
+
+@pytest.mark.world_size(2)
+def test_makes_a_group_in_a_module_fixture(rank, module_group):
+    pass
+
+
+def test_in_the_controller():
+    pass
+"""
+
 LEFTOVERS = Session(
     "leftovers",
-    {"conftest.py": CONFTEST, "test_left.py": CASES, "test_scoped.py": SCOPED},
+    {
+        "conftest.py": CONFTEST,
+        "test_between.py": TORN,
+        "test_left.py": CASES,
+        "test_scoped.py": SCOPED,
+    },
     ("-v", "-p", "no:randomly"),
 )
 
@@ -289,6 +319,7 @@ def left(shared_session: SharedSession) -> Shared:
 
 def test_every_test_passes_the_next_one_starting_clean(left: Shared) -> None:
     tests = [
+        "test_makes_a_group_in_a_module_fixture",
         "test_a_env_and_dtype",
         "test_a_then_clean",
         "test_a_dynamo_config_first_import",
@@ -327,6 +358,20 @@ def test_environment_and_dtype_are_restored_and_named_with_the_test(left: Shared
     )
 
 
+def test_a_group_a_fixture_torn_down_between_two_tests_left_is_destroyed_and_named(
+    left: Shared,
+) -> None:
+    """On the between line, not on either test; destroyed (test_a_then_clean finds the pool's
+    group alone; was: neither named nor destroyed, alive in every later test)."""
+    left.result.stdout.fnmatch_lines(
+        [
+            "leftovers: between test_between.py::test_makes_a_group_in_a_module_fixture and "
+            "test_left.py::test_a_env_and_dtype, code outside both tests (*) left process group "
+            "'*' (ranks 0, 1) on ranks 0, 1 (restored)"
+        ]
+    )
+
+
 def test_flags_and_the_working_folder_are_restored(left: Shared) -> None:
     line = left.about("test_b_flags_and_folder").lines
     assert len(line) == 2, line  # its -v progress line and its leftovers line
@@ -345,7 +390,7 @@ def test_flags_and_the_working_folder_are_restored(left: Shared) -> None:
 def test_a_group_left_is_destroyed_and_compile_state_reset(left: Shared) -> None:
     left.result.stdout.fnmatch_lines(
         [
-            "leftovers: test_left.py::test_c_group_and_compile left process group '1' "
+            "leftovers: test_left.py::test_c_group_and_compile left process group '*' "
             "(ranks 0, 1) on ranks 0, 1 (restored)"
         ]
     )

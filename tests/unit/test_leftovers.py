@@ -1,5 +1,6 @@
 """Unit: the words of what a test left behind (rank/leftovers.py, rank/torchstate.py) and the
-summary lines the controller makes of them (outcome/checks.py ``leftover_lines``)."""
+summary lines the controller makes of them (outcome/checks.py ``leftover_lines``); what a rank
+expects at a test's start (rank/between.py ``expected_start``)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import torch
 
 from pytest_distrank.outcome.checks import and_words, leftover_lines, leftover_notes
 from pytest_distrank.rank import processstate
+from pytest_distrank.rank.between import expected_start, kept
 from pytest_distrank.rank.leftoverwords import env_words, few
-from pytest_distrank.rank.snapshot import Snapshot
+from pytest_distrank.rank.snapshot import Snapshot, diff, env_key
 from pytest_distrank.rank.torchstate import flag_words
+from pytest_distrank.settings import PLUGIN_PORT_ENV
 
 
 def test_lines_group_the_ranks_that_left_the_same() -> None:
@@ -252,3 +255,125 @@ def test_children_are_read_without_the_process_helpers() -> None:
         for child in started:
             child.kill()
             child.wait()
+
+
+def test_the_port_the_plugin_serves_anew_before_a_test_is_expected_at_its_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rule: an ``init_process_group=False`` pool serves a fresh store before each test and
+    exports its port as MASTER_PORT and DISTRANK_MASTER_PORT (pool/worker/rankgroup.py): the
+    next start expects that port, not the last end's (put back, every test after the first
+    rendezvoused at the previous test's closed store's port); a hook's MASTER_PORT is still
+    put back, to the plugin's."""
+
+    def env_changes(start: Snapshot) -> dict[object, object]:
+        expected = expected_start(kept(end), {}, {}, start)
+        return {key: value for (category, key), value in diff(expected, start) if category == "env"}
+
+    monkeypatch.setenv("MASTER_PORT", "1111")
+    monkeypatch.setenv(PLUGIN_PORT_ENV, "1111")
+    end = Snapshot.take()
+    monkeypatch.setenv("MASTER_PORT", "2222")
+    monkeypatch.setenv(PLUGIN_PORT_ENV, "2222")
+    assert env_changes(Snapshot.take()) == {env_key(PLUGIN_PORT_ENV): env_key("1111")}
+    monkeypatch.setenv("MASTER_PORT", "3333")  # a hook's, after the plugin's
+    assert env_changes(Snapshot.take()) == {
+        env_key(PLUGIN_PORT_ENV): env_key("1111"),  # ignored by the check: DISTRANK_*
+        env_key("MASTER_PORT"): env_key("2222"),
+    }
+
+
+def _run_test(check: Any, item: pytest.Item, body: Any = None) -> tuple[tuple[str, ...], str]:
+    """One test as a rank runs it through the check: its start, ``body``, its teardown."""
+    check.start(item, harness=False)
+    if body is not None:
+        body()
+    _drive(check.pytest_runtest_teardown(item))
+    return cast(tuple[tuple[str, ...], str], check.finish())
+
+
+def test_a_working_folder_that_cannot_be_put_back_is_named_as_kept(tmp_path: Any) -> None:
+    """A test that removes the folder it started in leaves the working folder changed: named
+    "(not restored)", never said to be restored."""
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    start, elsewhere = tmp_path / "start", tmp_path / "elsewhere"
+    start.mkdir()
+    elsewhere.mkdir()
+    item = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_rmdir"))
+    check = LeftoverCheck(0, "restore", (), ())
+    old = os.getcwd()
+    os.chdir(start)
+    try:
+
+        def leave() -> None:
+            os.chdir(elsewhere)
+            start.rmdir()
+
+        words, _ = _run_test(check, item, leave)
+    finally:
+        os.chdir(old)
+    assert words == ("the working folder changed (not restored)",), words
+
+
+def test_a_logger_a_module_imported_between_two_tests_configures_is_no_ones(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module imported between two tests (the plugin imports lazily there) that configures
+    its own logger is not named on the between line, as it is not within a test; a logger
+    configured between them by no import is."""
+    import logging
+
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    (tmp_path / "between_configured.py").write_text(
+        "import logging\nlogging.getLogger('between_configured').setLevel(logging.DEBUG)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    check = LeftoverCheck(0, "restore", (), ())
+    first = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_first"))
+    second = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_second"))
+    other = logging.getLogger("between_other")
+    try:
+        assert _run_test(check, first) == ((), "")
+        __import__("between_configured")
+        other.setLevel(logging.ERROR)
+        assert _run_test(check, second) == ((), "")
+        assert check.between == (
+            "t.py::test_first",
+            ("logger 'between_other': level ERROR (not restored)",),
+        ), check.between
+    finally:
+        other.setLevel(logging.NOTSET)
+        monkeypatch.delitem(__import__("sys").modules, "between_configured", raising=False)
+
+
+def test_a_thread_started_between_two_tests_that_is_no_daemon_makes_the_pool_go() -> None:
+    """A non-daemon thread a hook starts between two tests (a fresh process would wait for it
+    at exit) makes the rank unfit, said as started between them; a daemon thread started there
+    (the plugin starts its own) is not named."""
+    import threading
+
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    check = LeftoverCheck(0, "fail", (), ())
+    first = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_first"))
+    second = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_second"))
+    stop = threading.Event()
+    held = threading.Thread(target=stop.wait, name="held-up", daemon=False)
+    helper = threading.Thread(target=stop.wait, name="a-daemon", daemon=True)
+    try:
+        assert _run_test(check, first) == ((), "")
+        held.start()
+        helper.start()
+        words, unfit = _run_test(check, second)  # under "fail": not failed for it
+        assert words == ()
+        assert unfit == (
+            "started with thread 'held-up' running (not a daemon: a fresh process would wait "
+            "for it), left between t.py::test_first and it outside both tests on rank 0"
+        ), unfit
+        assert check.between is None, check.between
+    finally:
+        stop.set()
+        held.join()
+        helper.join()

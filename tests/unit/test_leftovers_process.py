@@ -35,6 +35,15 @@ def denormal_read():
     with torch._C.DisableTorchFunction():
         return (torch.tensor([1e-310], dtype=torch.float64, device="cpu") * 1.0).item()
 
+def precision_read():  # every float32 precision setting: one set may set others
+    try:
+        legacy = torch.get_float32_matmul_precision()
+    except RuntimeError:  # mixed legacy and new settings
+        legacy = None
+    paths = ("", ".cuda.matmul", ".cudnn", ".cudnn.conv", ".cudnn.rnn", ".mkldnn", ".mkldnn.matmul",
+             ".mkldnn.conv", ".mkldnn.rnn")
+    return legacy, *(eval("torch.backends" + path).fp32_precision for path in paths)
+
 def enter(name, ctx):
     entered[name] = ctx
     ctx.__enter__()
@@ -92,6 +101,12 @@ CHANGES = {
     "recursion": change(lambda: sys.setrecursionlimit(5000), sys.getrecursionlimit, "sys.setrecursionlimit"),
     "sock_timeout": change(lambda: socket.setdefaulttimeout(0.5), socket.getdefaulttimeout, "socket.setdefaulttimeout"),
     "warn_always": change(lambda: torch.set_warn_always(True), torch.is_warn_always_enabled, "torch.set_warn_always"),
+    # a parent's precision and cudnn's legacy allow_tf32 (restored: cudnn.conv's and rnn's too)
+    "precision": change(lambda: setattr(torch.backends, "fp32_precision", "tf32") or torch._C._set_cudnn_allow_tf32(False),
+                        precision_read, "torch.backends.fp32_precision tf32"),
+    # read with the legacy matmul precision only, whose setter sets cuda.matmul's too
+    "mkldnn_matmul": change(lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"), precision_read,
+                            "torch.backends.mkldnn.matmul.fp32_precision bf16"),
     "mkldnn": change(lambda: setattr(torch.backends.mkldnn, "enabled", False), lambda: torch.backends.mkldnn.enabled,
                      "torch.backends.mkldnn.enabled"),
     "multithreading": change(lambda: torch.autograd.set_multithreading_enabled(False),
