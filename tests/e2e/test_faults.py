@@ -33,6 +33,7 @@ import pytest
 
 from ..helpers import (
     TAG_ENV,
+    Beside,
     SharedSession,
     finish_beside,
     start_beside,
@@ -187,7 +188,7 @@ class Session:
     def run(self, shared_session: SharedSession) -> Shared:
         if self.name in _BESIDE:  # it ran beside another session (whose test ran it)
             return self._result_beside()
-        started: list[tuple[Session, Path, subprocess.Popen[bytes]]] = []
+        started: list[tuple[Session, Path, Beside]] = []
 
         def write(folder: Path) -> None:
             self._write(folder)
