@@ -18,6 +18,7 @@ keeps each family on one xdist worker). The fixtures themselves are in ``conftes
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -249,38 +250,55 @@ def run_at_once(
         return None
 
 
-#: A session :func:`start_beside` started: forked from the suite's zygote, or a subprocess.
-Beside = Forked | subprocess.Popen[bytes]
+#: A session started and not waited for yet: forked from the suite's zygote, or a subprocess.
+Started = Forked | subprocess.Popen[bytes]
 
 
-def start_beside(args: Sequence[str], folder: Path, env: Mapping[str, str] | None = None) -> Beside:
+def start_pytest(
+    args: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    outputs: tuple[Path, Path],
+    new_session: bool = False,
+) -> Started:
+    """Start ``python -m pytest ARGS`` in ``cwd`` with environment ``env`` and an empty stdin
+    (never a terminal), its stdout and stderr to ``outputs`` (one file twice: as ``2>&1``), in
+    a session of its own if ``new_session``: forked from the suite's zygote where ``env``
+    allows, else a subprocess. Return at once."""
+    if not ZYGOTE.accepts(env) and os.environ.get(ZYGOTE_OFF_ENV) != "off":
+        return ZYGOTE.popen(Session(args, cwd, env, outputs, new_session=new_session))
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(outputs[0], "wb"))
+        err = out if outputs[1] == outputs[0] else files.enter_context(open(outputs[1], "wb"))
+        return subprocess.Popen(
+            [sys.executable, "-m", "pytest", *args],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,  # never a terminal (Pytester.popen: a closed pipe)
+            env=dict(env),
+            stdout=out,
+            stderr=err,
+            start_new_session=new_session,
+        )
+
+
+def start_beside(
+    args: Sequence[str], folder: Path, env: Mapping[str, str] | None = None
+) -> Started:
     """Start ``python -m pytest -p distrank ARGS`` in ``folder`` (its basetemp there) with this
-    process's environment and ``env``, in a session of its own (forked from the suite's zygote
-    where that environment allows): inside a test that uses ``run_pytest``, that is an inner
-    session's, its process tag included, so that fixture's leak check covers it too. Its output
-    goes to files (:data:`BESIDE_OUTPUT`), not pipes that nobody reads while another session
-    runs. End it with :func:`finish_beside` before that leak check."""
+    process's environment and ``env``, in a session of its own (:func:`start_pytest`): inside a
+    test that uses ``run_pytest``, that is an inner session's, its process tag included, so that
+    fixture's leak check covers it too. Its output goes to files (:data:`BESIDE_OUTPUT`), not
+    pipes that nobody reads while another session runs. End it with :func:`finish_beside`
+    before that leak check."""
     args = ["-p", "distrank", f"--basetemp={folder / 'temp'}", *args]
     # as Pytester.popen does: the folder on PYTHONPATH
     path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
     environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
     outputs = (folder / BESIDE_OUTPUT[0], folder / BESIDE_OUTPUT[1])
-    if not ZYGOTE.accepts(environment) and os.environ.get(ZYGOTE_OFF_ENV) != "off":
-        return ZYGOTE.popen(Session(args, folder, environment, outputs, new_session=True))
-    out, err = (open(name, "wb") for name in outputs)
-    with out, err:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pytest", *args],
-            cwd=folder,
-            stdin=subprocess.DEVNULL,  # never a terminal (Pytester.popen: a closed pipe)
-            env=environment,
-            stdout=out,
-            stderr=err,
-            start_new_session=True,
-        )
+    return start_pytest(args, folder, environment, outputs, new_session=True)
 
 
-def finish_beside(process: Beside, folder: Path, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
+def finish_beside(process: Started, folder: Path, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
     """Wait for the session :func:`start_beside` started in ``folder``; its result. One that
     runs past ``timeout`` (from now) is killed, its process group with it, and fails the test."""
     started = time.monotonic()

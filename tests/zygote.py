@@ -337,13 +337,20 @@ class Zygote:
 
 class Forked:
     """A process forked from the server (:meth:`Zygote.popen`), as ``subprocess.Popen`` shows
-    one: ``pid``, ``poll()``, ``wait(timeout)`` (``subprocess.TimeoutExpired`` past it) and
-    ``returncode``."""
+    one: ``pid``, ``send_signal()``, ``kill()``, ``poll()``, ``wait(timeout)``
+    (``subprocess.TimeoutExpired`` past it) and ``returncode``."""
 
     def __init__(self, zygote: Zygote, pid: int) -> None:
         self.zygote = zygote
         self.pid = pid
         self.returncode: int | None = None
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def poll(self) -> int | None:
         return self.wait(0) if self.zygote.wait([self.pid], 0) else self.returncode

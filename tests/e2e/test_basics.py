@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ..helpers import Beside, RunPytest, SharedSession, finish_beside, start_beside
+from ..helpers import RunPytest, SharedSession, Started, finish_beside, start_beside
 from .hostile import HOSTILE, nothing_imported_is_shared
 
 #: The folder each shared session ran in, by name (its files record what the ranks saw).
@@ -272,7 +272,7 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
     """The ``basics`` session, and beside it the session of :data:`BESIDE` in a folder of its
     own (started by the first test that runs ``basics``, with its environment: the process tag
     of ``run_pytest``, whose leak check after that test covers both sessions)."""
-    beside: list[tuple[Path, Beside]] = []
+    beside: list[tuple[Path, Started]] = []
 
     def write(folder: Path) -> None:
         _writer("basics", {**BASICS, **HOSTILE})(folder)

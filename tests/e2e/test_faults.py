@@ -33,8 +33,8 @@ import pytest
 
 from ..helpers import (
     TAG_ENV,
-    Beside,
     SharedSession,
+    Started,
     finish_beside,
     start_beside,
     tagged_pids,
@@ -188,7 +188,7 @@ class Session:
     def run(self, shared_session: SharedSession) -> Shared:
         if self.name in _BESIDE:  # it ran beside another session (whose test ran it)
             return self._result_beside()
-        started: list[tuple[Session, Path, Beside]] = []
+        started: list[tuple[Session, Path, Started]] = []
 
         def write(folder: Path) -> None:
             self._write(folder)
