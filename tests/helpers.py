@@ -142,7 +142,11 @@ def run_in_terminal(
             env=env,
         )
     else:  # the child opens the terminal by its name: the slave stays open until it wrote
-        process = ZYGOTE.popen(Session(["--color=no", *args], cwd, env, terminal=os.ttyname(slave)))
+        terminal = os.ttyname(slave)
+        session = Session(
+            ["--color=no", *args], cwd, env, terminal=terminal, signals=[signal.SIGINT]
+        )
+        process = ZYGOTE.popen(session)
     output = b""
     answered = 0  # the output up to here has been answered
     todo = list(answers)
@@ -260,13 +264,23 @@ def start_pytest(
     env: Mapping[str, str],
     outputs: tuple[Path, Path],
     new_session: bool = False,
+    signals: Sequence[int] = (),
 ) -> Started:
     """Start ``python -m pytest ARGS`` in ``cwd`` with environment ``env`` and an empty stdin
     (never a terminal), its stdout and stderr to ``outputs`` (one file twice: as ``2>&1``), in
-    a session of its own if ``new_session``: forked from the suite's zygote where ``env``
-    allows, else a subprocess. Return at once."""
+    a session of its own if ``new_session``, with ``signals`` at their defaults and unblocked
+    (those a terminal session has: a CI job without job control inherits SIGINT ignored, and
+    Python and the plugin leave it so): forked from the suite's zygote where ``env`` allows,
+    else a subprocess. Return at once."""
     if not ZYGOTE.accepts(env) and os.environ.get(ZYGOTE_OFF_ENV) != "off":
-        return ZYGOTE.popen(Session(args, cwd, env, outputs, new_session=new_session))
+        session = Session(args, cwd, env, outputs, new_session=new_session, signals=signals)
+        return ZYGOTE.popen(session)
+
+    def defaults() -> None:  # in the child, before the exec
+        for number in signals:
+            signal.signal(number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signals))
+
     with contextlib.ExitStack() as files:
         out = files.enter_context(open(outputs[0], "wb"))
         err = out if outputs[1] == outputs[0] else files.enter_context(open(outputs[1], "wb"))
@@ -278,6 +292,7 @@ def start_pytest(
             stdout=out,
             stderr=err,
             start_new_session=new_session,
+            preexec_fn=defaults if signals else None,
         )
 
 

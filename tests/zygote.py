@@ -111,7 +111,8 @@ class Session:
     :meth:`Zygote.accepts`); its standard output and error to ``output`` (one file twice: as
     ``2>&1``), or all three streams on ``terminal`` (a pty's slave, the controlling terminal of
     a session of its own); under ``umask`` (None: the server's, the outer process's); in a
-    session of its own if ``new_session`` (``Popen(start_new_session=True)``)."""
+    session of its own if ``new_session`` (``Popen(start_new_session=True)``); ``signals`` at
+    their defaults and unblocked (a ``preexec_fn`` that resets them before the exec)."""
 
     args: Sequence[str]
     cwd: Path
@@ -121,6 +122,7 @@ class Session:
     umask: int | None = None
     terminal: str | None = None
     new_session: bool = False
+    signals: Sequence[int] = ()
 
     def request(self) -> dict[str, Any]:
         """What the server's child reads (``zygote_server._child``)."""
@@ -135,6 +137,7 @@ class Session:
             "umask": self.umask,
             "terminal": self.terminal,
             "new_session": self.new_session,
+            "signals": [int(number) for number in self.signals],
         }
 
 

@@ -78,11 +78,23 @@ def _exit_like_python(code: object) -> int:
     return status
 
 
+def _default_signals(numbers: Sequence[int]) -> None:
+    """In the child: ``numbers`` as a fresh interpreter started with them at their defaults
+    (``SIG_DFL``, unblocked) has them: SIGINT raises ``KeyboardInterrupt``, the others their
+    default action (the server may have inherited them ignored, as a CI job without job control
+    does)."""
+    for number in numbers:
+        handler = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
+        signal.signal(number, handler)
+    if numbers:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(numbers))
+
+
 def _streams(request: dict[str, Any]) -> None:
     """In the child: stdin, stdout and stderr as the request says. A terminal (a pty's slave)
-    becomes all three and the controlling terminal of a session of the child's own, with
-    SIGINT's default (Ctrl-C typed there interrupts, as in a real terminal); else stdin is an
-    empty pipe and the outputs go to files."""
+    becomes all three and the controlling terminal of a session of the child's own (Ctrl-C typed
+    there is SIGINT to the child's group, as in a real terminal); else stdin is an empty pipe and
+    the outputs go to files."""
     if request.get("terminal"):
         import fcntl
         import termios
@@ -93,8 +105,6 @@ def _streams(request: dict[str, Any]) -> None:
         for target in (0, 1, 2):
             os.dup2(fd, target)
         os.close(fd)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         return
     if request.get("new_session"):
         os.setsid()
@@ -127,6 +137,7 @@ def _child(request: dict[str, Any], base: Sequence[str]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         _streams(request)
+        _default_signals(request.get("signals", ()))
         os.closerange(3, 1024)
         sys.path[:] = session_path(request["cwd"], request["env"].get("PYTHONPATH", ""), base)
         module = request.get("module", "pytest")
