@@ -130,7 +130,7 @@ def run_in_terminal(
     """
     master, slave = pty.openpty()
     env = dict(os.environ, COLUMNS="200")
-    process: Forked | subprocess.Popen[bytes]
+    process: Started
     if ZYGOTE.accepts(env) or os.environ.get(ZYGOTE_OFF_ENV) == "off":
         process = subprocess.Popen(
             [sys.executable, "-m", "pytest", "--color=no", *args],
