@@ -18,6 +18,7 @@ keeps each family on one xdist worker). The fixtures themselves are in ``conftes
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import fcntl
 import os
@@ -33,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from .zygote import ZYGOTE
+from .zygote import OFF_ENV as ZYGOTE_OFF_ENV
+from .zygote import ZYGOTE, Forked, Session
 
 TAG_ENV = "DISTRANK_TEST_TAG"
 #: Bound on one inner pytest run; a deadlocked case fails instead of hanging CI.
@@ -118,7 +120,8 @@ def _take_terminal() -> None:
 def run_in_terminal(
     args: list[str], answers: list[str], cwd: Path, timeout: float, pause: float = 0.0
 ) -> TerminalRun:
-    """Run ``python -m pytest ARGS`` with a pseudo-terminal as its stdin and stdout.
+    """Run ``python -m pytest ARGS`` with a pseudo-terminal as its stdin and stdout (forked
+    from the suite's zygote where its environment allows).
 
     Each time the output stops at a prompt (:data:`PROMPTS`), the next of ``answers`` is typed
     (after ``pause`` seconds); once they are used up, ``c`` is. :data:`CTRL_C` is typed as
@@ -126,16 +129,24 @@ def run_in_terminal(
     ``timeout``: then its process group is killed and the run fails the test that made it.
     """
     master, slave = pty.openpty()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pytest", "--color=no", *args],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        cwd=cwd,
-        preexec_fn=_take_terminal,
-        env=dict(os.environ, COLUMNS="200"),
-    )
-    os.close(slave)
+    env = dict(os.environ, COLUMNS="200")
+    process: Started
+    if ZYGOTE.accepts(env) or os.environ.get(ZYGOTE_OFF_ENV) == "off":
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "--color=no", *args],
+            stdin=slave,
+            stdout=slave,
+            stderr=slave,
+            cwd=cwd,
+            preexec_fn=_take_terminal,
+            env=env,
+        )
+    else:  # the child opens the terminal by its name: the slave stays open until it wrote
+        terminal = os.ttyname(slave)
+        session = Session(
+            ["--color=no", *args], cwd, env, terminal=terminal, signals=[signal.SIGINT]
+        )
+        process = ZYGOTE.popen(session)
     output = b""
     answered = 0  # the output up to here has been answered
     todo = list(answers)
@@ -151,6 +162,9 @@ def run_in_terminal(
                     break
                 if not data:
                     break
+                if slave >= 0:  # the child has it open: its end is the terminal's (EIO)
+                    os.close(slave)
+                    slave = -1
                 output += data
                 if output.endswith(PROMPTS) and len(output) > answered:
                     time.sleep(pause)
@@ -165,6 +179,8 @@ def run_in_terminal(
             pytest.fail(f"pytest {' '.join(args)} ran past {timeout} s:\n{output.decode()}")
     finally:
         os.close(master)
+        if slave >= 0:
+            os.close(slave)
     return TerminalRun(output.decode("utf-8", "replace"), process.wait(30), typed)
 
 
@@ -191,49 +207,124 @@ def failure_section(lines: list[str], title: str) -> pytest.LineMatcher:
 BESIDE_OUTPUT = ("beside-stdout.txt", "beside-stderr.txt")
 
 
-def start_beside(
-    args: Sequence[str], folder: Path, env: Mapping[str, str] | None = None
-) -> subprocess.Popen[bytes]:
-    """Start ``python -m pytest -p distrank ARGS`` in ``folder`` (its basetemp there) with this
-    process's environment and ``env``: inside a test that uses ``run_pytest``, that is an inner
-    session's, its process tag included, so that fixture's leak check covers it too. Its output
-    goes to files (:data:`BESIDE_OUTPUT`), not pipes that nobody reads while another session
-    runs. End it with :func:`finish_beside` before that leak check."""
-    command = [sys.executable, "-m", "pytest", "-p", "distrank", f"--basetemp={folder / 'temp'}"]
-    out, err = (open(folder / name, "wb") for name in BESIDE_OUTPUT)
-    with out, err:
+def run_at_once(
+    cmds: Sequence[Sequence[str]],
+    envs: Sequence[Mapping[str, str]],
+    cwd: Path,
+    outputs: Sequence[Path],
+    timeout: float,
+    umask: int | None = None,
+) -> list[int] | None:
+    """Run every command at once in ``cwd`` (each its environment, its stdout and stderr to its
+    output file), under ``umask``: their exit codes, or None past ``timeout`` (every one
+    killed). ``python -m MODULE`` commands are forked from the suite's zygote together where
+    their environments allow (a launched world, sessions that meet), else all are
+    subprocesses."""
+    if (
+        all(cmd[:2] == [sys.executable, "-m"] for cmd in cmds)
+        and not any(ZYGOTE.accepts(env) for env in envs)
+        and os.environ.get(ZYGOTE_OFF_ENV) != "off"
+    ):
+        sessions = [
+            Session(cmd[3:], cwd, env, (out, out), module=cmd[2], umask=umask)
+            for cmd, env, out in zip(cmds, envs, outputs, strict=True)
+        ]
+        return ZYGOTE.run(sessions, timeout)[0]
+    procs = []
+    for cmd, env, output in zip(cmds, envs, outputs, strict=True):
+        with open(output, "w") as out:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=dict(env),
+                    cwd=cwd,
+                    stdout=out,
+                    stderr=out,
+                    umask=-1 if umask is None else umask,
+                )
+            )
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+        return None
+
+
+#: A session started and not waited for yet: forked from the suite's zygote, or a subprocess.
+Started = Forked | subprocess.Popen[bytes]
+
+
+def start_pytest(
+    args: Sequence[str],
+    cwd: Path,
+    env: Mapping[str, str],
+    outputs: tuple[Path, Path],
+    new_session: bool = False,
+    signals: Sequence[int] = (),
+) -> Started:
+    """Start ``python -m pytest ARGS`` in ``cwd`` with environment ``env`` and an empty stdin
+    (never a terminal), its stdout and stderr to ``outputs`` (one file twice: as ``2>&1``), in
+    a session of its own if ``new_session``, with ``signals`` at their defaults and unblocked
+    (those a terminal session has: a CI job without job control inherits SIGINT ignored, and
+    Python and the plugin leave it so): forked from the suite's zygote where ``env`` allows,
+    else a subprocess. Return at once."""
+    if not ZYGOTE.accepts(env) and os.environ.get(ZYGOTE_OFF_ENV) != "off":
+        session = Session(args, cwd, env, outputs, new_session=new_session, signals=signals)
+        return ZYGOTE.popen(session)
+
+    def defaults() -> None:  # in the child, before the exec
+        for number in signals:
+            signal.signal(number, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(signals))
+
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(open(outputs[0], "wb"))
+        err = out if outputs[1] == outputs[0] else files.enter_context(open(outputs[1], "wb"))
         return subprocess.Popen(
-            [*command, *args],
-            cwd=folder,
+            [sys.executable, "-m", "pytest", *args],
+            cwd=cwd,
             stdin=subprocess.DEVNULL,  # never a terminal (Pytester.popen: a closed pipe)
-            # as Pytester.popen does: the folder on PYTHONPATH
-            env={
-                **os.environ,
-                "PYTHONPATH": os.pathsep.join(
-                    filter(None, [str(folder), os.environ.get("PYTHONPATH")])
-                ),
-                **(env or {}),
-            },
+            env=dict(env),
             stdout=out,
             stderr=err,
-            start_new_session=True,
+            start_new_session=new_session,
+            preexec_fn=defaults if signals else None,
         )
 
 
-def finish_beside(
-    process: subprocess.Popen[bytes], folder: Path, timeout: float = RUN_TIMEOUT
-) -> pytest.RunResult:
+def start_beside(
+    args: Sequence[str], folder: Path, env: Mapping[str, str] | None = None
+) -> Started:
+    """Start ``python -m pytest -p distrank ARGS`` in ``folder`` (its basetemp there) with this
+    process's environment and ``env``, in a session of its own (:func:`start_pytest`): inside a
+    test that uses ``run_pytest``, that is an inner session's, its process tag included, so that
+    fixture's leak check covers it too. Its output goes to files (:data:`BESIDE_OUTPUT`), not
+    pipes that nobody reads while another session runs. End it with :func:`finish_beside`
+    before that leak check."""
+    args = ["-p", "distrank", f"--basetemp={folder / 'temp'}", *args]
+    # as Pytester.popen does: the folder on PYTHONPATH
+    path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    environment = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    outputs = (folder / BESIDE_OUTPUT[0], folder / BESIDE_OUTPUT[1])
+    return start_pytest(args, folder, environment, outputs, new_session=True)
+
+
+def finish_beside(process: Started, folder: Path, timeout: float = RUN_TIMEOUT) -> pytest.RunResult:
     """Wait for the session :func:`start_beside` started in ``folder``; its result. One that
     runs past ``timeout`` (from now) is killed, its process group with it, and fails the test."""
     started = time.monotonic()
     try:
-        process.wait(timeout)
+        code = process.wait(timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
         pytest.fail(f"the session beside, in {folder}, ran past {timeout} s")
     out, err = ((folder / name).read_text(errors="replace").splitlines() for name in BESIDE_OUTPUT)
-    return pytest.RunResult(process.returncode, out, err, time.monotonic() - started)
+    return pytest.RunResult(code, out, err, time.monotonic() - started)
 
 
 def _sessions_defined(tree: ast.Module) -> set[str]:

@@ -1,12 +1,14 @@
-"""A warm process that inner pytest sessions of the e2e tests are forked from (the suite's zygote).
+"""The suite's zygote: inner pytest sessions of the e2e tests forked from a warm process.
 
-Two sides live here. The *server* runs in its own process (``python tests/zygote.py``, started by
-the outer pytest process, one per xdist worker): it imports torch, numpy and pytest once, then
-forks one child per inner session, and the child runs ``python -m pytest ARGS`` as a fresh
-interpreter would (``runpy``), in the session's folder, environment, ``sys.path`` and standard
-streams. The *client* (:class:`Zygote`, in the outer pytest process) sends it one session at a
-time and returns pytester's ``RunResult``, as ``Pytester.runpytest_subprocess`` would. A session
-costs its own work, not an ``import torch`` (~2 s of CPU on the 2-core machine, ~130 sessions).
+Runs in the outer pytest process (the client). Its server (``tests/zygote_server.py``, one per
+outer process, started at the first session) imports torch, numpy and pytest once, then forks
+each process a request names, and the child runs ``python -m MODULE ARGS`` as a fresh
+interpreter would (``runpy``). :class:`Zygote` sends it inner sessions (:meth:`Zygote.runpytest`
+returns pytester's ``RunResult``, as ``Pytester.runpytest_subprocess`` would), the processes of a
+launched world together (torchrun agents, ranks started by hand: :meth:`Zygote.run`), and
+sessions that run beside others or under a pseudo-terminal (:meth:`Zygote.popen`, a process as
+``subprocess.Popen`` shows one). The server serves while they run. A process costs its own work,
+not an ``import torch`` (~1.5 s of CPU on the 2-core machine, ~170 processes in the suite).
 
 What a child could inherit that a fresh interpreter would not have, and how it is kept out:
 
@@ -16,12 +18,19 @@ What a child could inherit that a fresh interpreter would not have, and how it i
   imported by each child, afresh;
 - what a library reads from the environment when it is imported: a session whose environment
   differs from the server's in such a variable (:func:`import_sensitive`) runs in a real
-  subprocess instead;
-- ``sys.path``, ``sys.argv``, ``__main__``, the working folder, the environment, stdin (an empty
-  pipe), stdout and stderr (the session's files): set in the child (whose process group is the
-  server's, as a subprocess's is its parent's);
+  subprocess instead, but for those a child applies (``OMP_NUM_THREADS``, a count: torch's
+  threads set to it; ``PYTHONBREAKPOINT``, read at each ``breakpoint()``);
+- ``sys.path``, ``sys.argv``, ``__main__``, the working folder, the environment, the umask (a
+  launched world's 022), stdin (an empty pipe, or the terminal), stdout and stderr (the
+  session's files, or the terminal): set in the child, whose process group is the server's (as a
+  subprocess's is its parent's) or, for a terminal or a session of its own, a new session's;
 - interpreter exit: the child waits for its non-daemon threads and runs the ``atexit`` handlers, as
   ``Py_Finalize`` does, then ``os._exit``.
+
+One thing differs on purpose: the server's heap is frozen (``gc.freeze()``) after its imports, so
+a child's garbage collections (pytest's at its end, twice) skip torch's objects, as the plugin's
+own fork server does for its ranks: ~0.1 s of CPU less a session, and pages not copied on write;
+``gc.get_objects()`` leaves those objects out.
 
 Processes a session leaves behind cannot be found by the environment tag of ``helpers.py`` (a
 forked process's ``/proc/PID/environ`` is its exec's, the server's), so the server is a child
@@ -32,9 +41,9 @@ lists them for the leak check.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-import select
 import signal
 import subprocess
 import sys
@@ -45,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .zygote_server import read_lines, thread_count
 
 #: Variables whose value a library may read when it is imported (the server imported it once,
 #: with its own environment): a session that sets one differently runs in a real subprocess.
@@ -64,162 +75,70 @@ IMPORT_SENSITIVE = (
     "COVERAGE",
     "PYTHON",
 )
-#: ``PYTHON*`` variables a child applies itself.
-APPLIED = ("PYTHONPATH",)
 #: ``DISTRANK_TEST_ZYGOTE=off``: every inner session a subprocess of its own (to compare, or to
 #: rule the zygote out when a test behaves otherwise under it).
 OFF_ENV = "DISTRANK_TEST_ZYGOTE"
-#: ``prctl(PR_SET_CHILD_SUBREAPER, 1)``.
-PR_SET_CHILD_SUBREAPER = 36
 #: Seconds the server has to reap a session killed at its timeout.
 KILLED_WAIT = 30
-#: The server's exit code when a child could not be set up (before pytest ran).
-SETUP_FAILED = 70
+
+
+def _applied(name: str, value: str | None) -> bool:
+    """Whether a child's ``name=value`` works as in a fresh interpreter: ``PYTHONPATH`` (the
+    child sets its ``sys.path``), ``PYTHONBREAKPOINT`` (read at each ``breakpoint()``), and
+    ``OMP_NUM_THREADS`` as a positive count (``torch.set_num_threads``, what ``import torch``
+    makes of it)."""
+    if name == "OMP_NUM_THREADS":
+        return thread_count(value) is not None
+    return name in ("PYTHONPATH", "PYTHONBREAKPOINT")
 
 
 def import_sensitive(server: Mapping[str, str], session: Mapping[str, str]) -> list[str]:
     """The variables read at import (:data:`IMPORT_SENSITIVE`) that ``session`` sets otherwise
-    than ``server``."""
+    than ``server`` and a child cannot apply itself."""
     names = {*server, *session}
     return sorted(
         name
         for name in names
         if name.startswith(IMPORT_SENSITIVE)
-        and name not in APPLIED
         and server.get(name) != session.get(name)
+        and not _applied(name, session.get(name))
     )
 
 
-# --------------------------------------------------------------------------------- the server
+@dataclasses.dataclass(frozen=True)
+class Session:
+    """One process to fork: ``python -m MODULE ARGS`` in ``cwd`` with ``env`` (that
+    :meth:`Zygote.accepts`); its standard output and error to ``output`` (one file twice: as
+    ``2>&1``), or all three streams on ``terminal`` (a pty's slave, the controlling terminal of
+    a session of its own); under ``umask`` (None: the server's, the outer process's); in a
+    session of its own if ``new_session`` (``Popen(start_new_session=True)``); ``signals`` at
+    their defaults and unblocked (a ``preexec_fn`` that resets them before the exec)."""
 
+    args: Sequence[str]
+    cwd: Path
+    env: Mapping[str, str]
+    output: tuple[Path, Path] | None = None
+    module: str = "pytest"
+    umask: int | None = None
+    terminal: str | None = None
+    new_session: bool = False
+    signals: Sequence[int] = ()
 
-def _session_path(cwd: str, pythonpath: str, base: Sequence[str]) -> list[str]:
-    """``sys.path`` of ``python -m pytest`` started in ``cwd`` with ``PYTHONPATH=pythonpath``."""
-    entries = [*(os.path.abspath(p) for p in pythonpath.split(os.pathsep) if p), *base]
-    return [cwd, *dict.fromkeys(entries)]  # site removes duplicates before the script's folder
-
-
-def _exit_like_python(code: object) -> int:
-    """Finish as ``Py_Finalize`` would after ``SystemExit(code)``; the exit status."""
-    import atexit
-    import threading
-
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:
-        print(code, file=sys.stderr)
-        status = 1
-    threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at exit
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            status = status or 120
-    return status
-
-
-def _child(request: dict[str, Any], base: Sequence[str]) -> None:
-    """In the forked child: become ``python -m MODULE ARGS`` (pytest, or a launcher such as
-    ``torch.distributed.run``) in the session's setting; never returns."""
-    status = SETUP_FAILED
-    try:
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        empty, writer = os.pipe()
-        os.close(writer)
-        os.dup2(empty, 0)
-        os.close(empty)
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            if fd == 2 and request["stderr"] == request["stdout"]:
-                os.dup2(1, 2)  # one file, one offset: as 2>&1
-                continue
-            target = os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
-        os.closerange(3, 1024)
-        sys.path[:] = _session_path(request["cwd"], request["env"].get("PYTHONPATH", ""), base)
-        module = request.get("module", "pytest")
-        sys.argv = [module, *request["args"]]
-        import runpy
-
-        try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
-            code: object = 0
-        except SystemExit as stop:
-            code = stop.code
-        except Exception:  # uncaught (torchrun's ChildFailedError): as the interpreter does
-            import traceback
-
-            traceback.print_exc()
-            code = 1
-        status = _exit_like_python(code)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-    os._exit(status)
-
-
-def _reap(session: int | None = None) -> tuple[int, float] | None:
-    """Reap whatever ended below the server (orphans re-parented to it, and the session's own
-    process ``session``); once the session has ended, its wait status and the CPU seconds (user
-    + system) of it and of every process it waited for."""
-    while True:
-        try:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
-        except ChildProcessError:
-            return None
-        if pid == 0:
-            return None
-        if pid == session:
-            return status, usage.ru_utime + usage.ru_stime
-
-
-def serve() -> None:
-    """The server's loop: one JSON request per line on stdin, replies on stdout."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    import numpy  # noqa: F401
-    import torch
-    import torch.distributed
-    import torch.multiprocessing  # noqa: F401
-
-    # What sys.path is beyond the script's folder and PYTHONPATH: the interpreter's own.
-    own = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    base = [p for p in sys.path[1:] if p not in own]
-    requests, replies = sys.stdin.buffer, sys.stdout.buffer
-    while True:
-        while not select.select([requests], [], [], 0.2)[0]:
-            _reap()
-        line = requests.readline()
-        if not line:
-            return
-        request = json.loads(line)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(request, base)
-        replies.write(json.dumps({"pid": pid}).encode() + b"\n")
-        replies.flush()
-        while (ended := _reap(pid)) is None:
-            time.sleep(0.02)
-        status, cpu = ended
-        replies.write(json.dumps({"pid": pid, "status": status, "cpu": cpu}).encode() + b"\n")
-        replies.flush()
-
-
-# --------------------------------------------------------------------------------- the client
+    def request(self) -> dict[str, Any]:
+        """What the server's child reads (``zygote_server._child``)."""
+        output = self.output or (None, None)
+        return {
+            "module": self.module,
+            "args": list(self.args),
+            "cwd": str(self.cwd),
+            "env": dict(self.env),
+            "stdout": str(output[0]),
+            "stderr": str(output[1]),
+            "umask": self.umask,
+            "terminal": self.terminal,
+            "new_session": self.new_session,
+            "signals": [int(number) for number in self.signals],
+        }
 
 
 class Zygote:
@@ -232,13 +151,17 @@ class Zygote:
         #: process's ``RUSAGE_CHILDREN`` cannot see yet: the server reaped them. Once the server
         #: itself is reaped, they are in it (:meth:`_reaped`).
         self.cpu = 0.0
+        #: Processes the server said ended, not yet collected: their wait status.
+        self._ended: dict[int, int] = {}
+        self._buffer = bytearray()
 
-    def _start(self) -> subprocess.Popen[bytes]:
+    def start(self) -> subprocess.Popen[bytes]:
+        """The server, started if it is not running."""
         if self.process is None or self.process.poll() is not None:
             # Not the first session's own variables (its process tag: the server is no session's)
             self.environment = {k: v for k, v in os.environ.items() if not k.startswith("DISTRANK")}
             self.process = subprocess.Popen(
-                [sys.executable, str(Path(__file__))],
+                [sys.executable, str(Path(__file__).with_name("zygote_server.py"))],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 env=self.environment,
@@ -251,58 +174,81 @@ class Zygote:
         server = self.environment if self.process is not None else dict(os.environ)
         return import_sensitive(server, env)
 
-    def run(
-        self,
-        args: Sequence[str],
-        cwd: Path,
-        env: Mapping[str, str],
-        output: tuple[Path, Path],
-        timeout: float | None,
-        module: str = "pytest",
-    ) -> tuple[int | None, int]:
-        """Run one session (``python -m MODULE ARGS``): ``(exit status or None after a timeout,
-        pid)``. A session past ``timeout`` is killed with every process below the server."""
-        process = self._start()
-        assert process.stdin is not None and process.stdout is not None
-        request = {
-            "module": module,
-            "args": list(args),
-            "cwd": str(cwd),
-            "env": dict(env),
-            "stdout": str(output[0]),
-            "stderr": str(output[1]),
-        }
+    def begin(self, sessions: Sequence[Session]) -> list[int]:
+        """Fork ``sessions`` at once (the processes of one world); their pids."""
+        process = self.start()
+        assert process.stdin is not None
         try:
-            process.stdin.write(json.dumps(request).encode() + b"\n")
+            process.stdin.write(json.dumps([s.request() for s in sessions]).encode() + b"\n")
             process.stdin.flush()
-            pid = int(json.loads(process.stdout.readline())["pid"])
-            timed_out = not self._wait(process, timeout)
-            if timed_out:
-                for each in [pid, *self.descendants()]:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(each, signal.SIGKILL)
-                if not self._wait(process, KILLED_WAIT):
-                    raise RuntimeError(f"the suite's zygote (pid {process.pid}) did not reap {pid}")
-            line = process.stdout.readline()
-            if not line:
-                raise RuntimeError(f"the suite's zygote (pid {process.pid}) died during a session")
-            reply = json.loads(line)
-            if reply.get("pid") != pid:
-                raise RuntimeError(f"the suite's zygote (pid {process.pid}) said {reply} for {pid}")
+            while not (replies := self._replies(None)):
+                pass
         except BaseException:
-            # Interrupted (pytest-timeout, Ctrl-C) or confused between a request and its reply:
-            # the next session's reply must never be this one's, so this server goes.
+            self.abandon()  # the next request's reply must never be this one's
+            raise
+        if len(replies) != 1 or "pids" not in replies[0]:
+            self.abandon()
+            raise RuntimeError(f"the suite's zygote ({process.pid}) said {replies} to a request")
+        return [int(pid) for pid in replies[0]["pids"]]
+
+    def wait(self, pids: Sequence[int], timeout: float | None) -> bool:
+        """Whether every one of ``pids`` ended within ``timeout`` seconds (None: no bound)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        looked = False  # the replies that came were read once at least
+        try:
+            while not all(pid in self._ended for pid in pids):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if left == 0 and looked:
+                    return False
+                looked = True
+                if replies := self._replies(left):
+                    raise RuntimeError(f"the suite's zygote said {replies} to no request")
+        except BaseException:  # interrupted (pytest-timeout, Ctrl-C), or the server is gone
             self.abandon()
             raise
-        status = int(reply["status"])
-        self.cpu += float(reply.get("cpu", 0.0))
-        return (None if timed_out else os.waitstatus_to_exitcode(status)), pid
+        return True
 
-    @staticmethod
-    def _wait(process: subprocess.Popen[bytes], timeout: float | None) -> bool:
-        """Whether the server's reply is ready within ``timeout`` seconds (None: no bound)."""
-        assert process.stdout is not None
-        return bool(select.select([process.stdout], [], [], timeout)[0])
+    def collect(self, pids: Sequence[int]) -> list[int]:
+        """The exit codes of ``pids``, which ended (:meth:`wait`), as ``Popen.returncode``."""
+        return [os.waitstatus_to_exitcode(self._ended.pop(pid)) for pid in pids]
+
+    def run(
+        self, sessions: Sequence[Session], timeout: float | None
+    ) -> tuple[list[int] | None, list[int]]:
+        """Run ``sessions`` at once: ``(their exit codes, or None after a timeout; their pids)``.
+        Past ``timeout``, every process below the server is killed."""
+        pids = self.begin(sessions)
+        timed_out = not self.wait(pids, timeout)
+        if timed_out:
+            for each in [*pids, *self.descendants()]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(each, signal.SIGKILL)
+            if not self.wait(pids, KILLED_WAIT):
+                self.abandon()
+                raise RuntimeError(f"the suite's zygote did not reap {pids}")
+        codes = self.collect(pids)
+        return (None if timed_out else codes), pids
+
+    def popen(self, session: Session) -> Forked:
+        """Fork ``session`` and return at once: the process, as ``subprocess.Popen`` shows one."""
+        return Forked(self, self.begin([session])[0])
+
+    def _replies(self, timeout: float | None) -> list[dict[str, Any]]:
+        """The server's replies to requests that came within ``timeout`` seconds; the ends it
+        reported are kept (``_ended``)."""
+        assert self.process is not None and self.process.stdout is not None
+        lines = read_lines(self.process.stdout.fileno(), self._buffer, timeout)
+        if lines is None:
+            raise RuntimeError(f"the suite's zygote ({self.process.pid}) died during a session")
+        replies = []
+        for line in lines:
+            reply = json.loads(line)
+            if "ended" in reply:
+                self._ended[int(reply["ended"])] = int(reply["status"])
+                self.cpu += float(reply["cpu"])
+            else:
+                replies.append(reply)
+        return replies
 
     def abandon(self) -> None:
         """Kill the server and every process below it; the next session starts a new one."""
@@ -359,18 +305,18 @@ class Zygote:
         print("running (forked from the suite's zygote): pytest", *args)
         print("     in:", Path.cwd())
         started = time.monotonic()
-        status, pid = self.run(args, Path.cwd(), env, output, timeout)
-        if status is None:
+        codes, pids = self.run([Session(args, Path.cwd(), env, output)], timeout)
+        if codes is None:
             raise pytester.TimeoutExpired(
-                f"{timeout} second timeout expired running pytest {args} (pid {pid})"
+                f"{timeout} second timeout expired running pytest {args} (pid {pids[0]})"
             )
         out, err = (path.read_text(errors="replace").splitlines() for path in output)
         for lines, stream in ((out, sys.stdout), (err, sys.stderr)):
             for line in lines:
                 print(line, file=stream)
-        ret: int | pytest.ExitCode = status
+        ret: int | pytest.ExitCode = codes[0]
         with contextlib.suppress(ValueError):
-            ret = pytest.ExitCode(status)
+            ret = pytest.ExitCode(codes[0])
         return pytest.RunResult(ret, out, err, time.monotonic() - started)
 
     def close(self) -> None:
@@ -388,10 +334,37 @@ class Zygote:
     def _reaped(self) -> None:
         self.process = None
         self.cpu = 0.0  # now in RUSAGE_CHILDREN, with the server's own
+        self._ended.clear()
+        self._buffer.clear()
+
+
+class Forked:
+    """A process forked from the server (:meth:`Zygote.popen`), as ``subprocess.Popen`` shows
+    one: ``pid``, ``send_signal()``, ``kill()``, ``poll()``, ``wait(timeout)``
+    (``subprocess.TimeoutExpired`` past it) and ``returncode``."""
+
+    def __init__(self, zygote: Zygote, pid: int) -> None:
+        self.zygote = zygote
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self.zygote.wait([self.pid], 0) else self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not self.zygote.wait([self.pid], timeout):
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            self.returncode = self.zygote.collect([self.pid])[0]
+        return self.returncode
 
 
 #: This process's server (the ``zygote`` fixture of ``conftest.py`` ends it).
 ZYGOTE = Zygote()
-
-if __name__ == "__main__":
-    serve()

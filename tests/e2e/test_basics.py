@@ -11,14 +11,13 @@ test below checks its own scenario's lines. Sessions that start no rank (ordinar
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from ..helpers import RunPytest, SharedSession, finish_beside, start_beside
+from ..helpers import RunPytest, SharedSession, Started, finish_beside, start_beside
 from .hostile import HOSTILE, nothing_imported_is_shared
 
 #: The folder each shared session ran in, by name (its files record what the ranks saw).
@@ -275,7 +274,7 @@ def basics(shared_session: SharedSession) -> pytest.RunResult:
     """The ``basics`` session, and beside it the session of :data:`BESIDE` in a folder of its
     own (started by the first test that runs ``basics``, with its environment: the process tag
     of ``run_pytest``, whose leak check after that test covers both sessions)."""
-    beside: list[tuple[Path, subprocess.Popen[bytes]]] = []
+    beside: list[tuple[Path, Started]] = []
 
     def write(folder: Path) -> None:
         _writer("basics", {**BASICS, **HOSTILE})(folder)

@@ -52,7 +52,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
@@ -62,7 +61,7 @@ import pytest
 
 from pytest_distrank.settings import OPTIONS, REPLAY
 
-from ..helpers import RunPytest
+from ..helpers import RunPytest, run_at_once
 
 ROOT = Path(__file__).resolve().parents[2]  # this file is tests/e2e/test_docs.py
 OUTCOME_KEYS = ("passed", "failed", "skipped", "errors", "xfailed", "rerun")
@@ -480,7 +479,8 @@ print(json.dumps(errors))
 
 
 def _check_import(block: Block, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Execute the top level of every ``import`` block, all in one interpreter, once."""
+    """Execute the top level of every ``import`` block, all in one interpreter (forked from the
+    suite's zygote, ``helpers.run_at_once``), once."""
     if not _IMPORTS:
         folder = tmp_path_factory.mktemp("doc-imports")
         paths = {}
@@ -488,16 +488,13 @@ def _check_import(block: Block, tmp_path_factory: pytest.TempPathFactory) -> Non
             path = folder / f"example_{i}.py"
             path.write_text(other.code)
             paths[str(path)] = other.id
-        done = subprocess.run(
-            [sys.executable, "-c", IMPORT_SCRIPT, *paths],
-            capture_output=True,
-            text=True,
-            timeout=IMPORT_TIMEOUT,
-            cwd=folder,
-            env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")},
-        )
-        assert done.returncode == 0, done.stderr
-        errors = json.loads(done.stdout.splitlines()[-1])
+        (folder / "doc_imports.py").write_text(IMPORT_SCRIPT)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+        output = folder / "doc_imports.out"
+        command = [sys.executable, "-m", "doc_imports", *paths]
+        codes = run_at_once([command], [env], folder, [output], IMPORT_TIMEOUT)
+        assert codes == [0], output.read_text()
+        errors = json.loads(output.read_text().splitlines()[-1])
         _IMPORTS.update({paths[p]: errors.get(p, "") for p in paths})
     assert block.id in _IMPORTS
     assert not _IMPORTS[block.id], _IMPORTS[block.id]

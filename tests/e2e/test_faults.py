@@ -21,8 +21,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
@@ -34,8 +32,10 @@ import pytest
 from ..helpers import (
     TAG_ENV,
     SharedSession,
+    Started,
     finish_beside,
     start_beside,
+    start_pytest,
     tagged_pids,
     wait_gone,
 )
@@ -187,7 +187,7 @@ class Session:
     def run(self, shared_session: SharedSession) -> Shared:
         if self.name in _BESIDE:  # it ran beside another session (whose test ran it)
             return self._result_beside()
-        started: list[tuple[Session, Path, subprocess.Popen[bytes]]] = []
+        started: list[tuple[Session, Path, Started]] = []
 
         def write(folder: Path) -> None:
             self._write(folder)
@@ -868,13 +868,6 @@ def test_c_never_runs(rank):
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL)
 
 
-def _terminal_signals() -> None:
-    """In the child, before exec: SIGINT and SIGHUP at their defaults and unblocked."""
-    for signum in (signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGHUP})
-
-
 def _fork_servers(pids: list[int]) -> list[int]:
     found = []
     for pid in pids:
@@ -893,7 +886,7 @@ def test_controller_signals_leave_nothing_behind(pytester: pytest.Pytester) -> N
     the children a passing test and the running test started), no fork server outlives
     pytest's exit, and TMPDIR holds no ``pymp-*`` folder (the fork server's socket lies in the
     session's folder). The four sessions run at once."""
-    runs: dict[signal.Signals, tuple[Path, str, subprocess.Popen[bytes]]] = {}
+    runs: dict[signal.Signals, tuple[Path, str, Started]] = {}
     base = Path(tempfile.mkdtemp(prefix="distrank-sig-", dir="/tmp"))  # short: a socket path
     try:
         for sig in SIGNALS:
@@ -907,18 +900,11 @@ def test_controller_signals_leave_nothing_behind(pytester: pytest.Pytester) -> N
             basetemp = f"--basetemp={base / sig.name}"
             junit = f"--junitxml={case / 'junit.xml'}"
             args = ["-p", "distrank", "-q", "-p", "no:cacheprovider", basetemp, junit]
-            with open(case / "output", "w") as out:  # a file: wait() is pytest's own exit
-                proc = subprocess.Popen(
-                    [sys.executable, "-m", "pytest", *args],
-                    cwd=case,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    # A CI job started without job control inherits SIGINT ignored (and one
-                    # under nohup SIGHUP), which Python and the plugin leave so: give pytest the
-                    # signals a terminal session has.
-                    preexec_fn=_terminal_signals,
-                )
+            written = case / "output"  # a file: wait() is pytest's own exit
+            # A CI job started without job control inherits SIGINT ignored (and one under nohup
+            # SIGHUP), which Python and the plugin leave so: the signals a terminal session has.
+            signals = (signal.SIGINT, signal.SIGHUP)
+            proc = start_pytest(args, case, env, (written, written), signals=signals)
             runs[sig] = (case, tag, proc)
         end = time.monotonic() + 150
         for sig, (case, _tag, proc) in runs.items():

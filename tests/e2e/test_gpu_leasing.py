@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from ..helpers import TAG_ENV, RunPytest, wait_gone
+from ..helpers import TAG_ENV, RunPytest, run_at_once, wait_gone
 
 #: A test that records the GPUs its rank sees, then waits until the other session recorded its.
 RECORD = """
@@ -54,18 +54,6 @@ time.sleep(600)
 """
 
 
-def _session(pytester: pytest.Pytester, name: str, *args: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "SESSION": name}
-    return subprocess.Popen(
-        [sys.executable, "-m", "pytest", "-p", "distrank", "-q", *args],
-        cwd=pytester.path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
 def _two_sessions(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, test_file: str
 ) -> dict[str, str]:
@@ -77,13 +65,15 @@ def _two_sessions(
     tag = uuid.uuid4().hex
     monkeypatch.setenv(TAG_ENV, tag)
     pytester.makepyfile(test_record=test_file)
-    sessions = [_session(pytester, name) for name in ("a", "b")]
+    command = [sys.executable, "-m", "pytest", "-p", "distrank", "-q"]
+    envs = [{**os.environ, "SESSION": name} for name in ("a", "b")]
+    files = [pytester.path / f"session-{name}.txt" for name in ("a", "b")]
     try:
-        outputs = [s.communicate(timeout=150)[0] for s in sessions]
+        codes = run_at_once([command, command], envs, pytester.path, files, 150)
     finally:
-        for s in sessions:
-            s.kill()
         assert not wait_gone(tag, 15)
+    outputs = [file.read_text() for file in files]
+    assert codes == [0, 0], outputs
     for output in outputs:
         assert "1 passed" in output, output
     return {p.name: p.read_text() for p in seen.iterdir()}

@@ -24,7 +24,6 @@ import re
 import signal
 import socket
 import stat
-import subprocess
 import sys
 import time
 import uuid
@@ -36,9 +35,7 @@ import pytest
 
 from pytest_distrank.settings import OPTIONS, REQUIRE_SECRET_ENV, SECRET_ENV, TEST_WAITS_ENV
 
-from ..helpers import TAG_ENV, RunPytest, wait_gone
-from ..zygote import OFF_ENV as ZYGOTE_OFF_ENV
-from ..zygote import ZYGOTE
+from ..helpers import TAG_ENV, RunPytest, run_at_once, wait_gone
 from .test_deadlocks import LEGAL_SIZES
 
 #: Bound on one launched world (each rank imports torch: ~2-4 s per process on 2 cores).
@@ -103,31 +100,17 @@ def launch_env(pytester: pytest.Pytester) -> Iterator[dict[str, str]]:
 
 
 def start(cmds: list[list[str]], envs: list[Mapping[str, str]], cwd: Path) -> Run:
-    """Start every command at once, wait for all (bounded), return outputs and exit codes."""
-    procs, files = [], []
+    """Start every command at once, wait for all (bounded), return outputs and exit codes
+    (``helpers.run_at_once``: torchrun agents and by-hand ranks forked from the suite's zygote,
+    which saves their ``import torch``; torchrun's ranks are exec'd by it, fresh)."""
+    outputs = [cwd / f"launch-out{i}.txt" for i in range(len(cmds))]
     started = time.monotonic()
-    for i, (cmd, env) in enumerate(zip(cmds, envs, strict=True)):
-        out = open(cwd / f"launch-out{i}.txt", "w+")
-        files.append(out)
-        procs.append(
-            # umask 022, the usual one: the plugin's folders and logs must be private anyway.
-            subprocess.Popen(cmd, env=dict(env), cwd=cwd, stdout=out, stderr=out, umask=0o022)
-        )
-    deadline = started + RUN_TIMEOUT
-    try:
-        codes = [p.wait(max(1.0, deadline - time.monotonic())) for p in procs]
-    except subprocess.TimeoutExpired:
-        for p in procs:
-            p.kill()
-        codes = [p.wait() for p in procs]
-    outputs = []
-    for out in files:
-        out.seek(0)
-        outputs.append(out.read())
-        out.close()
-    if time.monotonic() > deadline:
-        pytest.fail("launched run timed out:\n" + "\n-----\n".join(outputs))
-    return Run(outputs, codes, cwd, time.monotonic() - started)
+    # umask 022, the usual one: the plugin's folders and logs must be private anyway.
+    codes = run_at_once(cmds, envs, cwd, outputs, RUN_TIMEOUT, umask=0o022)
+    texts = [out.read_text(errors="replace") for out in outputs]
+    if codes is None:
+        pytest.fail("launched run timed out:\n" + "\n-----\n".join(texts))
+    return Run(texts, codes, cwd, time.monotonic() - started)
 
 
 def pytest_args(cwd: Path, *args: str, basetemp: bool = True) -> list[str]:
@@ -136,23 +119,12 @@ def pytest_args(cwd: Path, *args: str, basetemp: bool = True) -> list[str]:
 
 
 def torchrun(env: dict[str, str], cwd: Path, nproc: int, *args: str) -> Run:
-    """One torchrun agent of ``nproc`` ranks, forked from the suite's zygote (torchrun's own
-    ``import torch`` saved; its ranks are exec'd by it, fresh) where the environment allows."""
+    """One torchrun agent of ``nproc`` ranks."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
         "--master-addr=127.0.0.1", f"--master-port={free_port()}", *pytest_args(cwd, *args),
     ]  # fmt: skip
-    # torchrun's children get OMP_NUM_THREADS from the environment, read at their own import.
-    launcher_env = {k: v for k, v in env.items() if k != "OMP_NUM_THREADS"}
-    if ZYGOTE.accepts(launcher_env) or os.environ.get(ZYGOTE_OFF_ENV) == "off":
-        return start([cmd], [env], cwd)
-    output = cwd / "launch-out0.txt"
-    started = time.monotonic()
-    code, _ = ZYGOTE.run(cmd[3:], cwd, env, (output, output), RUN_TIMEOUT, module=cmd[2])
-    text = output.read_text(errors="replace")
-    if code is None:
-        pytest.fail("launched run timed out:\n" + text)
-    return Run([text], [code], cwd, time.monotonic() - started)
+    return start([cmd], [env], cwd)
 
 
 def by_hand(

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from ..helpers import TAG_ENV, wait_gone
+from ..helpers import TAG_ENV, Started, start_pytest, wait_gone
 from .test_process_tree import WORKERS
 
 INTERRUPTED_ORDINARY = """
@@ -57,7 +55,7 @@ def test_an_interrupt_shows_the_trees_stacks_and_ends_it(pytester: pytest.Pytest
     tree ended; a distributed test's are in its interrupted report, one section per rank; a
     second Ctrl-C during the stacks still ends the tree. The sessions run at once; no process
     outlives any."""
-    runs: dict[str, tuple[Path, str, subprocess.Popen[bytes]]] = {}
+    runs: dict[str, tuple[Path, str, Started]] = {}
     for mode, source in INTERRUPTED.items():
         case = pytester.path / mode
         case.mkdir()
@@ -67,15 +65,9 @@ def test_an_interrupt_shows_the_trees_stacks_and_ends_it(pytester: pytest.Pytest
         env = {**os.environ, TAG_ENV: tag, "TREE_CASE_STARTED": str(case / "started")}
         env.pop("PYTEST_ADDOPTS", None)
         args = ["-p", "distrank", "-p", "no:cacheprovider", "-p", "no:randomly", "-rA"]
-        with open(case / "output", "w") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "pytest", *args, f"--basetemp={case / 'tmp'}"],
-                cwd=case,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-            )
+        args.append(f"--basetemp={case / 'tmp'}")
+        output = case / "output"
+        proc = start_pytest(args, case, env, (output, output), signals=[signal.SIGINT])
         runs[mode] = (case, tag, proc)
     try:
         end = time.monotonic() + 120

@@ -15,8 +15,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ..helpers import RUN_TIMEOUT, TAG_ENV, SharedSession, wait_gone
+from ..helpers import RUN_TIMEOUT, TAG_ENV, SharedSession, Started, start_pytest, wait_gone
 
 pytestmark = pytest.mark.timeout(RUN_TIMEOUT + 60)
 
@@ -230,7 +228,7 @@ def test_killed_in_here(rank):
 
 def start_session(
     pytester: pytest.Pytester, env: Mapping[str, str], *args: str
-) -> tuple[subprocess.Popen[bytes], str]:
+) -> tuple[Started, str]:
     """Start ``pytest -p distrank ARGS`` in the pytester folder, tagged, with ``env`` added
     (``{folder}`` in a value: the folder), its output in ``output``."""
     tag = f"report-files-{os.getpid()}-{time.time_ns()}"
@@ -238,20 +236,11 @@ def start_session(
     env = {**os.environ, TAG_ENV: tag, **{k: v.format(folder=folder) for k, v in env.items()}}
     env.pop("PYTEST_ADDOPTS", None)
     base = ["-p", "distrank", "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'basetemp'}"]
-    with open(pytester.path / "output", "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", *base, *args],
-            cwd=pytester.path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    return proc, tag
+    output = pytester.path / "output"
+    return start_pytest([*base, *args], pytester.path, env, (output, output)), tag
 
 
-def signal_when(
-    pytester: pytest.Pytester, proc: subprocess.Popen[bytes], tag: str, started: Path, sig: int
-) -> str:
+def signal_when(pytester: pytest.Pytester, proc: Started, tag: str, started: Path, sig: int) -> str:
     """Send ``sig`` to the session once ``started`` exists; its output once it ended, and no
     process of it left."""
     output = pytester.path / "output"

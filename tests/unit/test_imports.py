@@ -33,10 +33,12 @@ docstrings and comments may name them) spells one of the private names it wraps.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import re
 import sys
 import tokenize
+from collections.abc import Set
 from pathlib import Path
 
 import pytest
@@ -116,14 +118,21 @@ SHARED = in_folder("", "_compat", "planning", "rank", "outcome", "tree") - {"plu
 OUTCOME = in_folder("outcome")
 
 
-def imports_of(module: str) -> set[str]:
+@functools.cache
+def tree_of(path: Path) -> ast.Module:
+    """``path`` parsed once a session: hundreds of checks read the same trees (none changes one)."""
+    return ast.parse(path.read_text())
+
+
+@functools.cache
+def imports_of(module: str) -> frozenset[str]:
     """Every module ``module`` imports: absolute imports by their full name, the plugin's own
     (relative) imports resolved to dotted names below the package (``pool.worker.main``,
     ``outcome.merge``; ``from ..rank import reaper``: ``rank`` and ``rank.reaper``)."""
-    return _imports(ast.parse(FILES[module].read_text()), module)
+    return _imports(tree_of(FILES[module]), module)
 
 
-def _imports(tree: ast.AST, module: str) -> set[str]:
+def _imports(tree: ast.AST, module: str) -> frozenset[str]:
     path = FILES[module]
     package = module.split(".") if path.stem == "__init__" else module.split(".")[:-1]
     package = [p for p in package if p]
@@ -143,10 +152,10 @@ def _imports(tree: ast.AST, module: str) -> set[str]:
                         found.add(name)
             elif node.module:
                 found.add(node.module)
-    return found
+    return frozenset(found)
 
 
-def own(names: set[str]) -> set[str]:
+def own(names: Set[str]) -> Set[str]:
     """The package's own modules and packages among ``names``."""
     return names & set(FILES)
 
@@ -282,9 +291,10 @@ def shared_level(module: str) -> int | None:
     return next((i for i, names in enumerate(SHARED_ORDER) if key in names), None)
 
 
-def imports_in_functions(module: str) -> set[str]:
+@functools.cache
+def imports_in_functions(module: str) -> frozenset[str]:
     """What ``module`` imports inside its functions (:func:`imports_of`, those statements only)."""
-    tree = ast.parse(FILES[module].read_text())
+    tree = tree_of(FILES[module])
     body: list[ast.stmt] = [
         node
         for function in ast.walk(tree)
@@ -349,13 +359,14 @@ def _executed_on_import(tree: ast.Module) -> list[ast.stmt]:
     return [n for n in out if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
-def imports_on_import(module: str) -> set[str]:
+@functools.cache
+def imports_on_import(module: str) -> frozenset[str]:
     """What importing ``module`` imports (:func:`imports_of`, functions' bodies left out)."""
-    tree = ast.parse(FILES[module].read_text())
+    tree = tree_of(FILES[module])
     return _imports(ast.Module(body=_executed_on_import(tree), type_ignores=[]), module)
 
 
-def _torch(names: set[str]) -> set[str]:
+def _torch(names: Set[str]) -> set[str]:
     return {n for n in names if n == "torch" or n.startswith("torch.")}
 
 
@@ -461,6 +472,7 @@ PRIVATE_SPELLINGS = (
 )
 
 
+@functools.cache
 def _code(source: str) -> str:
     """``source`` with its comments and docstrings blanked out: what runs."""
     docstrings = set()
