@@ -378,6 +378,11 @@ def _by_import(name: str, imported: Iterable[str]) -> bool:
 
 
 def child_words(pid: str, command: str) -> str:
+    """A child still running, by its command line, or the kernel's name for it where that is
+    empty (a child read amid its ``exec``, or one that cleared its arguments)."""
+    if not command:
+        name = (_read(f"/proc/{pid}/comm") or b"").decode("utf-8", "replace").strip()
+        command = f"{name}, its command line empty" if name else "its command line empty"
     shown = command if len(command) <= 60 else command[:57] + "..."
     return f"child process {pid} ({shown}) still running"
 

@@ -377,3 +377,17 @@ def test_a_thread_started_between_two_tests_that_is_no_daemon_makes_the_pool_go(
         stop.set()
         held.join()
         helper.join()
+
+
+def test_a_child_whose_command_line_is_empty_is_named_by_the_kernels_name() -> None:
+    """A child read amid its exec (or one that cleared its arguments) has an empty command
+    line: named by /proc's comm, never as "()"."""
+    pid = str(os.getpid())
+    with open(f"/proc/{pid}/comm") as f:
+        comm = f.read().strip()
+    assert processstate.child_words(pid, "") == (
+        f"child process {pid} ({comm}, its command line empty) still running"
+    )
+    assert (
+        processstate.child_words(pid, "sleep 60") == f"child process {pid} (sleep 60) still running"
+    )
