@@ -391,3 +391,36 @@ def test_a_child_whose_command_line_is_empty_is_named_by_the_kernels_name() -> N
     assert (
         processstate.child_words(pid, "sleep 60") == f"child process {pid} (sleep 60) still running"
     )
+
+
+def test_a_listening_socket_only_garbage_holds_is_no_leftover() -> None:
+    """A socket held only by garbage (a process group the test or a harness's tearDown
+    destroyed and dropped, in a reference cycle) closes once collected: not named. One a live
+    object holds is."""
+    import gc
+    import warnings
+
+    from pytest_distrank.rank.leftovers import LeftoverCheck
+
+    item = cast(pytest.Item, types.SimpleNamespace(nodeid="t.py::test_drops_a_server"))
+    check = LeftoverCheck(0, "restore", (), ())
+    kept: list[socket.socket] = []
+
+    def body() -> None:
+        cycle: dict[str, Any] = {"server": socket.create_server(("127.0.0.1", 0))}
+        cycle["self"] = cycle  # only a collection frees it
+        kept.append(socket.create_server(("127.0.0.1", 0)))
+
+    enabled = gc.isenabled()
+    gc.disable()  # no collection before the check's own (the switch reads the same throughout)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            words, _ = _run_test(check, item, body)
+        port = kept[0].getsockname()[1]
+    finally:
+        if enabled:
+            gc.enable()
+        for server in kept:
+            server.close()
+    assert words == (f"a socket listening on 127.0.0.1:{port} (not restored)",), words
