@@ -28,8 +28,7 @@ from .snapshot import Snapshot, env_key
 BETWEEN = ("env", "cwd", "torch", "switches", "path", "umask", "signals", "logging")
 #: (category, key) -> a value.
 Values = Mapping[tuple[str, Any], Any]
-#: A value the check put back without reading it (a ``torch._dynamo.config`` entry reset to its
-#: default): taken as the start reads it.
+#: A value taken as the start reads it (pytest's ``PYTEST_CURRENT_TEST``).
 UNKNOWN: Any = object()
 
 

@@ -48,7 +48,7 @@ import pytest
 from .. import _compat
 from ..outcome.checks import and_words
 from . import processstate as ps
-from .between import UNKNOWN, expected_start, kept
+from .between import expected_start, kept
 from .leftgroups import Found, destroy, listening
 from .leftoverwords import NAMES, env_words, few, group_words, named_words, not_restored
 from .snapshot import (
@@ -353,8 +353,7 @@ class LeftoverCheck:
             between, self.found, self.quiet = self.found, found, quiet
             self.harness = harness
         for (category, key), value in self.restored.items():
-            if value is not UNKNOWN:
-                start.put(category, key, value)
+            start.put(category, key, value)
         self.between_found = (previous, between)
 
     def _torch(self, key: str, value: Any, expected: Snapshot, now: Snapshot, by: str) -> None:
@@ -377,8 +376,7 @@ class LeftoverCheck:
             if not key.startswith(DYNAMO) or dynamo_default(key):
                 return
             self.found.words.append(flag_words(key, now.torch.get(key)) + by)
-            reset_dynamo_config(key)
-            self.restored["torch", key] = UNKNOWN  # its default, not read
+            self.restored["torch", key] = reset_dynamo_config(key)  # its default
             return
         self.found.words.append(flag_words(key, now.torch.get(key)) + by)
         for name in restored_with(key, expected.torch):  # each precision setting, in order

@@ -302,16 +302,17 @@ def dynamo_default(name: str) -> bool:
         return False
 
 
-def reset_dynamo_config(name: str) -> None:
+def reset_dynamo_config(name: str) -> Any:
     """A ``torch._dynamo.config`` entry back to its default: the user's override dropped, as
     ``delattr`` does for ``mock.patch``, and the entry shown again (``delattr`` alone hides it:
-    every later read, and every torch.compile, raised ``AttributeError``)."""
+    every later read, and every torch.compile, raised ``AttributeError``); its value now."""
     import torch._dynamo.config as config
 
     key = name.removeprefix(DYNAMO)
     entry = config._config[key]
     delattr(config, key)
     entry.hide = False
+    return getattr(config, key)
 
 
 def flag_words(name: str, value: Any) -> str:

@@ -424,3 +424,48 @@ def test_a_listening_socket_only_garbage_holds_is_no_leftover() -> None:
         for server in kept:
             server.close()
     assert words == (f"a socket listening on 127.0.0.1:{port} (not restored)",), words
+
+
+DYNAMO_BETWEEN = """
+import contextlib, types, torch, sys
+assert "torch._dynamo" not in sys.modules
+from pytest_distrank.rank.leftovers import LeftoverCheck
+
+def run(check, item, body=lambda: None):
+    check.start(item, harness=False)
+    body()
+    gen = check.pytest_runtest_teardown(item)  # the check's wrapper around an empty teardown
+    next(gen)
+    with contextlib.suppress(StopIteration):
+        gen.send(None)
+    return check.finish()
+
+check = LeftoverCheck(0, "restore", (), ())
+first = types.SimpleNamespace(nodeid="t.py::test_first")
+second = types.SimpleNamespace(nodeid="t.py::test_second")
+
+def compile_and_set():
+    import torch._dynamo.config as config  # imported during the test: compared with defaults
+    config.suppress_errors = not config.suppress_errors
+
+words, _ = run(check, first, compile_and_set)
+assert any("suppress_errors" in w for w in words), words
+import torch._dynamo.config as config
+config.suppress_errors = not config.suppress_errors  # between the two tests
+words, _ = run(check, second)
+assert not words, words
+assert check.between and "suppress_errors" in " ".join(check.between[1]), check.between
+print("ok")
+"""
+
+
+def test_a_dynamo_setting_reset_after_a_test_is_compared_between_tests() -> None:
+    """A ``torch._dynamo.config`` entry a test set (dynamo imported during the test) is reset to
+    its default; set again between two tests, the next start names it on the between line."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", DYNAMO_BETWEEN], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-2000:]
