@@ -29,6 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_overhead import workloads
 
 HZ = os.sysconf("SC_CLK_TCK")
+#: Seconds a session may run (a warm 300-test session takes a few).
+TIMEOUT = 600
 
 
 def _tree(root: int) -> list[int]:
@@ -65,7 +67,12 @@ def run(cmd: list[str], text: str) -> tuple[float, list[float]]:
         [*cmd, "test_bench.py"], cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     last: dict[int, float] = {}
+    deadline = time.monotonic() + TIMEOUT
     while proc.poll() is None:
+        if time.monotonic() > deadline:  # a session that hangs: its tree ends, the run fails
+            proc.kill()
+            proc.wait()
+            sys.exit(f"tree_cpu: the session ran past {TIMEOUT} s: {' '.join(cmd)} in {folder}")
         for pid in _tree(proc.pid):
             cpu = _cpu(pid)
             if cpu is not None:

@@ -28,8 +28,6 @@ from .snapshot import Snapshot, env_key
 BETWEEN = ("env", "cwd", "torch", "switches", "path", "umask", "signals", "logging")
 #: (category, key) -> a value.
 Values = Mapping[tuple[str, Any], Any]
-#: A value taken as the start reads it (pytest's ``PYTEST_CURRENT_TEST``).
-UNKNOWN: Any = object()
 
 
 def kept(end: Snapshot) -> dict[str, dict[Any, Any]]:
@@ -63,15 +61,15 @@ def expected_start(
 
     for (category, key), value in restored.items():
         if category in BETWEEN:
-            _put(values(category), key, getattr(start, category).get(key), value)
+            _put(values(category), key, value)
     for (category, key), value in owned.items():  # a torn-down fixture's, in any category
-        _put(values(category), key, getattr(start, category).get(key), value)
+        _put(values(category), key, value)
     threads = categories["threads"] = dict(ended["threads"])
     for ident, thread in start.threads.items():  # a daemon started there: the plugin's, maybe
         if ident not in threads and getattr(thread, "daemon", True):
             threads[ident] = thread
     env = values("env")
-    _put(env, _CURRENT_TEST, start.env.get(_CURRENT_TEST), UNKNOWN)  # env: equal at once
+    _put(env, _CURRENT_TEST, start.env.get(_CURRENT_TEST))  # as start has it: equal at once
     port = start.env.get(_PLUGIN_PORT)
     if port is not None:  # the plugin serves a fresh store before each test: MASTER_PORT is its
         env[_MASTER_PORT] = port
@@ -85,9 +83,7 @@ _PLUGIN_PORT, _MASTER_PORT = env_key(PLUGIN_PORT_ENV), env_key("MASTER_PORT")
 _CURRENT_TEST = env_key("PYTEST_CURRENT_TEST")
 
 
-def _put(values: dict[Any, Any], key: Any, now: Any, value: Any) -> None:
-    if value is UNKNOWN:
-        value = now
+def _put(values: dict[Any, Any], key: Any, value: Any) -> None:
     if value is None:  # absent (a variable the check unset again)
         values.pop(key, None)
     else:
