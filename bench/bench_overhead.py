@@ -244,6 +244,19 @@ def workloads() -> list[Workload]:
             [*plugin, "--distrank-deadlocks=wait"],
             "big",
         ),
+        # The design's floor: the same test with every optional per-test check off (what each
+        # test leaves behind, seeding, the deadlock watch): pytest's protocol on every rank.
+        (
+            "distrank ws4, checks off",
+            harness(DISTRANK, DISTRANK_TEST, 4),
+            [
+                *plugin,
+                "--distrank-leftovers=off",
+                "--distrank-seed=off",
+                "--distrank-deadlocks=wait",
+            ],
+            "big",
+        ),
         # PyTorch's flight recorder off (it records every collective; the hang reports read it).
         (
             "distrank ws4 FR off",
@@ -367,6 +380,25 @@ def tree_cpu() -> float:
     return used.ru_utime + used.ru_stime
 
 
+def workload_names(text: str) -> list[str]:
+    """The workload names in a comma-separated ``text``; a name may hold a comma itself
+    ("distrank ws4 empty, no checks"): the longest name that matches is taken first."""
+    known = {w[0] for w in workloads()}
+    parts = text.split(",")
+    names: list[str] = []
+    start = 0
+    while start < len(parts):
+        for end in range(len(parts), start, -1):
+            name = ",".join(parts[start:end]).strip()
+            if name in known:
+                names.append(name)
+                start = end
+                break
+        else:
+            sys.exit(f"not a workload name: {parts[start].strip()!r} (known: {sorted(known)})")
+    return names
+
+
 def paired(names: list[str], k: int, pairs: int) -> None:
     """Per-test wall and whole-tree CPU of two workloads, run in turn (A B, then B A, ...)."""
     chosen = {w[0]: w for w in workloads() if w[0] in names}
@@ -427,7 +459,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.pop("PYTEST_ADDOPTS", None)
     if args.paired:
-        paired(args.paired.split(","), args.k, args.pairs)
+        paired(workload_names(args.paired), args.k, args.pairs)
         return
     chosen = [
         w

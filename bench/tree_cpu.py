@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_overhead import workloads
+from bench_overhead import workload_names, workloads
 
 HZ = os.sysconf("SC_CLK_TCK")
 #: Seconds a session may run (a warm 300-test session takes a few).
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4, help="processes listed after it")
     options = parser.parse_args()
     table = {w[0]: w for w in workloads()}
-    names = [n.strip() for n in options.workloads.split(",")]
+    names = workload_names(options.workloads)
     small = max(1, options.k // 10)
     per_test: dict[str, list[list[float]]] = {name: [] for name in names}
     for round_ in range(options.rounds):
