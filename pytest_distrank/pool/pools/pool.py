@@ -19,6 +19,7 @@ import signal
 import time
 from collections.abc import Sequence
 from multiprocessing.connection import wait
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 from ...outcome.endgame import (
@@ -318,11 +319,12 @@ class Pool:
         previous, self.last_test = self.last_test, test
         self.previous_test = previous
         sent = Sent(test, time.monotonic(), time.time_ns())
+        data = bytes(ForkingPickler.dumps(test))  # once for every rank: what conn.send pickles
         for r in self.ranks:
             with contextlib.suppress(OSError):
                 r.log_offset = os.stat(r.log_path).st_size
             try:
-                r.conn.send(test)
+                r.conn.send_bytes(data)
             except OSError as exc:  # it died after the idle check: not this test's doing
                 r.process.join(1)
                 after = f"after {previous.nodeid}" if previous else "before its first test"
