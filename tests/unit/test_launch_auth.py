@@ -32,8 +32,9 @@ from pytest_distrank.launch import session as session_module
 from pytest_distrank.launch.auth import Auth, AuthError, launch_token, mac, obtain, verifies
 from pytest_distrank.launch.channel import Channel, ChannelError, Forged
 from pytest_distrank.launch.current import Current
+from pytest_distrank.launch.early import poll_early
 from pytest_distrank.launch.env import Launch
-from pytest_distrank.launch.gather import gather, poll_early
+from pytest_distrank.launch.gather import gather
 from pytest_distrank.launch.plan import exchange
 from pytest_distrank.launch.session import RankSession
 from pytest_distrank.settings import Settings, Value
