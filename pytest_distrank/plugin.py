@@ -14,21 +14,20 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import __version__, _compat, fixtures, hookspecs
+from .envvars import RANK_ENV
 from .markers import MARKERS
-from .planning import crossize
-from .planning.spec import ISOLATE_INI, parametrize_world_sizes
-from .planning.tierselect import pytest_collection_modifyitems as pytest_collection_modifyitems
-from .settings import (
+from .options import (
     LEFTOVERS_IGNORE_ENV,
     LEFTOVERS_IGNORE_THREADS,
     OPTIONS,
-    RANK_ENV,
     START_METHOD,
     SUITES,
     WORLD_SIZE,
-    Settings,
-    resolve,
 )
+from .planning import crossize
+from .planning.spec import ISOLATE_INI, parametrize_world_sizes
+from .planning.tierselect import pytest_collection_modifyitems as pytest_collection_modifyitems
+from .settings import Settings, resolve
 from .tree.options import MARKER as TREE_MARKER
 
 if TYPE_CHECKING:
@@ -77,7 +76,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def _in_rank(config: pytest.Config) -> bool:
     """Whether this session is a pool rank's own: its environment names its rank
-    (:data:`~settings.RANK_ENV`) and the rank handed it the worker plugin. The variable alone
+    (:data:`~envvars.RANK_ENV`) and the rank handed it the worker plugin. The variable alone
     does not make a rank: a pytest that a test in a rank starts inherits it and is a controller
     of its own (as in :func:`launch.env.detect`). Only then is the rank side imported."""
     if RANK_ENV not in os.environ:

@@ -22,8 +22,9 @@ import pytest
 import torch  # noqa: F401  (before any in-process run: torch 2.13 cannot be imported twice)
 from hypothesis import HealthCheck, settings
 
+from pytest_distrank.envvars import TEST_WAITS_ENV
 from pytest_distrank.markers import MARKERS
-from pytest_distrank.settings import REPLAY, TEST_WAITS_ENV
+from pytest_distrank.options import REPLAY
 
 from .helpers import (
     RUN_TIMEOUT,
@@ -133,7 +134,7 @@ def _inner_environment(monkeypatch: pytest.MonkeyPatch, tag: str) -> None:
     or launcher's variables."""
     monkeypatch.setenv(TAG_ENV, tag)
     # The end-of-test rule's fixed waits (grace 5 s, finish 5 s, dumps 3 s) take 1 s here; a test
-    # of those defaults deletes the variable (settings.TEST_WAITS_ENV).
+    # of those defaults deletes the variable (envvars.TEST_WAITS_ENV).
     monkeypatch.setenv(TEST_WAITS_ENV, "1")
     for name in (*XDIST_ENV, *LAUNCHER_ENV):
         monkeypatch.delenv(name, raising=False)

@@ -20,8 +20,10 @@ control store, merges them and is the only one to print.
 - ``group``: :class:`~group.GroupKeeper`, the rank's process group, re-created when needed, and
   the collective counts that say whether the ranks stayed in step.
 - ``current``: the running test (:class:`~current.Current`), which every module below reads.
+- ``early``: while a test runs, a rank's early failure or ended session, and rank 0's polls for
+  them and for last reports waiting; a payload credited only to its rank's own process.
 - ``gather``: rank 0 collecting a test's reports (the end of a test:
-  :mod:`~pytest_distrank.outcome.endgame`); a rank's early failure or ended session.
+  :mod:`~pytest_distrank.outcome.endgame`), the ranks that did not finish among them.
 - ``report``: launcher-mode synthesized reports, from plain values.
 - ``terminal``: the header and summary lines.
 - ``gaveup``: the ranks that left on a silent rank 0 say why; rank 0, on waking, reports it.

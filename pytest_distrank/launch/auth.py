@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..settings import REQUIRE_SECRET_ENV, SECRET_ENV
+from ..envvars import REQUIRE_SECRET_ENV, SECRET_ENV
 from .env import Launch
 
 #: Bound on a local rank's wait for rank 0's secret file (rank 0 may still be importing).

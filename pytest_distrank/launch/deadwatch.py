@@ -44,8 +44,8 @@ from ..rank.groupstate import flight_records
 from . import keys
 from .channel import dump_threads
 from .current import Current
+from .early import foreign, poll_finished
 from .frrecords import own_records, peer_records
-from .gather import foreign, poll_finished
 from .session import RankSession
 from .tamper import noted
 

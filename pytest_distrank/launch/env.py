@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import pytest
 
-from ..settings import RANK_ENV
+from ..envvars import RANK_ENV
 
 LAUNCHER_NAMES = ("torchrun", "slurm", "mpi")
 #: The name users read for each launcher, in messages.
@@ -298,7 +298,8 @@ def detect(
 def launch_of(config: pytest.Config, early: bool = False) -> Launch | None:
     """:func:`detect` for this process, with ``--distrank-launcher`` resolved (UsageError;
     ``early``: see :func:`settings.resolve`)."""
-    from ..settings import LAUNCHER, resolve
+    from ..options import LAUNCHER
+    from ..settings import resolve
 
     choice = resolve(config, LAUNCHER, early)
     try:

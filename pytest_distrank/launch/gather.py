@@ -1,19 +1,17 @@
 """Launcher mode, the end of one distributed test: rank 0 gathers every rank's reports.
 
-:func:`gather`, :func:`poll_early` and :func:`poll_finished` run in rank 0 of a launched world:
-in its main thread once its own part of the test is over, or in its watchdog thread (which also
-polls while the main thread is in the test, and gathers when the main thread is stuck).
-:func:`publish_early` runs in every rank, in the main thread, as soon as the rank fails or skips;
-:func:`publish_stopped` when ``pytest.exit()`` or ``KeyboardInterrupt`` ends its session.
+:func:`gather` runs in rank 0 of a launched world: in its main thread once its own part of the
+test is over, or in its watchdog thread when the main thread is stuck. What the ranks say before
+their last reports (failed, skipped, session ended), and rank 0's polls for it, are
+:mod:`early`'s.
 
-Rank 0 credits a payload only to the rank process that sent it, for the test it names (pid at
-send time, test index, node id: :func:`keys.identity`); anything else fails the test as
-pool mode's does (:func:`reports.check_failure`). A payload whose MAC does not verify
-(:class:`channel.Forged`: someone else wrote the store) fails the test naming its key and rank
-(:func:`reports.forged_report`), and so does a ``done/<test>`` counter that counts more last
-reports than were ever in the store (one was deleted, or the counter moved alone): a counter
-only says "go read". A rank whose session ended (``fatal/<rank>``) is
-lost, as a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
+Rank 0 credits a payload only to the rank process that sent it, for the test it names
+(:func:`early.foreign`): anything else fails the test as pool mode's does. A payload whose MAC
+does not verify (:class:`channel.Forged`: someone else wrote the store) fails the test naming
+its key and rank (:func:`reports.forged_report`), and so does a ``done/<test>`` counter that
+counts more last reports than were ever in the store (one was deleted, or the counter moved
+alone): a counter only says "go read". A rank whose session ended (``fatal/<rank>``) is lost, as
+a crashed rank is in pool mode: its peers get the failure grace, and the run ends.
 
 When to stop waiting is :class:`endgame.Endgame`'s rule, the same as pool mode's: a rank finished
 only when its last reports arrived; waiting ends at the deadline or when the failure grace is
@@ -24,14 +22,11 @@ reported by :func:`reports.unfinished_report` as stuck (they are left running) o
 
 from __future__ import annotations
 
-import os
 import time
-import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from pytest import TestReport
 
-from ..outcome.checks import foreign_crash
 from ..outcome.collectives import Verdict
 from ..outcome.endgame import (
     BEFORE_SETUP,
@@ -41,145 +36,24 @@ from ..outcome.endgame import (
     Position,
     Unfinished,
     failed_itself,
-    grace_trigger,
     note_verdict,
 )
 from ..outcome.records import WarningRecord
 from ..outcome.reports import (
-    check_failure,
     fill_passed,
     silent_report,
     stopped_report,
     unfinished_report,
 )
 from ..outcome.stacks import where_blocked
-from ..outcome.warnings import warning_record
 from . import keys
 from .channel import POLL_MAX, Malformed
 from .current import Current
+from .early import foreign, poll_early, take_foreign, warning_records
 from .frrecords import peer_records, rank0_left_waiting, verdict_story
-from .report import FRESH_GROUP, SESSION_ENDED
+from .report import SESSION_ENDED
 from .session import RankSession
 from .tamper import check_done, forged_reports, noted
-
-
-def publish_early(rs: RankSession, cur: Current, report: TestReport) -> None:
-    """This rank failed or skipped: tell rank 0 now, so that its grace period starts now.
-
-    A subtest, an xfail or a pass starts no grace (:func:`endgame.grace_trigger`): nothing to say.
-    A process the test forked says nothing here: the control connection is the rank's.
-    """
-    kind = grace_trigger(report)
-    if kind is None or os.getpid() != rs.pid:
-        return
-    first = rs.rank not in cur.early_ranks
-    cur.early_ranks.add(rs.rank)
-    cur.game.note_trigger(rs.rank, kind, time.monotonic())
-    if rs.rank != 0 and first:
-        key = keys.early(cur.index, rs.rank)
-        payload: keys.Early = {
-            "kind": kind,
-            "when": report.when,
-            **keys.identity(cur.index, cur.item.nodeid),
-        }
-        rs.channel.put(key, payload)
-        rs.channel.add(keys.early_count(cur.index), 1)
-
-
-def publish_stopped(rs: RankSession, cur: Current | None, message: str) -> None:
-    """A rank other than 0: ``pytest.exit()`` or ``KeyboardInterrupt`` ended its session (in
-    ``cur``, or between tests): tell rank 0, which stops waiting for it and ends the run."""
-    index, nodeid = (cur.index, cur.item.nodeid) if cur is not None else (-1, "")
-    payload: keys.Fatal = {
-        "message": message,
-        "when": cur.when if cur is not None else "",
-        "reports": [rs.serialize(r) for r in list(cur.reports)] if cur is not None else [],
-        "warnings": warning_records(cur.caught) if cur is not None else [],
-        **keys.identity(index, nodeid),
-    }
-    rs.channel.put(keys.fatal(rs.rank), payload)
-    if cur is not None:
-        rs.channel.add(keys.early_count(cur.index), 1)  # rank 0 looks at once, not within a second
-
-
-#: Rank 0 looks for ended sessions this often without a sign (a rank interrupted between tests).
-FATAL_EVERY = 1.0
-
-
-def poll_early(rs: RankSession, cur: Current) -> None:
-    """Rank 0: note the other ranks' early failures and skips, and ranks whose session ended
-    (one counter read when none, and a look for ended sessions every ``FATAL_EVERY``)."""
-    channel = rs.channel
-    count = channel.add(keys.early_count(cur.index), 0)
-    now = time.monotonic()
-    if count == cur.early_seen and now < cur.fatal_at:
-        return
-    cur.early_seen, cur.fatal_at = count, now + FATAL_EVERY
-    for rank in range(1, rs.world_size):
-        # A session ends for the launched rank: a sub-world's view (RankSession.view) maps it.
-        members: tuple[int, ...] = getattr(rs, "members", ())
-        fatal = keys.fatal(members[rank] if members else rank)
-        if rank not in cur.stopped and channel.has(fatal):
-            with noted(cur):
-                cur.stopped[rank] = channel.get(fatal, keys.read_fatal)
-                cur.game.note_lost(rank, "stopped serving", now)
-        key = keys.early(cur.index, rank)
-        if rank not in cur.early_ranks and channel.has(key):
-            cur.early_ranks.add(rank)
-            with noted(cur):
-                data = channel.get(key, keys.read_early)
-                if foreign(rs, cur, rank, data) is None:
-                    cur.game.note_trigger(rank, data["kind"], now)
-
-
-def foreign(rs: RankSession, cur: Current, rank: int, data: keys.Identity) -> TestReport | None:
-    """A failure when ``data`` was not sent by ``rank``'s own process for this very test."""
-    pid = rs.pids[rank] if rank < len(rs.pids) else 0
-    sender, index, nodeid = data["pid"], data["index"], data["nodeid"]
-    item = cur.item
-    if sender == pid and index == cur.index and nodeid == item.nodeid:
-        return None
-    crash = foreign_crash(pid, sender, index, nodeid, cur.index)
-    if sender != pid:
-        more = (
-            "A process forked by the test (os.fork(), multiprocessing's fork) that returns into "
-            "pytest runs the rest of the test again; it left as soon as it reached the rank's "
-            "own code. End such a child with os._exit() (or use subprocess or the 'spawn' start "
-            f"method). {FRESH_GROUP}"
-        )
-    else:
-        more = f"The rank's control messages are out of step with rank 0. {FRESH_GROUP}"
-    return check_failure(item.nodeid, item.location, rank, rs.world_size, crash, more, time.time())
-
-
-def _take_foreign(
-    rs: RankSession,
-    cur: Current,
-    per_rank: dict[int, list[TestReport]],
-    rank: int,
-    data: keys.Identity,
-) -> bool:
-    """Fail the test for a foreign payload of ``rank``; return whether it was foreign."""
-    report = foreign(rs, cur, rank, data)
-    if report is None:
-        return False
-    per_rank.setdefault(rank, []).append(report)
-    cur.game.note_reports(rank, [report], time.monotonic())
-    return True
-
-
-def poll_finished(rs: RankSession, cur: Current) -> None:
-    """Rank 0's watchdog: note the peers whose last reports are waiting in the store (one
-    counter read when none is new). They stay there for :func:`gather` to take, and verify then:
-    a forged one noted here as finished fails the test when taken (reading it here too could
-    block on a key the main thread takes meanwhile)."""
-    count = rs.channel.add(keys.done_count(cur.index), 0)
-    if count == cur.done_seen:
-        return
-    cur.done_seen = count
-    for rank in sorted(cur.game.pending - {0}):
-        if rs.channel.has(keys.report(cur.index, rank)):
-            cur.game.note_finished(rank)
 
 
 def _take_report(
@@ -199,7 +73,7 @@ def _take_report(
         if isinstance(cur.forged.get(key), Malformed):  # its last reports came, unreadable
             cur.game.note_finished(rank)
         return False
-    if _take_foreign(rs, cur, per_rank, rank, data):
+    if take_foreign(rs, cur, per_rank, rank, data):
         return False
     reports = [rs.deserialize(d) for d in data["reports"]]
     per_rank.setdefault(rank, []).extend(reports)
@@ -208,11 +82,6 @@ def _take_report(
     cur.peer_warnings[rank] = data["warnings"]
     cur.sequences[rank] = data["sequence"]
     return data["healthy"]
-
-
-def warning_records(caught: Iterable[warnings.WarningMessage]) -> list[WarningRecord]:
-    """The test's warnings, as they travel to rank 0 (``warnings.merge_warnings``' records)."""
-    return [warning_record(w) for w in list(caught)]
 
 
 def warnings_of(cur: Current) -> dict[int, list[WarningRecord]]:
@@ -321,7 +190,7 @@ def _strays(rs: RankSession, cur: Current, per_rank: dict[int, list[TestReport]]
         key = keys.stray(cur.index, rank)
         if channel.has(key):
             with noted(cur):
-                _take_foreign(rs, cur, per_rank, rank, channel.take(key, keys.read_identity))
+                take_foreign(rs, cur, per_rank, rank, channel.take(key, keys.read_identity))
     return False
 
 
@@ -411,12 +280,12 @@ def _collect(
                 cur.reports_read += 1
                 with noted(cur):
                     data = channel.take(keys.report(cur.index, rank), keys.read_peer_report)
-                    if not _take_foreign(rs, cur, per_rank, rank, data):
+                    if not take_foreign(rs, cur, per_rank, rank, data):
                         reported[rank] = data
             elif channel.has(keys.stack(cur.index, rank)):
                 with noted(cur):
                     stack = channel.get(keys.stack(cur.index, rank), keys.read_stack)
-                    if not _take_foreign(rs, cur, per_rank, rank, stack):
+                    if not take_foreign(rs, cur, per_rank, rank, stack):
                         stacks[rank] = stack
         told = set(reported) | set(stacks) | cur.stopped.keys()
         if told >= set(missing) or time.monotonic() >= end:

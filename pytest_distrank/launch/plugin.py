@@ -20,7 +20,7 @@ world. The plugin starts no rank processes of its own. Every rank:
 4. exits with rank 0's exit code, all ranks together.
 
 A rank whose session ``pytest.exit()`` or ``KeyboardInterrupt`` ends in a test tells rank 0, which
-fails the test and ends the run (:func:`gather.publish_stopped`). A process that a test
+fails the test and ends the run (:func:`early.publish_stopped`). A process that a test
 forked and that comes back into the rank's code leaves at once
 (:meth:`session.RankSession.leave_if_fork`).
 
@@ -62,11 +62,8 @@ from ..settings import Settings, item_timeout
 from . import gaveup, harness, keys, liveness, subrun, testrun
 from .channel import ChannelError
 from .current import Current
+from .early import publish_early, publish_stopped
 from .env import Launch, rerun_command
-from .gather import (
-    publish_early,
-    publish_stopped,
-)
 from .group import GroupKeeper
 from .plan import Step, apply_on_rank0, exchange, next_shared
 from .report import FRESH_GROUP

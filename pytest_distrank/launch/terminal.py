@@ -10,8 +10,9 @@ import os
 
 import pytest
 
+from ..envvars import REQUIRE_SECRET_ENV, SECRET_ENV
 from ..planning.order import describe_order, describe_seed
-from ..settings import REQUIRE_SECRET_ENV, SECRET_ENV, Settings
+from ..settings import Settings
 from .session import RankSession
 
 

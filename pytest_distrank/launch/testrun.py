@@ -20,7 +20,8 @@ from .. import _compat
 from ..rank.groupstate import sequence_numbers
 from . import keys, subrun
 from .deadwatch import Judge
-from .gather import gather, warning_records, warnings_of
+from .early import warning_records
+from .gather import gather, warnings_of
 from .session import park
 from .subrun import LaunchPlugin
 
@@ -63,6 +64,7 @@ def run_rank0(plugin: LaunchPlugin, item: pytest.Item, index: int) -> None:
         plugin.aborted = plugin.aborted or bool(stuck or cur.stopped)
         subrun.end_run(plugin, index, ended)
     ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+
 
 def run_peer(plugin: LaunchPlugin, item: pytest.Item, index: int) -> None:
     """A rank that is not its world's rank 0: run the test, send its reports to that rank 0."""

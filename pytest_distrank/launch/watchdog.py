@@ -46,8 +46,9 @@ from . import keys
 from .channel import LOST_EXIT, ChannelError, dump_threads
 from .current import Current
 from .deadwatch import Judge, SelfWatch
+from .early import poll_early, poll_finished, warning_records
 from .frrecords import own_records
-from .gather import poll_early, poll_finished, stuck_words, warning_records
+from .gather import stuck_words
 from .liveness import LEAVING, Liveness, beat
 from .session import RankSession, open_log
 

@@ -30,14 +30,14 @@ from collections.abc import Iterable
 
 from pytest import TestReport
 
-from ..settings import seam_wait
+from ..envvars import seam_wait
 from .collectives import Verdict
 from .merge import CAUSE_ATTR, COLLATERAL_ATTR, NOTE_ATTR, VERDICT_ATTR
 
 Location = tuple[str, int | None, str]
 
 #: When the grace period ends and only ranks that failed themselves are left: their extra time
-#: (``DISTRANK_TEST_WAITS`` sets it for the plugin's own tests: settings.seam_wait).
+#: (``DISTRANK_TEST_WAITS`` sets it for the plugin's own tests: envvars.seam_wait).
 FINISH_WAIT = seam_wait(5.0)
 #: How long ranks asked for their stacks get to write them (likewise).
 DUMP_WAIT = seam_wait(3.0)

@@ -17,7 +17,7 @@ import dataclasses
 import linecache
 from collections.abc import Hashable, Iterable
 
-from ..settings import seam_wait
+from ..envvars import seam_wait
 from .stacks import main_thread_frames
 
 #: How often the ranks are looked at while nothing else happens (seconds).

@@ -6,7 +6,7 @@ rank follows. Never initialises CUDA: the GPU count
 comes from ``torch.cuda.device_count()``, which asks NVML first, and a CPU build of torch answers 0
 without touching a driver.
 
-Test seams (``settings.py``): ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs
+Test seams (``envvars.py``): ``DISTRANK_FAKE_GPU_COUNT=N`` makes the controller believe N GPUs
 are visible, and ``DISTRANK_FAKE_NCCL_VERSION`` that this NCCL is built in (gpuplan.py), so that
 the decisions below can be tested on machines without GPUs.
 """
@@ -20,7 +20,7 @@ import resource
 import pytest
 
 from .. import _compat
-from ..settings import FAKE_GPU_COUNT_ENV, FAKE_NCCL_VERSION_ENV
+from ..envvars import FAKE_GPU_COUNT_ENV, FAKE_NCCL_VERSION_ENV
 from .gpuplan import STRICT, GpuPlan, GpuPolicy, gpus_words, plan_gpus
 from .spec import MAX_SIMULATED_SIZE, DistSpec, MarkerError, min_gpus
 

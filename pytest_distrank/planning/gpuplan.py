@@ -17,7 +17,7 @@ pool's ``n``, and
   fallback (``--distrank-gpu-fallback=gloo``), else the test is skipped saying which NCCL is
   installed and what would run it.
 
-Test seams (``settings.py``): ``DISTRANK_FAKE_GPU_COUNT`` (capabilities.py) and
+Test seams (``envvars.py``): ``DISTRANK_FAKE_GPU_COUNT`` (capabilities.py) and
 ``DISTRANK_FAKE_NCCL_VERSION`` (``2.30.1``), so both sides of 2.30 are tested without GPUs.
 """
 
@@ -28,7 +28,7 @@ import functools
 import os
 from collections.abc import Callable
 
-from ..settings import FAKE_NCCL_VERSION_ENV
+from ..envvars import FAKE_NCCL_VERSION_ENV
 
 #: The first NCCL that runs several ranks of one communicator on one GPU, and its switch.
 MULTI_RANK_NCCL = (2, 30, 0)

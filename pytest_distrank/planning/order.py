@@ -20,8 +20,9 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from ..options import ORDER, SEED
 from ..parsing import RANDOM_SEED, pick_seed
-from ..settings import ORDER, SEED, Value
+from ..settings import Value
 
 T = TypeVar("T")
 

@@ -21,8 +21,9 @@ from __future__ import annotations
 import pytest
 
 from .. import _compat
+from ..options import BACKEND, GPU_FALLBACK, GPU_OVERSUBSCRIBE, GPUS, WORLD_SIZE
 from ..parsing import GpuRange
-from ..settings import BACKEND, GPU_FALLBACK, GPU_OVERSUBSCRIBE, GPUS, WORLD_SIZE, resolve
+from ..settings import resolve
 from .gpuplan import GpuPolicy
 from .spec import MarkerError, min_gpus, spec_of
 from .tiers import (

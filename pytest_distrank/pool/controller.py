@@ -24,6 +24,7 @@ import pytest
 from pytest import TestReport
 
 from .. import _compat
+from ..envvars import STATS_ENV
 from ..fixtures import rank_fixtures_used
 from ..outcome.expectations import item_expectations
 from ..outcome.finish import finish_test
@@ -33,7 +34,7 @@ from ..parsing import file_safe
 from ..planning.capabilities import check_ordinary_test
 from ..planning.gpuplan import GpuPolicy
 from ..planning.order import WORKERINPUT_KEY, order_seed, reorder, session_seed
-from ..settings import STATS_ENV, Settings, Value
+from ..settings import Settings, Value
 from . import reruns, simreport
 from .crossize import CrossSize
 from .earlystart import EarlyStart

@@ -27,10 +27,11 @@ from typing import Any, Protocol
 import pytest
 from pytest import TestReport
 
+from ..options import REPLAY
 from ..outcome.expectations import item_expectations
 from ..outcome.merge import merge_test
 from ..outcome.records import RunTest
-from ..settings import REPLAY, Settings, Value
+from ..settings import Settings, Value
 from .ownreports import deserializer
 from .pools.gpus import GpuUnavailable
 from .pools.pool import Pool, PoolStartError, PoolUnfit

@@ -37,8 +37,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 
+from ..options import REPLAY_BUDGET
 from ..outcome.endgame import effective_timeout
-from ..settings import REPLAY_BUDGET, Value
+from ..settings import Value
 from .onetest.interrupts import interrupt_signal
 from .pools.poolkey import PoolKey
 

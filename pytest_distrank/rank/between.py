@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..settings import PLUGIN_PORT_ENV
+from ..envvars import PLUGIN_PORT_ENV
 from .snapshot import Snapshot, env_key
 
 #: The categories compared between two tests.

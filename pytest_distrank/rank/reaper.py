@@ -9,7 +9,7 @@ start processes in every way there is:
 - each rank is a child subreaper (``PR_SET_CHILD_SUBREAPER``): a grandchild whose parent exited
   (a double fork, a daemon that called ``setsid``) is re-parented to the rank, not to init, so
   it is still found among the rank's descendants while the rank lives;
-- each rank carries its pool's tag in its environment (:data:`settings.POOL_TAG_ENV`), which every
+- each rank carries its pool's tag in its environment (:data:`envvars.POOL_TAG_ENV`), which every
   descendant inherits unless it clears its environment: processes of a rank that already died
   (their subreaper gone) are found by the tag.
 """
@@ -22,7 +22,7 @@ import os
 import signal
 from collections.abc import Callable
 
-from ..settings import POOL_TAG_ENV
+from ..envvars import POOL_TAG_ENV
 
 _PR_SET_CHILD_SUBREAPER = 36
 

@@ -7,7 +7,7 @@ Python stacks through ptrace, which nothing in the standard library can; it is r
 refused (Yama ``ptrace_scope``, a container without ``CAP_SYS_PTRACE``), the faulthandler fallback
 signals each Python process with :data:`TREE_SIGNAL`, which the tree's processes registered
 (``fallback_env``'s sitecustomize in those started by exec, the parent's handler in forks), and
-reads what it wrote to :data:`settings.TREE_DIR_ENV`'s folder.
+reads what it wrote to :data:`envvars.TREE_DIR_ENV`'s folder.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from subprocess import PIPE
 from typing import IO
 
-from ..settings import TREE_DIR_ENV as DIR_ENV
-from ..settings import TREE_PYSPY_ENV as PYSPY_ENV
+from ..envvars import TREE_DIR_ENV as DIR_ENV
+from ..envvars import TREE_PYSPY_ENV as PYSPY_ENV
 from . import reaped
 from .procs import FALLBACK_SIGNAL as TREE_SIGNAL
 from .procs import Proc

@@ -12,7 +12,7 @@ import contextlib
 import os
 import re
 
-from ..settings import FAKE_NVIDIA_DIR_ENV
+from ..envvars import FAKE_NVIDIA_DIR_ENV
 from .procs import Proc, read_proc
 
 SHM = "/dev/shm"

@@ -1,14 +1,15 @@
 """Which tests opted in to the process tree, and how deaths in it count: the marker.
 
 Runs in every pytest process of both modes (the controller and each rank read them). The options
-and variables themselves are declared in settings.py, with the others.
+and variables themselves are declared with the others, in options.py and envvars.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from ..settings import PROCESS_TREE, TREE_DEATHS, Value, resolve
+from ..options import PROCESS_TREE, TREE_DEATHS
+from ..settings import Value, resolve
 
 MARKER = (
     "process_tree(deaths='report'): this test's process tree is part of its report: at a "

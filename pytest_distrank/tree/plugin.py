@@ -26,8 +26,8 @@ from typing import IO, Any
 
 import pytest
 
-from ..settings import RANK_ENV
-from ..settings import TREE_DIR_ENV as DIR_ENV
+from ..envvars import RANK_ENV
+from ..envvars import TREE_DIR_ENV as DIR_ENV
 from . import pooldeadline
 from .dump import dump_tree, fallback_env, register_here, unregister_here
 from .held import held_text, listening_ports, mapped_segments, shm_segments

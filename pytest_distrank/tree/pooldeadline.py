@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from pytest import TestReport
 
-from ..settings import TREE_DIR_ENV as DIR_ENV
+from ..envvars import TREE_DIR_ENV as DIR_ENV
 from .dump import dump_tree
 from .procs import descendants_of, read_proc
 from .words import STACKS_TITLE, stacks_text

@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_distrank.settings import TEST_WAITS_ENV
+from pytest_distrank.envvars import TEST_WAITS_ENV
 
 from ..helpers import CTRL_C, InTerminal, SharedSession, TerminalRun, failure_section
 from .test_faults import Session

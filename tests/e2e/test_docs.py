@@ -59,7 +59,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.settings import OPTIONS, REPLAY
+from pytest_distrank.options import OPTIONS, REPLAY
 
 from ..helpers import RunPytest, run_at_once
 

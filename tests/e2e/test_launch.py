@@ -33,7 +33,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.settings import OPTIONS, REQUIRE_SECRET_ENV, SECRET_ENV, TEST_WAITS_ENV
+from pytest_distrank.envvars import REQUIRE_SECRET_ENV, SECRET_ENV, TEST_WAITS_ENV
+from pytest_distrank.options import OPTIONS
 
 from ..helpers import TAG_ENV, RunPytest, run_at_once, wait_gone
 from .test_deadlocks import LEGAL_SIZES

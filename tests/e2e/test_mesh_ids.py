@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.settings import STATS_ENV
+from pytest_distrank.envvars import STATS_ENV
 
 from ..helpers import RunPytest, SharedSession, failure_section
 

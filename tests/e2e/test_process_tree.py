@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_distrank.settings import TREE_PYSPY_ENV
+from pytest_distrank.envvars import TREE_PYSPY_ENV
 
 from ..helpers import SharedSession
 

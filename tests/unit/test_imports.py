@@ -4,10 +4,11 @@ The folder a module lies in says where and when it runs (DESIGN.md, "Layout"), a
 the folders', read from the sources with ``ast`` (every import, module level or inside a
 function):
 
-- the top level holds only what a user touches: ``plugin``, ``hookspecs``, ``settings`` (and
-  ``parsing``, its option values' parsers), ``markers``, ``fixtures`` and ``_compat/``;
-- ``outcome/`` imports the standard library, pytest, ``_compat``, ``settings`` and itself: no
-  torch, no processes, no mode;
+- the top level holds only what a user touches: ``plugin``, ``hookspecs``, ``options`` (the
+  options' table; ``parsing``: their values' parsers), ``envvars`` (the other variables' names),
+  ``settings`` (the options resolved), ``markers``, ``fixtures`` and ``_compat/``;
+- ``outcome/`` imports the standard library, pytest, ``_compat``, the settings' modules and
+  itself: no torch, no processes, no mode;
 - no module imports torch at module level (``planning/`` included): every pytest process imports
   the plugin, torch only where a function needs it; pool mode's controller side imports none;
 - ``rank/`` and ``pool/worker/`` import nothing of pool mode's controller side or of launcher
@@ -18,12 +19,12 @@ function):
 - the two modes never import each other, and the shared folders (the top level, ``planning/``,
   ``rank/``, ``outcome/``) import no mode, except the plugin's gate, lazily;
 - ``api/`` (what a user's test calls) is imported only by the package's ``__init__`` and
-  ``fixtures``, and imports only ``rank/``, ``outcome/``, ``_compat``, ``settings``, ``parsing``
+  ``fixtures``, and imports only ``rank/``, ``outcome/``, ``_compat``, the settings' modules
   and itself (of the plugin's own);
-- the shared modules import in one order (:data:`SHARED_ORDER`: parsing, settings, outcome,
-  planning, rank, tree (a test's own process tree, wherever the test runs), api, then markers,
-  fixtures and the package), never upwards and never inside
-  a function across folders (no cycle held apart by a late import).
+- the shared modules import in one order (:data:`SHARED_ORDER`: parsing and envvars, options,
+  settings, outcome, planning, rank, tree (a test's own process tree, wherever the test runs),
+  api, then markers, fixtures and the package), never upwards and never inside a function
+  across folders (no cycle held apart by a late import).
 
 Every private pytest, CPython, torch, PyTorch-harness and plugin access goes through
 ``_compat/``: no other module and no test imports ``_pytest``, and no other module's code (its
@@ -44,7 +45,7 @@ from pathlib import Path
 import pytest
 
 from pytest_distrank import _compat, plugin
-from pytest_distrank.settings import RANK_ENV
+from pytest_distrank.envvars import RANK_ENV
 
 #: The repository root (this file is tests/unit/test_imports.py).
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,7 +82,18 @@ def in_folder(*folders: str) -> set[str]:
 
 
 #: What a user touches: the only modules at the top level (beside the package ``_compat/``).
-TOP_LEVEL = {"plugin", "hookspecs", "settings", "parsing", "markers", "fixtures"}
+TOP_LEVEL = {
+    "plugin",
+    "hookspecs",
+    "options",
+    "envvars",
+    "settings",
+    "parsing",
+    "markers",
+    "fixtures",
+}
+#: The settings' modules: the options' values parsed, the options, the other variables, resolved.
+SETTINGS = {"parsing", "options", "envvars", "settings"}
 #: The folders of the layout.
 FOLDERS = {
     "",
@@ -195,7 +207,7 @@ def test_only_the_package_and_fixtures_import_api_which_imports_only_rank_side_l
     found = own(imports_of(module))
     if module in API:
         allowed = API | in_folder("rank", "outcome", "_compat") | {"rank", "outcome", "_compat"}
-        assert found - allowed - {"settings", "parsing"} == set()
+        assert found - allowed - SETTINGS == set()
     elif module not in {"", "fixtures"}:
         assert found & API == set()
 
@@ -253,17 +265,22 @@ def _library(name: str) -> bool:
 def test_outcome_imports_the_standard_library_pytest_compat_settings_and_itself(
     module: str,
 ) -> None:
-    """``_compat`` and ``settings`` are leaves (next test): importing them brings nothing else."""
-    allowed = OUTCOME | {"outcome", "_compat", "settings", "parsing"}
+    """``_compat`` and the settings' modules are leaves (next test): importing them brings
+    nothing else."""
+    allowed = OUTCOME | {"outcome", "_compat"} | SETTINGS
     found = imports_of(module)
     assert {n for n in found - set(FILES) if not _library(n)} == set()
     assert own(found) - allowed == set()
 
 
-@pytest.mark.parametrize("module", sorted(in_folder("_compat") | {"settings", "parsing"}))
+#: What each of the settings' modules imports of the plugin (``_compat`` aside): the options their
+#: parsers, the settings the options and the variables' names; ``parsing`` and ``envvars`` nothing.
+SETTINGS_IMPORTS = {"options": {"parsing"}, "settings": {"parsing", "options", "envvars"}}
+
+
+@pytest.mark.parametrize("module", sorted(in_folder("_compat") | SETTINGS))
 def test_compat_and_settings_are_leaves(module: str) -> None:
-    """``settings`` imports only its parsers (``parsing``), which import nothing of the plugin."""
-    leaves = {"parsing"} if module == "settings" else set()
+    leaves = SETTINGS_IMPORTS.get(module, set())
     assert {m for m in own(imports_of(module)) if folder_of(m) != "_compat"} == leaves
 
 
@@ -272,7 +289,8 @@ def test_compat_and_settings_are_leaves(module: str) -> None:
 #: processes; ``api/`` is what tests call there; the fixtures hand them to tests. The plugin's
 #: gate and the modes sit above them all.
 SHARED_ORDER = (
-    {"_compat", "parsing"},
+    {"_compat", "parsing", "envvars"},
+    {"options"},
     {"settings"},
     {"outcome"},
     {"planning"},
@@ -312,7 +330,7 @@ ORDERED = sorted(m for m, level in SHARED_LEVELS.items() if level is not None)
 def test_the_shared_order_names_every_module_but_the_gate_and_the_modes() -> None:
     unordered = {m for m, level in SHARED_LEVELS.items() if level is None}
     assert unordered == {"plugin"} | POOL | LAUNCH
-    assert SHARED_LEVELS["planning.spec"] == 3 and SHARED_LEVELS["fixtures"] == 7
+    assert SHARED_LEVELS["planning.spec"] == 4 and SHARED_LEVELS["fixtures"] == 8
 
 
 @pytest.mark.parametrize("module", ORDERED)
@@ -399,7 +417,7 @@ def test_the_gate_reads_the_rank_variable_before_it_imports_the_rank_side(
 
 def test_the_rank_variable_is_spelled_once() -> None:
     spelled = [m for m in sorted(MODULES) if "DISTRANK_RANK" in _code(FILES[m].read_text())]
-    assert spelled == ["settings"]
+    assert spelled == ["envvars"]
 
 
 #: The private names ``_compat/`` wraps; no other module's code may spell them. A spelling that

@@ -25,17 +25,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pytest import TestReport
 
+from pytest_distrank.envvars import REQUIRE_SECRET_ENV, SECRET_ENV
 from pytest_distrank.launch import auth as auth_module
 from pytest_distrank.launch import keys
 from pytest_distrank.launch import session as session_module
 from pytest_distrank.launch.auth import Auth, AuthError, launch_token, mac, obtain, verifies
 from pytest_distrank.launch.channel import Channel, ChannelError, Forged
 from pytest_distrank.launch.current import Current
+from pytest_distrank.launch.early import poll_early
 from pytest_distrank.launch.env import Launch
-from pytest_distrank.launch.gather import gather, poll_early
+from pytest_distrank.launch.gather import gather
 from pytest_distrank.launch.plan import exchange
 from pytest_distrank.launch.session import RankSession
-from pytest_distrank.settings import REQUIRE_SECRET_ENV, SECRET_ENV, Settings, Value
+from pytest_distrank.settings import Settings, Value
 
 from .test_launch_gather import Reports as Wire  # a report travels as its index in a list
 

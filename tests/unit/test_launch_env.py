@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 
 from pytest_distrank.launch.env import Launch, LaunchError, detect, rerun_command
-from pytest_distrank.settings import LAUNCHER, OPTIONS
+from pytest_distrank.options import LAUNCHER, OPTIONS
 
 RDZV = {"MASTER_ADDR": "node0", "MASTER_PORT": "29500"}
 

@@ -1,4 +1,5 @@
-"""Unit tests of launcher mode's gathering (launch/gather.py), with a fake control channel.
+"""Unit tests of launcher mode's gathering (launch/gather.py, early.py), with a fake control
+channel.
 
 Rank 0 gathers every rank's reports of a distributed test from the control store: the peers'
 last reports, early failures (the grace starts then), payloads from a process the test forked,
@@ -25,15 +26,8 @@ from pytest_distrank.launch import gather as gather_module
 from pytest_distrank.launch import keys
 from pytest_distrank.launch.channel import Malformed
 from pytest_distrank.launch.current import Current
-from pytest_distrank.launch.gather import (
-    foreign,
-    gather,
-    left_stuck,
-    poll_early,
-    publish_early,
-    stopped_serving,
-    stuck_words,
-)
+from pytest_distrank.launch.early import foreign, poll_early, publish_early
+from pytest_distrank.launch.gather import gather, left_stuck, stopped_serving, stuck_words
 from pytest_distrank.launch.session import RankSession
 from pytest_distrank.settings import Value
 

@@ -13,13 +13,13 @@ from typing import Any, cast
 import pytest
 import torch
 
+from pytest_distrank.envvars import PLUGIN_PORT_ENV
 from pytest_distrank.outcome.checks import and_words, leftover_lines, leftover_notes
 from pytest_distrank.rank import processstate
 from pytest_distrank.rank.between import expected_start, kept
 from pytest_distrank.rank.leftoverwords import env_words, few
 from pytest_distrank.rank.snapshot import Snapshot, diff, env_key
 from pytest_distrank.rank.torchstate import flag_words
-from pytest_distrank.settings import PLUGIN_PORT_ENV
 
 
 def test_lines_group_the_ranks_that_left_the_same() -> None:

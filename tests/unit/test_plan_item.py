@@ -7,11 +7,12 @@ from typing import cast
 
 import pytest
 
+from pytest_distrank.envvars import FAKE_GPU_COUNT_ENV, FAKE_NCCL_VERSION_ENV
 from pytest_distrank.planning.gpuplan import STRICT, GpuPlan
 from pytest_distrank.planning.meshes import WS_PARAM, Mesh, Variant
 from pytest_distrank.planning.plan import ItemPlan, Rules, plan_item
 from pytest_distrank.planning.spec import DistSpec, MarkerError
-from pytest_distrank.settings import FAKE_GPU_COUNT_ENV, FAKE_NCCL_VERSION_ENV, Value
+from pytest_distrank.settings import Value
 
 RULES = Rules(2, "gloo", Value(300.0, "default"), STRICT)
 m = pytest.mark

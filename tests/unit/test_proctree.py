@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from pytest_distrank.envvars import FAKE_NVIDIA_DIR_ENV, TREE_DIR_ENV, TREE_PYSPY_ENV
 from pytest_distrank.pool.pools.gpus import _open_by
-from pytest_distrank.settings import FAKE_NVIDIA_DIR_ENV, TREE_DIR_ENV, TREE_PYSPY_ENV, Value
+from pytest_distrank.settings import Value
 from pytest_distrank.tree import dump, held, procs, reaped, words
 
 pytest_plugins = ["pytester"]
@@ -293,7 +294,7 @@ def test_who_opts_in_and_how_deaths_count(
 ) -> None:
     """The marker, or the session's option from any source; ``deaths=`` beats the option, and a
     bad value names where it came from."""
-    from pytest_distrank.settings import PROCESS_TREE, TREE_DEATHS
+    from pytest_distrank.options import PROCESS_TREE, TREE_DEATHS
     from pytest_distrank.tree.options import deaths_policy, opted_in
 
     for name in (PROCESS_TREE.env, TREE_DEATHS.env, "PYTEST_ADDOPTS"):

@@ -2,9 +2,9 @@
 
 Held against what a user reaches: ``pytest_distrank.__all__``, the plugin's fixtures, the
 markers ``pytest --markers`` lists, the options ``pytest --help`` lists (flags and ini keys,
-with ``settings.OPTIONS``' environment variables), the hooks (``hookspecs``), and every
-``DISTRANK_*`` variable, each a constant of ``settings.py``. Every documented name exists;
-every public name is documented (this replaces test_docs.py's one-way check).
+with ``options.OPTIONS``' environment variables), the hooks (``hookspecs``), and every
+``DISTRANK_*`` variable, an option's or a constant of ``envvars.py``. Every documented name
+exists; every public name is documented (this replaces test_docs.py's one-way check).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import pytest_distrank
-from pytest_distrank import hookspecs, settings
+from pytest_distrank import envvars, hookspecs, options
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "pytest_distrank"
@@ -113,20 +113,19 @@ def test_the_documented_options_are_the_registered_ones(pytester: pytest.Pyteste
     envs = {env.strip("`") for _, _, env in rows if env}
     assert flags == set(re.findall(r"^  (--distrank-[a-z-]+)", help_text, re.MULTILINE))
     assert inis == set(re.findall(r"^  (distrank_\w+) \(", help_text, re.MULTILINE))
-    options = settings.OPTIONS
-    assert flags == {o.flag for o in options}
-    assert envs == {o.env for o in options}
-    assert inis >= {o.ini for o in options}
+    assert flags == {o.flag for o in options.OPTIONS}
+    assert envs == {o.env for o in options.OPTIONS}
+    assert inis >= {o.ini for o in options.OPTIONS}
 
 
 def _settings_variables() -> set[str]:
-    """Every ``DISTRANK_*`` name ``settings.py`` holds: its constants and its options' ``env``."""
+    """Every ``DISTRANK_*`` name of the plugin: ``envvars.py``'s constants, the options' ``env``."""
     constants = {
         value
-        for name, value in vars(settings).items()
+        for name, value in vars(envvars).items()
         if name.isupper() and isinstance(value, str) and value.startswith("DISTRANK_")
     }
-    return constants | {o.env for o in settings.OPTIONS}
+    return constants | {o.env for o in options.OPTIONS}
 
 
 def test_every_documented_variable_is_a_setting_and_every_setting_is_documented() -> None:
@@ -139,21 +138,21 @@ def test_the_options_row_of_the_environment_names_every_options_variable() -> No
     row = next(
         line for line in section("Environment variables").splitlines() if "the [options]" in line
     )
-    assert set(re.findall(r"DISTRANK_\w+", row)) == {o.env for o in settings.OPTIONS}
+    assert set(re.findall(r"DISTRANK_\w+", row)) == {o.env for o in options.OPTIONS}
 
 
-#: Modules that still spell a variable of their own, to import it from ``settings`` instead
+#: Modules that still spell a variable of their own, to import it from ``envvars`` instead
 #: (the pool's controller side, being moved into rooms elsewhere). Remove each when it does.
 NOT_YET: set[str] = set()
 
 
-def test_the_variables_are_spelled_in_settings_only() -> None:
-    """Outside ``settings.py`` a ``DISTRANK_*`` name is spelled only in docstrings, comments and
-    patterns (``DISTRANK_*``, the prefix ``DISTRANK_``)."""
+def test_the_variables_are_spelled_in_options_and_envvars_only() -> None:
+    """Outside ``options.py`` and ``envvars.py`` a ``DISTRANK_*`` name is spelled only in
+    docstrings, comments and patterns (``DISTRANK_*``, the prefix ``DISTRANK_``)."""
     spelled: dict[str, set[str]] = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel == "settings.py":
+        if rel in ("options.py", "envvars.py"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_distrank.envvars import TEST_WAITS_ENV, seam_wait
 from pytest_distrank.parsing import (
     parse_backend,
     parse_bool,
@@ -12,7 +13,6 @@ from pytest_distrank.parsing import (
     parse_seconds,
     parse_seed,
 )
-from pytest_distrank.settings import TEST_WAITS_ENV, seam_wait
 
 
 @pytest.mark.parametrize("text", ["gloo", "nccl", "cpu:gloo,cuda:nccl", " mpi "])

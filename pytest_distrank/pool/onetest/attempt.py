@@ -1,13 +1,13 @@
 """One test on one pool: wait by the end-of-test rule, account for every message, judge the rest.
 
 Runs in the controller (pool mode). ``Pool.run`` (pools/pool.py) sends the test to every rank and
-hands over to an :class:`Attempt`, which owns what this one test has gathered: the ranks'
-reports, the :class:`~endgame.Endgame` state, the sequence numbers and warnings each rank sent
-with its last reports. It reaches the ranks only through the :class:`~ranks.Ranks` protocol and
-waits on their pipes and sentinels until the rule says the test is over, turns crashes and ranks
-that did not finish into failed reports saying where each rank was, and runs the checks after
-the test (:mod:`outcome.checks`) that decide whether the pool may serve the next test: it
-*returns* that verdict (:attr:`TestRun.broken`, :attr:`TestRun.next_base`) for the pool to apply.
+hands over to an :class:`Attempt`, which owns what this one test has gathered: the ranks' reports,
+the :class:`~endgame.Endgame` state, the sequence numbers and warnings each rank sent with its last
+reports. It reaches the ranks only through the :class:`~ranks.Ranks` protocol and waits on their
+pipes and sentinels until the rule says the test is over, turns crashes (:mod:`crashes`) and ranks
+that did not finish into failed reports saying where each rank was, and runs the checks after the
+test (:mod:`outcome.checks`) that decide whether the pool may serve the next test: it *returns* that
+verdict (:attr:`TestRun.broken`, :attr:`TestRun.next_base`) for the pool to apply.
 """
 
 from __future__ import annotations
@@ -19,47 +19,37 @@ from typing import TYPE_CHECKING, Any
 
 from pytest import TestReport
 
-from ...outcome.checks import foreign_crash, is_own, leftover_notes, sequences_in_step, unmatched
-from ...outcome.collectives import Verdict, crash_verdict, explain, load
+from ...outcome.checks import is_own, leftover_notes, sequences_in_step, unmatched
+from ...outcome.collectives import Verdict, explain
 from ...outcome.endgame import FOREVER, LATE, LATE_REASON, Endgame, Unfinished, failed_itself
-from ...outcome.merge import NOTE_ATTR, VERDICT_ATTR
+from ...outcome.merge import NOTE_ATTR
 from ...outcome.records import Reports, RunTest
 from ...outcome.reports import (
-    check_failure,
-    crashed_report,
+    Location,
     fill_passed,
     forked_report,
-    stopped_report,
     unfinished_report,
     unmatched_report,
 )
-from ...outcome.stacks import (
-    collective_entered,
-    read_from,
-    signal_name,
-    trim_fault_dump,
-    where_blocked,
-)
+from ...outcome.stacks import read_from, signal_name, where_blocked
 from ...tree.pooldeadline import add_sections, rank_tree_sections
 from ..protocol import DEBUG_MESSAGES, DebugOpen, DebugReply, Fatal, FromRank, RankNote
+from .crashes import Crashes
 from .deadlock import Watch
 from .debugrelay import SIGNAL_CHECK, DebugTerminal, LiveTail
 from .exits import Exits, expectation_unmet
 from .interrupts import interrupt_signal
-from .probes import dump_stacks, read_collectives, request_collectives, why_silent
+from .probes import dump_stacks, flight_records, why_silent
 from .ranks import TestRun
 
 if TYPE_CHECKING:
     from .ranks import Rank, Ranks
 
-#: Bound on the ranks' flight-recorder answers once their stacks are in (a dump: tens of ms).
-FR_WAIT = 1.0
 #: How often the ``--distrank-debug-rank`` rank's log is shown while a test runs.
 LIVE_EVERY = 0.1
 #: At a deadline, at most this many rounds of messages already waiting are taken before judging.
 DRAIN_MAX = 1000
 
-Location = tuple[str, int | None, str]
 Deserialize = Callable[[Any], TestReport]
 
 
@@ -92,14 +82,14 @@ class Attempt:
     judging: bool = dataclasses.field(init=False, default=False)
     tail: LiveTail | None = dataclasses.field(init=False, default=None)
     watch: Watch | None = dataclasses.field(init=False, default=None)
-    #: Ranks that died inside a collective: (exit status, the collective and where, in words).
-    crashes: dict[int, tuple[str, str]] = dataclasses.field(init=False, default_factory=dict)
-    crash_reports: dict[int, TestReport] = dataclasses.field(init=False, default_factory=dict)
+    #: Ranks that died, stopped serving or sent reports not their own (crashes.py).
+    crashes: Crashes = dataclasses.field(init=False)
     #: The ranks' flight records, once :meth:`_unfinished` has read them.
     fr_dumps: dict[int, dict[str, Any] | None] | None = dataclasses.field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.result = TestRun({r.rank: [] for r in self.pool.ranks})
+        self.crashes = Crashes(self.pool, self.test, self.location, self.test_file)
         live = next((r for r in self.pool.ranks if r.rank == self.live_rank), None)
         if live is not None and self.terminal is not None and self.terminal.reporter is not None:
             label = f"rank {live.rank}/{self.pool.world_size}"
@@ -133,8 +123,8 @@ class Attempt:
         self.exits.finish(
             self.result.reports, game, self.test.nodeid, self.location, pool.world_size
         )
-        if self.crashes:
-            self._explain_crashes()
+        if self.crashes.inside:
+            self.crashes.explain(self.fr_dumps, self.sent_ns)
         if not pool.closed:
             self._strays()
         if not pool.closed and self.result.broken is None:
@@ -215,7 +205,7 @@ class Attempt:
             return
         if isinstance(message, Reports) and not is_own(rank.pid, message, test):
             self.unfit(f"rank {rank.rank} sent foreign reports in {test.nodeid}")
-            report = self._foreign(rank, message)
+            report = self.crashes.foreign(rank, message)
             result.reports[rank.rank].append(report)
             game.note_reports(rank.rank, [report], now)
             return  # the rank's own reports may still come; its peers get the grace period
@@ -226,7 +216,8 @@ class Attempt:
             if message.done:
                 self._finished(rank, message)
             return
-        result.reports[rank.rank].append(self.crash_report(rank, message))
+        reports = result.reports[rank.rank]
+        reports.append(self.crashes.report(rank, message, reports))
         status = "stopped serving" if isinstance(message, Fatal) else "crashed"
         self.unfit(f"rank {rank.rank} {status} in {test.nodeid}")
         game.note_lost(rank.rank, status, now)
@@ -246,7 +237,7 @@ class Attempt:
                 setattr(call, NOTE_ATTR, death.note)
             self.game.lost.add(rank.rank)  # gone, as expected: no grace for its peers
             return
-        report = self.crash_report(rank, None)
+        report = self.crashes.report(rank, None, reports)
         expectation_unmet(report, death.unmet)
         reports.append(report)
         self.game.note_lost(rank.rank, "crashed", time.monotonic())
@@ -310,67 +301,6 @@ class Attempt:
                 f"CUDA memory: {self.test.nodeid} {message.cuda_note} on rank {rank.rank}/{ws}"
             )
 
-    def crash_report(self, rank: Rank, message: object) -> TestReport:
-        """A rank that died or stopped serving during the test: what it was doing, its output."""
-        nodeid, where, now, ws = self.test.nodeid, self.location, time.time(), self.pool.world_size
-        pos = self.pool.position(rank, self.test)
-        fill_passed(self.result.reports[rank.rank], nodeid, where, pos.when)
-        if isinstance(message, Fatal):
-            return stopped_report(nodeid, where, pos.when, pos.at, message.message, now)
-        rank.process.join(5)
-        status = signal_name(rank.process.exitcode)
-        output = trim_fault_dump(read_from(rank.log_path, rank.log_offset), self.test_file)
-        crash = f"crashed {pos.at} with {status}"
-        entered = collective_entered(output, self.test_file)
-        if entered:
-            crash += f" inside {entered.split(',')[0]}"
-            self.crashes[rank.rank] = (status, entered)
-        log = str(rank.log_path)
-        report = crashed_report(nodeid, where, pos.when, rank.rank, ws, crash, output, log, now)
-        if rank.rank in self.crashes:
-            self.crash_reports[rank.rank] = report
-        return report
-
-    def _foreign(self, rank: Rank, message: Reports) -> TestReport:
-        """Reports that are not ``rank``'s own process's for this test (checks.is_own)."""
-        test = self.test
-        crash = foreign_crash(rank.pid, message.pid, message.index, message.nodeid, test.index)
-        if message.pid != rank.pid:
-            more = (
-                "A process forked by the test (os.fork(), multiprocessing's fork) that returns "
-                "into pytest runs the rest of the test again and sends its reports down the "
-                "rank's pipe. End such a child with os._exit() (or use subprocess or the "
-                "'spawn' start method); the rank's pool was replaced."
-            )
-        else:
-            more = "The rank's pipe is out of step with the controller; the pool was replaced."
-        ws, now = self.pool.world_size, time.time()
-        return check_failure(test.nodeid, self.location, rank.rank, ws, crash, more, now)
-
-    def _records(self, ranks: list[Rank]) -> dict[int, dict[str, Any] | None]:
-        """The flight records of ``ranks`` (None for a rank that did not answer in time)."""
-        request_collectives(ranks)
-        return {r: load(raw) for r, raw in read_collectives(ranks, FR_WAIT).items()}
-
-    def _explain_crashes(self) -> None:
-        """Ranks that died inside a collective: what their peers' flight recorders say.
-
-        The verdict goes on the first such rank's report (``collectives:`` under the summary);
-        when peers were stuck, :meth:`_unfinished` read their records already (and told its own
-        story of them).
-        """
-        pool = self.pool
-        dumps = self.fr_dumps
-        if dumps is None:  # no rank was stuck: the survivors are idle, ask them now
-            alive = [r for r in pool.ranks if r.process.exitcode is None]
-            if not alive:
-                return
-            dumps = self._records(alive)
-        rank = min(self.crashes)
-        status, entered = self.crashes[rank]
-        verdict = crash_verdict(rank, status, entered, dumps, self.sent_ns, "gloo" in pool.backend)
-        setattr(self.crash_reports[rank], VERDICT_ATTR, verdict)
-
     # -- ranks that did not finish -------------------------------------------------------------
 
     def _unfinished(self) -> None:
@@ -388,7 +318,7 @@ class Attempt:
         # handler) reads the other threads' frames unlocked, and crashed a rank (SIGSEGV) whose
         # flight-recorder thread was running Python at that moment, answering the records' signal.
         stacks = dump_stacks(stuck)
-        self.fr_dumps = self._records(alive)
+        self.fr_dumps = flight_records(alive)
         story = explain(
             self.fr_dumps,
             self.sent_ns,
@@ -467,7 +397,7 @@ class Attempt:
         pool, test = self.pool, self.test
         for rank, message in pool.wait_for(pool.ranks, 0.0):
             if isinstance(message, Reports) and not is_own(rank.pid, message, test):
-                report = self._foreign(rank, message)
+                report = self.crashes.foreign(rank, message)
                 self.result.reports[rank.rank].append(report)
                 self.unfit(f"rank {rank.rank} sent foreign reports")
             elif message is None:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from ...outcome.collectives import load
 from ...outcome.endgame import DUMP_WAIT
 from ...outcome.stacks import read_from
 from ...rank.reaper import proc_stat
@@ -23,6 +24,9 @@ from ..worker.rankfr import FR_SIGNAL, fr_path
 
 if TYPE_CHECKING:
     from .ranks import Rank
+
+#: Bound on the ranks' flight-recorder answers once their stacks are in (a dump: tens of ms).
+FR_WAIT = 1.0
 
 
 def request_collectives(ranks: list[Rank]) -> None:
@@ -50,6 +54,13 @@ def read_collectives(ranks: list[Rank], wait: float) -> dict[int, bytes | None]:
         except OSError:
             answers[rank] = None
     return answers
+
+
+def flight_records(ranks: list[Rank]) -> dict[int, dict[str, Any] | None]:
+    """The flight records of ``ranks``, asked and read (None for a rank that did not answer
+    within :data:`FR_WAIT`)."""
+    request_collectives(ranks)
+    return {r: load(raw) for r, raw in read_collectives(ranks, FR_WAIT).items()}
 
 
 def dump_stacks(ranks: list[Rank]) -> dict[int, str]:

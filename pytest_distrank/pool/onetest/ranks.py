@@ -1,11 +1,12 @@
 """The seam between one test and its pool: the ranks it reaches, the verdict it returns.
 
-Runs in the controller (pool mode). :class:`Rank` is one rank process's handle (its pipe, pid
-and log); :class:`Ranks` is the small protocol through which one test's code (:mod:`attempt`,
-:mod:`deadlock`, :mod:`debugrelay`, :mod:`exits`) reaches a pool's ranks, so that nothing in this
-folder imports the pools' room above it (:class:`~pytest_distrank.pool.pools.pool.Pool`
-implements it; the unit tests fake it, as pytest-xdist's tests fake a worker). :class:`TestRun`
-is what comes back: the ranks' reports for the merge, and the verdict the pool applies.
+Runs in the controller (pool mode). :class:`Rank` is one rank process's handle (its pipe, pid and
+log); :class:`Ranks` is the small protocol through which one test's code (:mod:`attempt`,
+:mod:`crashes`, :mod:`deadlock`, :mod:`debugrelay`, :mod:`exits`) reaches a pool's ranks, so that
+nothing in this folder imports the pools' room above it
+(:class:`~pytest_distrank.pool.pools.pool.Pool` implements it; the unit tests fake it, as
+pytest-xdist's tests fake a worker). :class:`TestRun` is what comes back: the ranks' reports for the
+merge, and the verdict the pool applies.
 """
 
 from __future__ import annotations

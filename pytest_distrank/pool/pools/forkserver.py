@@ -32,9 +32,10 @@ from typing import Any
 import pytest
 
 from ... import _compat
+from ...envvars import START_TIMEOUT_ENV
+from ...options import PRELOAD as PRELOAD_OPTION
 from ...parsing import FORKSERVERS
-from ...settings import PRELOAD as PRELOAD_OPTION
-from ...settings import START_TIMEOUT_ENV, Settings, Value
+from ...settings import Settings, Value
 from . import earlyfork
 from .pool import PoolStartError
 from .preloads import PRELOAD, plugin_modules

@@ -21,8 +21,8 @@ import ctypes
 import functools
 import os
 
+from ...envvars import FAKE_GPU_MEMORY_ENV, FAKE_GPU_USED_DIR_ENV
 from ...parsing import parse_bytes
-from ...settings import FAKE_GPU_MEMORY_ENV, FAKE_GPU_USED_DIR_ENV
 
 
 class _Memory(ctypes.Structure):

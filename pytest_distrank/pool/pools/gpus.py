@@ -41,9 +41,10 @@ from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ...options import GPU_LOCK_DIR, GPU_WAIT
 from ...parsing import size_words
 from ...planning.capabilities import visible_gpu_count
-from ...settings import GPU_LOCK_DIR, GPU_WAIT, Value
+from ...settings import Value
 from . import lockfolder
 from .gpumemory import total_memory
 from .lockfolder import UnsafeFolder

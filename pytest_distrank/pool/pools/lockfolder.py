@@ -28,7 +28,7 @@ import secrets
 import stat
 from pathlib import Path
 
-from ...settings import GPU_LOCK_DIR
+from ...options import GPU_LOCK_DIR
 
 #: Modes of what the plugin makes in the folder. Lock files are world-writable because version
 #: 0.1.0 of the plugin opens them for writing (filelock); shares and notes are only read.

@@ -18,8 +18,9 @@ import os
 import time
 from collections.abc import Callable, Sequence
 
+from ...options import GPU_MEMORY_WAIT
 from ...parsing import size_words
-from ...settings import GPU_MEMORY_WAIT, Value
+from ...settings import Value
 from .gpumemory import gpu_processes, used_memory
 
 #: How far above its baseline a GPU's use still counts as back. Absolute, not a share of the

@@ -26,16 +26,11 @@ from typing import Any
 import pytest
 
 from ... import _compat
+from ...envvars import START_TIMEOUT_ENV
+from ...options import LEFTOVERS_IGNORE_ENV, LEFTOVERS_IGNORE_THREADS, WORLD_SIZE
 from ...parsing import FORKSERVERS, parse_seconds
 from ...planning.gpuplan import share_env
-from ...settings import (
-    LEFTOVERS_IGNORE_ENV,
-    LEFTOVERS_IGNORE_THREADS,
-    START_TIMEOUT_ENV,
-    WORLD_SIZE,
-    Settings,
-    Value,
-)
+from ...settings import Settings, Value
 from ..onetest.debugrelay import DebugTerminal
 from ..protocol import DebugSettings, RankConfig
 from ..workerinput import RankInputs

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ... import _compat
-from ...settings import FAKE_GPU_COUNT_ENV
+from ...envvars import FAKE_GPU_COUNT_ENV
 
 #: What pytest imports as it starts when it forks the fork server from itself (earlyfork.py).
 SHARED_WITH_PYTEST = ["torch", "torch.distributed", "pytest", "pytest_distrank.plugin"]

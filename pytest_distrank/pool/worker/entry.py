@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from ... import _compat
-from ...settings import PROFILE_ENV
+from ...envvars import PROFILE_ENV
 from ..protocol import Fatal, RankConfig
 from ..workerinput import WorkerInput, xdist_environ
 from . import harnessenv, ranklogs

@@ -14,7 +14,7 @@ own environment comes back whole, unnamed: what the test set there was its child
 
 The plugin's own traffic uses store objects made at the rank's start, not the environment, so
 the pool's rendezvous keeps working. One variable stays, where Python code does not see it: the
-pool's tag (:data:`~settings.POOL_TAG_ENV`), put in the C-level environment only
+pool's tag (:data:`~envvars.POOL_TAG_ENV`), put in the C-level environment only
 (``os.putenv``), so that processes the test starts still carry it into their own environment and
 the reaper finds them once their rank is gone. ``os.environ`` and ``os.getenv`` in the test do
 not show it; a child process's ``os.environ`` does.
@@ -29,7 +29,8 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from ...settings import POOL_TAG_ENV, WORLD_SIZE
+from ...envvars import POOL_TAG_ENV
+from ...options import WORLD_SIZE
 
 #: The controller's environment, as the rank received it (:func:`remember`, at the rank's start).
 CONTROLLER_ENV: dict[str, str] = {}

@@ -19,7 +19,7 @@ unittest item, ``--setup-only``/``--setup-show``) the test runs pytest's own pro
 registered while a test runs (a fixture may register one) is read before the next phase's
 reporting. What a lean phase leaves out on purpose: the rank's own terminal line for it (its
 ``.pytest.log`` progress letters; the controller's terminal is unchanged).
-``DISTRANK_LEAN_PHASES=0`` turns it off (settings.py; the equivalence test runs a varied file
+``DISTRANK_LEAN_PHASES=0`` turns it off (envvars.py; the equivalence test runs a varied file
 both ways).
 """
 

@@ -42,7 +42,7 @@ from typing import Any, TextIO
 
 import pytest
 
-from ... import _compat, settings
+from ... import _compat, envvars
 from ...outcome.records import PassedPhase, Reports, RunTest, WarningRecord, compact_passed
 from ...outcome.stacks import interruption_message
 from ...rank import reaper, seeding
@@ -165,7 +165,7 @@ class WorkerPlugin:
         if self.debug.live_rank == self.cfg.rank:
             sys.stdin = LiveInput(self.relay)
         # Plain passing phases without pytest's reporting hooks, where those are all known.
-        self.lean = LeanProtocol(self.passed, settings.lean_phases())
+        self.lean = LeanProtocol(self.passed, envvars.lean_phases())
         config.pluginmanager.register(self.lean, "distrank-lean-phases")
         config.pluginmanager.register(self.suites, "distrank-suite-runner")
         config.pluginmanager.register(DeepSpeedRunner(), "distrank-deepspeed-runner")

@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
+from ...envvars import FAKE_ALLOCATED_ENV, FAKE_RESERVED_ENV
 from ...parsing import size_words
-from ...settings import FAKE_ALLOCATED_ENV, FAKE_RESERVED_ENV
 from ..protocol import RankConfig
 
 

@@ -22,9 +22,9 @@ from datetime import timedelta
 from typing import Any
 
 from ... import _compat
+from ...envvars import PLUGIN_PORT_ENV
 from ...rank.context import RankContext
 from ...rank.ownedgroups import twin_of_world
-from ...settings import PLUGIN_PORT_ENV
 from ..protocol import RankConfig
 from .simulate import simulate
 

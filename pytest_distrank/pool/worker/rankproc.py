@@ -23,8 +23,8 @@ import threading
 from typing import NoReturn
 
 from ... import _compat
+from ...envvars import POOL_TAG_ENV, RANK_ENV
 from ...rank import reaper
-from ...settings import POOL_TAG_ENV, RANK_ENV
 from ..protocol import RankConfig
 from . import harnessenv
 from .rankgroup import MASTER_ADDR
