@@ -64,7 +64,7 @@ def test_pytest_reaps_every_process_it_started(pytester: pytest.Pytester, ending
         def test_b(rank):
             assert rank == 0 or "{ending}" == "passed"
         """.replace("{ending}", ending)
-    )
+        )
     wrapper = pytester.path / "wrapper.py"
     wrapper.write_text(WRAPPER)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}

@@ -29,6 +29,7 @@ from .test_launch import Run, free_port, launch_env, pytest_args, start, write
 
 __all__ = ["launch_env"]  # the fixture, used by the tests here
 
+
 def _two_agents(env: dict[str, str], folder: Path) -> Run:
     files = {"test_a_mix.py": MIX, "test_b_sleep.py": SLEEPERS, "test_0_harness.py": HARNESS}
     files.update({"test_c_seeded.py": SEEDED, "test_a0_wide.py": WIDE, "test_a00_own.py": OWN})

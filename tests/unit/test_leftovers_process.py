@@ -134,7 +134,9 @@ def teardown(check, item):  # the check's teardown wrapper around an empty one, 
         pass
 """
 
-BODY = CHANGES + r"""
+BODY = (
+    CHANGES
+    + r"""
 ITEM = types.SimpleNamespace(nodeid="t.py::test_body")
 
 @settings(max_examples=200, deadline=None, database=None)
@@ -236,6 +238,7 @@ os.environ["MASTER_PORT"] = "29400"
 check("body", body)
 check("between", between)
 """
+)
 
 
 @pytest.fixture(scope="module")

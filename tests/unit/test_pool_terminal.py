@@ -25,9 +25,7 @@ def header(seed: int | None = 1234, order_seed: int | None = None, **options: An
         "order": Value(("collected", None), "default"),
     }
     settings.update({name: Value(value, "command line") for name, value in options.items()})
-    return header_line(
-        cast(Settings, SimpleNamespace(**settings)), STRICT, seed, order_seed, "1.2"
-    )
+    return header_line(cast(Settings, SimpleNamespace(**settings)), STRICT, seed, order_seed, "1.2")
 
 
 def test_the_header_says_every_setting_and_where_the_timeout_came_from() -> None:
@@ -85,6 +83,4 @@ def test_pools_are_counted_per_size_in_order_and_faults_and_notes_follow() -> No
         "test_a.py::test_b",
         "world size 512 on 2 CPU cores: slow",
     ]
-    assert (
-        summary_lines(Stats(tests=3), [])[0] == "3 distributed tests; pools started: none"
-    )
+    assert summary_lines(Stats(tests=3), [])[0] == "3 distributed tests; pools started: none"

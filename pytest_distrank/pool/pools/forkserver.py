@@ -188,9 +188,7 @@ class ForkServer:
                 self.context = multiprocessing.get_context("spawn")
             return self.context, os.getpid()
         if self.failed is not None:
-            raise SessionStartError(
-                f"{self.failed}\n(from an earlier start; not retried)"
-            )
+            raise SessionStartError(f"{self.failed}\n(from an earlier start; not retried)")
         try:
             pid = self._ensure()
         except OSError as exc:

@@ -263,8 +263,7 @@ class PoolSet:
         self.templates.drop(kind)
         self.templates.refused[kind] = why
         self.notes.append(
-            f"fresh ranks of {kind.describe()} start from nothing, not forked from "
-            f"templates: {why}"
+            f"fresh ranks of {kind.describe()} start from nothing, not forked from templates: {why}"
         )
 
     def _templates(
