@@ -9,6 +9,7 @@ reason, so that the next, innocent test never inherits the damage.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 from .merge import ranks_words
@@ -90,6 +91,7 @@ def leftover_lines(
     dtype float64 on ranks 0, 1 (restored)``. Daemon threads are named, not restored.
     ``subject``: who left it, if not the test."""
     by_words: dict[str, list[int]] = {}
+    per_rank = merged_ports(per_rank)
     for rank in sorted(per_rank):
         for words in per_rank[rank]:
             by_words.setdefault(words, []).append(rank)
@@ -105,6 +107,53 @@ def leftover_lines(
         parts += [f"{and_words(still)} on {on}"] if still else []
         lines.append(f"leftovers: {subject or nodeid} left {'; '.join(parts)}")
     return lines
+
+
+#: The words of a socket a rank left listening (rank/processstate.py ``socket_words``):
+#: ``a socket listening on 127.0.0.1:35389`` or ``... on port 35389 (IPv6)``, then what follows.
+_SOCKET = re.compile(
+    r"(?P<head>a socket listening on (?:port )?)(?:(?P<host>[^\s:]+):)?(?P<port>\d+)"
+    r"(?P<tail>(?: \(IPv6\))?(?: \(.*)?)$"
+)
+
+
+def merged_ports(per_rank: Mapping[int, Sequence[str]]) -> dict[int, Sequence[str]]:
+    """``per_rank`` with the sockets that several ranks left listening on the same host, with
+    the same words around them, named once for all of them with each rank's ports (every rank of
+    a DTensor test leaves one, each on a port of its own: one line, not one per rank):
+    ``a socket listening on 127.0.0.1:35389 (rank 0), :35391 (rank 1) (not restored)``."""
+    ports: dict[tuple[str, str, str], dict[int, list[str]]] = {}
+    for rank, all_words in per_rank.items():
+        for words in all_words:
+            found = _SOCKET.match(words)
+            if found is not None:
+                key = (found["head"], found["host"] or "", found["tail"])
+                ports.setdefault(key, {}).setdefault(rank, []).append(found["port"])
+    shared = {key: by_rank for key, by_rank in ports.items() if len(by_rank) > 1}
+    if not shared:
+        return dict(per_rank)
+    merged: dict[int, Sequence[str]] = {}
+    for rank, all_words in per_rank.items():
+        kept = [w for w in all_words if not _shared_socket(w, shared)]
+        merged[rank] = kept + [
+            _socket_words(key, by_rank) for key, by_rank in shared.items() if rank in by_rank
+        ]
+    return merged
+
+
+def _shared_socket(words: str, shared: Mapping[tuple[str, str, str], object]) -> bool:
+    found = _SOCKET.match(words)
+    return found is not None and (found["head"], found["host"] or "", found["tail"]) in shared
+
+
+def _socket_words(key: tuple[str, str, str], by_rank: Mapping[int, list[str]]) -> str:
+    head, host, tail = key
+    colon = ":" if host else ""
+    each = [
+        " and ".join(f"{colon}{port}" for port in by_rank[rank]) + f" (rank {rank})"
+        for rank in sorted(by_rank)
+    ]
+    return f"{head}{host}{', '.join(each)}{tail}"
 
 
 def leftover_notes(
