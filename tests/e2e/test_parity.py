@@ -248,6 +248,9 @@ def test_rank_skips_the_check(rank):  # hostile-4 D14: the others waited for the
 def test_rank_skips_a_subgroup_check(rank):  # D14: a subgroup's twin is made by its first check
     ownedgroups.MEET_WAIT = 2.0
     sub = dist.new_group([0, 1, 2])
+    # Every member's side of the group connected before rank 1 destroys its own: without it,
+    # rank 0 could still be connecting to rank 1 (gloo: "Connection closed by peer").
+    dist.barrier()
     try:
         if rank in (0, 2):
             assert_equal_across_ranks(torch.ones(2), group=sub, name="w")
