@@ -122,28 +122,30 @@ def merged_ports(per_rank: Mapping[int, Sequence[str]]) -> dict[int, Sequence[st
     the same words around them, named once for all of them with each rank's ports (every rank of
     a DTensor test leaves one, each on a port of its own: one line, not one per rank):
     ``a socket listening on 127.0.0.1:35389 (rank 0), :35391 (rank 1) (not restored)``."""
+    parsed = {rank: [(words, _socket_key(words)) for words in all_words]
+              for rank, all_words in per_rank.items()}  # fmt: skip
     ports: dict[tuple[str, str, str], dict[int, list[str]]] = {}
-    for rank, all_words in per_rank.items():
-        for words in all_words:
-            found = _SOCKET.match(words)
-            if found is not None:
-                key = (found["head"], found["host"] or "", found["tail"])
-                ports.setdefault(key, {}).setdefault(rank, []).append(found["port"])
+    for rank, entries in parsed.items():
+        for _, (key, port) in entries:
+            if key is not None:
+                ports.setdefault(key, {}).setdefault(rank, []).append(port)
     shared = {key: by_rank for key, by_rank in ports.items() if len(by_rank) > 1}
     if not shared:
         return dict(per_rank)
-    merged: dict[int, Sequence[str]] = {}
-    for rank, all_words in per_rank.items():
-        kept = [w for w in all_words if not _shared_socket(w, shared)]
-        merged[rank] = kept + [
-            _socket_words(key, by_rank) for key, by_rank in shared.items() if rank in by_rank
-        ]
-    return merged
+    return {
+        rank: [words for words, (key, _) in entries if key not in shared]
+        + [_socket_words(key, by_rank) for key, by_rank in shared.items() if rank in by_rank]
+        for rank, entries in parsed.items()
+    }
 
 
-def _shared_socket(words: str, shared: Mapping[tuple[str, str, str], object]) -> bool:
+def _socket_key(words: str) -> tuple[tuple[str, str, str] | None, str]:
+    """((the words before the host, the host, the words after the port), the port) of a
+    socket's words; (None, "") for other words."""
     found = _SOCKET.match(words)
-    return found is not None and (found["head"], found["host"] or "", found["tail"]) in shared
+    if found is None:
+        return None, ""
+    return (found["head"], found["host"] or "", found["tail"]), found["port"]
 
 
 def _socket_words(key: tuple[str, str, str], by_rank: Mapping[int, list[str]]) -> str:
